@@ -1,0 +1,53 @@
+# Finds LibTorch inside the pip `torch` wheel and defines imported targets:
+#   ampkit::torch_cpu  c10 + torch_cpu (what plugins and most code need)
+#   ampkit::torch      the above plus torch and, with CUDA, torch_cuda/c10_cuda (for executables)
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+if(NOT AMPKIT_TORCH_DIR)
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__.split('+')[0]); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+    OUTPUT_VARIABLE _ampkit_torch_out RESULT_VARIABLE _ampkit_torch_rc ERROR_QUIET
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT _ampkit_torch_rc EQUAL 0)
+    message(FATAL_ERROR "ampkit: python torch not found by ${Python3_EXECUTABLE}; run tools/setup.sh")
+  endif()
+  string(REPLACE "\n" ";" _ampkit_torch_out "${_ampkit_torch_out}")
+  list(GET _ampkit_torch_out 0 _dir)
+  list(GET _ampkit_torch_out 1 _ver)
+  list(GET _ampkit_torch_out 2 _abi)
+  set(AMPKIT_TORCH_DIR "${_dir}" CACHE PATH "torch package folder (site-packages/torch)")
+  set(AMPKIT_TORCH_VERSION "${_ver}" CACHE STRING "LibTorch version")
+  set(AMPKIT_TORCH_CXX11_ABI "${_abi}" CACHE STRING "LibTorch _GLIBCXX_USE_CXX11_ABI")
+endif()
+if(NOT AMPKIT_TORCH_VERSION STREQUAL "2.11.0")
+  message(WARNING "ampkit is pinned to torch 2.11.0 (the GPU machine's); found ${AMPKIT_TORCH_VERSION}")
+endif()
+set(AMPKIT_TORCH_LIB_DIR "${AMPKIT_TORCH_DIR}/lib")
+
+add_library(ampkit::torch_cpu INTERFACE IMPORTED)
+target_include_directories(ampkit::torch_cpu SYSTEM INTERFACE
+  "${AMPKIT_TORCH_DIR}/include" "${AMPKIT_TORCH_DIR}/include/torch/csrc/api/include")
+target_compile_definitions(ampkit::torch_cpu INTERFACE _GLIBCXX_USE_CXX11_ABI=${AMPKIT_TORCH_CXX11_ABI}
+  USE_C10D_GLOO USE_DISTRIBUTED USE_RPC USE_TENSORPIPE)
+target_link_libraries(ampkit::torch_cpu INTERFACE
+  "${AMPKIT_TORCH_LIB_DIR}/libtorch_cpu.so" "${AMPKIT_TORCH_LIB_DIR}/libc10.so")
+
+set(AMPKIT_HAS_CUDA OFF)
+if(EXISTS "${AMPKIT_TORCH_LIB_DIR}/libtorch_cuda.so" AND NOT AMPKIT_WITH_CUDA STREQUAL "OFF")
+  set(AMPKIT_HAS_CUDA ON)
+elseif(AMPKIT_WITH_CUDA STREQUAL "ON")
+  message(FATAL_ERROR "AMPKIT_WITH_CUDA=ON but ${AMPKIT_TORCH_LIB_DIR} has no libtorch_cuda.so")
+endif()
+
+add_library(ampkit::torch INTERFACE IMPORTED)
+target_link_libraries(ampkit::torch INTERFACE ampkit::torch_cpu "${AMPKIT_TORCH_LIB_DIR}/libtorch.so")
+if(AMPKIT_HAS_CUDA)
+  # Nothing references torch_cuda directly; without --no-as-needed the linker would drop it and
+  # CUDA kernels would not be registered at run time.
+  target_link_libraries(ampkit::torch INTERFACE
+    "-Wl,--no-as-needed,${AMPKIT_TORCH_LIB_DIR}/libtorch_cuda.so,${AMPKIT_TORCH_LIB_DIR}/libc10_cuda.so,--as-needed")
+  target_compile_definitions(ampkit::torch INTERFACE AMPKIT_HAS_CUDA=1)
+endif()
+# Executables find torch where setup installed it; on another machine set LD_LIBRARY_PATH.
+set(CMAKE_BUILD_RPATH "${AMPKIT_TORCH_LIB_DIR}")
+set(CMAKE_INSTALL_RPATH "${AMPKIT_TORCH_LIB_DIR}")
+message(STATUS "ampkit: torch ${AMPKIT_TORCH_VERSION} at ${AMPKIT_TORCH_DIR} (CUDA libraries: ${AMPKIT_HAS_CUDA})")

@@ -1,0 +1,63 @@
+// ampkit-train's configuration: command line > YAML file > defaults, validated, with sources.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ampkit/step.h>
+
+namespace ampkit {
+
+struct TrainConfig {
+  std::string workload = "fashion-mnist";
+  Precision precision = Precision::fp32;
+  int64_t epochs = 0;  // exactly one of epochs/steps is in force; neither given: 1 epoch
+  int64_t steps = 0;
+  int64_t batch_size = 64;
+  int accumulate = 1;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  std::string optimizer = "adamw";
+  double weight_decay = 0.01;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  std::string device = "cpu";
+  int threads = 0;
+
+  // kind -> plugin name or path; kind -> option -> text value, per source.
+  std::map<std::string, std::string> plugins;
+  std::map<std::string, std::map<std::string, std::string>> plugin_options_cli;
+  std::map<std::string, std::map<std::string, std::string>> plugin_options_file;
+  std::vector<std::string> plugin_dirs;
+  bool allow_untrusted_plugins = false;
+
+  std::string config_file;
+  std::string metrics_file;
+  std::string summary_file;
+  std::string data_dir;
+  int64_t eval_batches = 0;  // 0: the whole test set
+  int64_t synthetic_width = 256;
+  int64_t synthetic_depth = 4;
+  int64_t synthetic_inputs = 128;
+  int64_t synthetic_classes = 10;
+  std::string progress = "auto";
+  int64_t log_every = 50;
+
+  bool help = false;
+  bool print_config = false;
+
+  // Every host option in declaration order: name, effective value, source.
+  struct Setting {
+    std::string name, value, source;
+  };
+  std::vector<Setting> settings;
+};
+
+// Parses argv (and the YAML file it names). Throws Error(usage) with one clear line.
+TrainConfig parse_train_config(int argc, const char* const argv[]);
+// The --help text for the host options.
+std::string train_options_help();
+
+}  // namespace ampkit

@@ -1,0 +1,28 @@
+// The engine's two passes over gradient bytes: one read pass for statistics, one multiply.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace ampkit {
+
+struct GradStats {
+  double sum_squares = 0;  // over all elements; inf/NaN when any element is inf/NaN
+  double max_abs = 0;
+  int64_t zeros = 0;
+  int64_t elements = 0;
+  std::vector<double> tensor_sum_squares;  // one per gradient, same order
+  bool finite() const;
+};
+
+// One read pass over every gradient (undefined gradients count as empty). fp32 CPU gradients
+// use a fused loop (sum of squares in double, max-abs, zero count); other dtypes and devices
+// fall back to ATen reductions.
+GradStats compute_grad_stats(const std::vector<at::Tensor>& grads);
+
+// grads *= factor, in place: one read-write pass; a factor of exactly 1 touches nothing.
+void scale_grads_(const std::vector<at::Tensor>& grads, double factor);
+
+}  // namespace ampkit

@@ -1,0 +1,116 @@
+// The AMP step pipeline: autocast forward, scaled backward, one stats pass, policy, one multiply.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <ampkit/comm_backend.h>
+#include <ampkit/grad_clipper.h>
+#include <ampkit/loss_scaler.h>
+#include <ampkit/nan_policy.h>
+#include <ampkit/step.h>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace ampkit {
+
+// Enables autocast for a precision on a device type for the guard's lifetime (nothing for fp32).
+class AutocastGuard {
+ public:
+  AutocastGuard(Precision precision, c10::DeviceType device);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType device_;
+  bool previous_enabled_ = false;
+  c10::ScalarType previous_dtype_;
+};
+
+// Learning rate as a function of the number of optimizer steps actually taken.
+struct LrSchedule {
+  enum class Kind { constant, cosine };
+  Kind kind = Kind::constant;
+  double base_lr = 1e-3;
+  int64_t warmup_steps = 0;  // linear warm-up from 0 to base_lr
+  int64_t total_steps = 0;   // cosine decays to min_lr at total_steps
+  double min_lr = 0.0;
+  double at(int64_t steps_taken) const;
+};
+
+struct Strategies {
+  LossScaler* scaler = nullptr;
+  GradClipper* clipper = nullptr;
+  NanPolicy* nan_policy = nullptr;
+  CommBackend* comm = nullptr;
+};
+
+struct StepOutcome {
+  StepStats stats;
+  NanDecision decision;
+  bool stepped = false;           // the optimizer (and the LR schedule) stepped
+  double clip_coefficient = 1.0;  // 1 when not clipped (or not stepped)
+  double clip_threshold = 0.0;
+  double grad_norm_clipped = 0.0; // unscaled total norm after clipping
+  double scale_next = 1.0;        // the scale after the scaler's update
+  double lr = 0.0;                // learning rate used by this step
+};
+
+class Trainer {
+ public:
+  // `parameters` and `names` are the model's trainable parameters in a fixed order; the
+  // optimizer must own the same tensors. The strategies must outlive the trainer.
+  Trainer(Precision precision, int accumulation_steps, std::vector<at::Tensor> parameters,
+          std::vector<std::string> names, torch::optim::Optimizer& optimizer, Strategies strategies,
+          LrSchedule schedule);
+
+  // Calls every strategy's start(); the first step() does it if not done.
+  void start(const RunInfo& extra);
+
+  // One optimizer step over `accumulation_steps` micro-batches. `forward(i)` computes the fp32
+  // loss of micro-batch i; it runs under autocast. The steps are those of docs/architecture.md.
+  StepOutcome step(const std::function<at::Tensor(int micro_batch)>& forward);
+
+  // Called on NanAction::rollback; without one a rollback decision is an error.
+  void set_rollback_handler(std::function<void()> handler) { rollback_ = std::move(handler); }
+
+  int64_t steps_attempted() const { return attempted_; }
+  int64_t steps_taken() const { return taken_; }
+  int64_t steps_skipped() const { return attempted_ - taken_; }
+  int64_t consecutive_skips() const { return consecutive_skips_; }
+  const LrSchedule& schedule() const { return schedule_; }
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  const std::vector<std::string>& names() const { return names_; }
+  Precision precision() const { return precision_; }
+
+  // Counters for checkpoints (issue: exact resume).
+  void restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips);
+
+ private:
+  std::vector<at::Tensor> gradients() const;
+  void set_lr(double lr);
+  void zero_grad();
+
+  Precision precision_;
+  int accumulation_steps_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> names_;
+  torch::optim::Optimizer& optimizer_;
+  Strategies strategies_;
+  LrSchedule schedule_;
+  std::function<void()> rollback_;
+  bool started_ = false;
+  int64_t attempted_ = 0;
+  int64_t taken_ = 0;
+  int64_t consecutive_skips_ = 0;
+};
+
+}  // namespace ampkit

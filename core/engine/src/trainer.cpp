@@ -1,0 +1,194 @@
+// The AMP step pipeline (docs/architecture.md, "One optimizer step").
+#include "ampkit/trainer.h"
+
+#include <cmath>
+
+#include <ATen/autocast_mode.h>
+#include <torch/optim/optimizer.h>
+
+#include "ampkit/error.h"
+#include "ampkit/grad_stats.h"
+
+namespace ampkit {
+
+AutocastGuard::AutocastGuard(Precision precision, c10::DeviceType device) : device_(device) {
+  if (precision == Precision::fp32) return;
+  active_ = true;
+  previous_enabled_ = at::autocast::is_autocast_enabled(device);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_enabled(device, true);
+  at::autocast::set_autocast_dtype(device, precision == Precision::bf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  // Casts of weights are cached while autocast is on; drop them when the outermost scope ends,
+  // as torch.autocast's __exit__ does, so the cache never holds stale weights.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_, previous_dtype_);
+}
+
+double LrSchedule::at(int64_t k) const {
+  if (warmup_steps > 0 && k < warmup_steps)
+    return base_lr * static_cast<double>(k + 1) / static_cast<double>(warmup_steps);
+  if (kind == Kind::cosine && total_steps > warmup_steps) {
+    const double span = static_cast<double>(total_steps - warmup_steps);
+    const double t = std::min(1.0, static_cast<double>(k - warmup_steps) / span);
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(M_PI * t));
+  }
+  return base_lr;
+}
+
+Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Tensor> parameters,
+                 std::vector<std::string> names, torch::optim::Optimizer& optimizer,
+                 Strategies strategies, LrSchedule schedule)
+    : precision_(precision),
+      accumulation_steps_(accumulation_steps),
+      parameters_(std::move(parameters)),
+      names_(std::move(names)),
+      optimizer_(optimizer),
+      strategies_(strategies),
+      schedule_(schedule) {
+  if (accumulation_steps_ < 1)
+    throw Error(ExitCode::usage, "accumulation steps must be >= 1, got " + std::to_string(accumulation_steps_));
+  if (!strategies_.scaler || !strategies_.clipper || !strategies_.nan_policy || !strategies_.comm)
+    throw Error(ExitCode::internal, "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
+  if (names_.size() != parameters_.size())
+    throw Error(ExitCode::internal, "Trainer: parameter names and parameters differ in count");
+  for (const auto& p : parameters_)
+    if (p.scalar_type() != at::kFloat)
+      throw Error(ExitCode::usage, "master weights must be fp32 (autocast lowers precision per op); got " +
+                                       std::string(c10::toString(p.scalar_type())));
+  set_lr(schedule_.at(0));
+}
+
+void Trainer::start(const RunInfo& extra) {
+  RunInfo info = extra;
+  info.precision = precision_;
+  info.accumulation_steps = accumulation_steps_;
+  info.parameter_names = names_;
+  info.cuda = !parameters_.empty() && parameters_.front().is_cuda();
+  strategies_.comm->start(info);
+  strategies_.scaler->start(info);
+  strategies_.clipper->start(info);
+  strategies_.nan_policy->start(info);
+  started_ = true;
+}
+
+void Trainer::restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips) {
+  attempted_ = attempted;
+  taken_ = taken;
+  consecutive_skips_ = consecutive_skips;
+  set_lr(schedule_.at(taken_));
+}
+
+std::vector<at::Tensor> Trainer::gradients() const {
+  std::vector<at::Tensor> grads;
+  grads.reserve(parameters_.size());
+  for (const auto& p : parameters_) grads.push_back(p.grad());
+  return grads;
+}
+
+void Trainer::set_lr(double lr) {
+  for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+}
+
+void Trainer::zero_grad() {
+  for (auto& p : parameters_) p.mutable_grad() = at::Tensor();
+}
+
+StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
+  if (!started_) start(RunInfo{});
+  StepOutcome out;
+  StepStats& stats = out.stats;
+  stats.step = attempted_;
+  stats.consecutive_skips = consecutive_skips_;
+  // 2. The scale is read once: every micro-batch of this step uses the same value.
+  const double scale = strategies_.scaler->scale();
+  stats.scale = scale;
+  out.lr = schedule_.at(taken_);
+  const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
+
+  zero_grad();
+  double loss_sum = 0.0;
+  for (int micro = 0; micro < accumulation_steps_; ++micro) {
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(precision_, device);  // 1. forward under autocast
+      loss = forward(micro);
+    }
+    if (!loss.defined() || loss.numel() != 1)
+      throw Error(ExitCode::internal, "the forward function must return a scalar loss");
+    loss = loss.to(at::kFloat);
+    loss_sum += loss.item<double>();
+    (loss * (scale / accumulation_steps_)).backward();
+  }
+  stats.loss = loss_sum / accumulation_steps_;
+  stats.loss_finite = std::isfinite(stats.loss);
+
+  // 3. Average across ranks (identity for one process).
+  std::vector<at::Tensor> grads = gradients();
+  {
+    std::vector<at::Tensor> defined;
+    for (const auto& g : grads)
+      if (g.defined()) defined.push_back(g);
+    strategies_.comm->all_reduce_mean(defined);
+  }
+
+  // 4. One statistics pass over the scaled gradients.
+  const GradStats g = compute_grad_stats(grads);
+  stats.grad_norm_scaled = std::sqrt(g.sum_squares);
+  stats.grad_norm = stats.grad_norm_scaled / scale;
+  stats.grad_max_abs_scaled = g.max_abs;
+  stats.grad_max_abs = g.max_abs / scale;
+  stats.grad_elements = g.elements;
+  stats.zero_fraction = g.elements ? static_cast<double>(g.zeros) / static_cast<double>(g.elements) : 0.0;
+  stats.found_inf = !stats.loss_finite || !g.finite();
+  stats.tensor_norms.reserve(g.tensor_sum_squares.size());
+  for (double s : g.tensor_sum_squares) stats.tensor_norms.push_back(std::sqrt(s) / scale);
+
+  // 5. The NaN policy decides.
+  out.decision = strategies_.nan_policy->decide(stats);
+  NanAction action = out.decision.action;
+  if (action == NanAction::proceed && stats.found_inf) {
+    // A policy may not step on non-finite gradients: the parameters would be destroyed.
+    action = NanAction::skip;
+    out.decision = {NanAction::skip, "non-finite gradients (the policy said proceed; skipped anyway)"};
+  }
+
+  if (action == NanAction::proceed) {
+    // 6. Clipper coefficient from the unscaled statistics; unscale and clip in one multiply.
+    const ClipResult clip = strategies_.clipper->clip(stats);
+    if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
+      throw Error(ExitCode::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
+    out.clip_coefficient = std::min(clip.coefficient, 1.0);
+    out.clip_threshold = clip.threshold;
+    out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+    scale_grads_(grads, out.clip_coefficient / scale);
+    // 7. Optimizer step; the schedule advances only with it.
+    optimizer_.step();
+    ++taken_;
+    set_lr(schedule_.at(taken_));
+    out.stepped = true;
+    consecutive_skips_ = 0;
+  } else {
+    zero_grad();
+    ++consecutive_skips_;
+    if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
+    if (action == NanAction::rollback) {
+      if (!rollback_)
+        throw Error(ExitCode::usage, "the NaN policy asked for a rollback, but this run has no snapshot to roll back to");
+      rollback_();
+    }
+  }
+  ++attempted_;
+  // 8. Scaler update with this step's statistics (after the step: never re-divide).
+  strategies_.scaler->update(stats);
+  out.scale_next = strategies_.scaler->scale();
+  out.decision.action = action;
+  return out;
+}
+
+}  // namespace ampkit

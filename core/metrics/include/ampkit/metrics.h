@@ -1,0 +1,58 @@
+// Per-step metrics (JSONL), the terminal progress line and the end-of-run summary.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <ampkit/trainer.h>
+
+namespace ampkit {
+
+// One JSON object per line per optimizer step; flushed every line so a crash loses nothing.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::filesystem::path& file);  // empty path: disabled
+  void write(const nlohmann::json& record);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
+// The metrics record of one step (keys documented in docs/configuration.md).
+nlohmann::json step_record(const StepOutcome& outcome, int64_t epoch, int64_t skipped_total,
+                           double samples_per_second, double elapsed_seconds);
+
+// A redrawn line with ETA on a terminal; a plain line every `every` steps otherwise.
+class ProgressLine {
+ public:
+  ProgressLine(int64_t total_steps, int64_t every, bool enabled);
+  void update(int64_t done, const StepOutcome& last, double samples_per_second);
+  void finish();
+
+ private:
+  int64_t total_;
+  int64_t every_;
+  bool enabled_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// SHA-256 over every parameter's bytes in order (CPU copies, contiguous): equal hashes mean
+// bit-identical parameters.
+std::string parameter_sha256(const std::vector<at::Tensor>& parameters);
+
+// Writes `summary` as pretty JSON atomically (temp file + rename).
+void write_json_file(const std::filesystem::path& file, const nlohmann::json& summary);
+
+// The summary as an aligned two-column table.
+void print_summary_table(std::FILE* out, const nlohmann::json& summary);
+
+}  // namespace ampkit

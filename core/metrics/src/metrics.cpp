@@ -1,0 +1,136 @@
+// JSONL metrics, progress line, parameter hash and summary output.
+#include "ampkit/metrics.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ampkit/error.h"
+#include "ampkit/sha256.h"
+
+namespace ampkit {
+
+namespace {
+// JSON has no inf/NaN; they become strings so a record never breaks a parser.
+nlohmann::json number(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  std::ostringstream o;
+  if (s >= 3600) o << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60) o << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else o << s << "s";
+  return o.str();
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::filesystem::path& file) {
+  if (file.empty()) return;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  out_.open(file, std::ios::out | std::ios::trunc);
+  if (!out_) throw Error(ExitCode::usage, "cannot write metrics file " + file.string());
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!out_.is_open()) return;
+  out_ << record.dump() << '\n';
+  out_.flush();
+}
+
+nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_total,
+                           double samples_per_second, double elapsed_seconds) {
+  nlohmann::json r;
+  r["step"] = o.stats.step;
+  r["epoch"] = epoch;
+  r["loss"] = number(o.stats.loss);
+  r["scale"] = number(o.stats.scale);
+  r["scale_next"] = number(o.scale_next);
+  r["grad_norm"] = number(o.stats.grad_norm);
+  r["grad_norm_clipped"] = number(o.grad_norm_clipped);
+  r["grad_max_abs"] = number(o.stats.grad_max_abs);
+  r["zero_fraction"] = number(o.stats.zero_fraction);
+  r["clip_coef"] = number(o.clip_coefficient);
+  r["clipped"] = o.stepped && o.clip_coefficient < 1.0;
+  r["found_inf"] = o.stats.found_inf;
+  r["action"] = to_string(o.decision.action);
+  if (!o.decision.reason.empty()) r["reason"] = o.decision.reason;
+  r["stepped"] = o.stepped;
+  r["skipped_steps"] = skipped_total;
+  r["lr"] = o.lr;
+  r["samples_per_second"] = number(samples_per_second);
+  r["time"] = elapsed_seconds;
+  return r;
+}
+
+ProgressLine::ProgressLine(int64_t total_steps, int64_t every, bool enabled)
+    : total_(total_steps), every_(every > 0 ? every : 50), enabled_(enabled),
+      tty_(::isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
+
+void ProgressLine::update(int64_t done, const StepOutcome& last, double samples_per_second) {
+  if (!enabled_) return;
+  if (!tty_ && done % every_ != 0 && done != total_) return;
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - done) : NAN;
+  char line[256];
+  std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  scale %g  gnorm %.3g  %s  %.0f samples/s  ETA %s",
+                static_cast<long long>(done), static_cast<long long>(total_), last.stats.loss,
+                last.stats.scale, last.stats.grad_norm, to_string(last.decision.action),
+                samples_per_second, format_duration(eta).c_str());
+  if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
+  else std::fprintf(stderr, "%s\n", line);
+}
+
+void ProgressLine::finish() {
+  if (enabled_ && tty_) std::fprintf(stderr, "\n");
+}
+
+std::string parameter_sha256(const std::vector<at::Tensor>& parameters) {
+  Sha256 h;
+  for (const auto& p : parameters) {
+    const at::Tensor c = p.detach().to(at::kCPU).contiguous();
+    h.update(c.data_ptr(), c.numel() * c.element_size());
+  }
+  return h.hex();
+}
+
+void write_json_file(const std::filesystem::path& file, const nlohmann::json& summary) {
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw Error(ExitCode::usage, "cannot write " + file.string());
+    out << summary.dump(2) << '\n';
+    if (!out) throw Error(ExitCode::usage, "cannot write " + file.string());
+  }
+  std::filesystem::rename(tmp, file);
+}
+
+void print_summary_table(std::FILE* out, const nlohmann::json& summary) {
+  std::fprintf(out, "\n%-22s %s\n", "summary", "");
+  for (const auto& [key, value] : summary.items()) {
+    std::string text;
+    if (key == "plugins") {
+      for (const auto& [kind, p] : value.items())
+        text += (text.empty() ? "" : ", ") + kind + "=" + p.value("name", "?") + " " + p.value("version", "");
+    } else if (value.is_string()) {
+      text = value.get<std::string>();
+    } else if (value.is_number_float()) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.6g", value.get<double>());
+      text = buf;
+    } else {
+      text = value.dump();
+    }
+    std::fprintf(out, "  %-20s %s\n", key.c_str(), text.c_str());
+  }
+}
+
+}  // namespace ampkit

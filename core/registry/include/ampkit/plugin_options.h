@@ -1,0 +1,45 @@
+// Merges a plugin's option values from command line, environment, config file and defaults.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ampkit/options.h>
+#include <ampkit/plugin.h>
+
+namespace ampkit {
+
+struct OptionSetting {
+  std::string name;
+  std::string type;     // "float > 1", "int >= 0", "choice 2|inf", ...
+  std::string value;    // effective text value, "" when unset
+  std::string source;   // "default", "command line", "environment AMPKIT_X_Y", "config file F"
+  std::string default_value;
+  std::string help;
+  bool set = false;
+};
+
+struct OptionInputs {
+  std::map<std::string, std::string> command_line;  // option -> value (from --opt kind.option=v)
+  std::map<std::string, std::string> config_file;   // from the YAML file
+  std::string config_file_name;
+  bool read_environment = true;
+};
+
+struct ResolvedOptions {
+  OptionValues values;
+  std::vector<OptionSetting> settings;  // in declaration order
+};
+
+// Highest first: command line, environment AMPKIT_<KIND>_<OPTION>, config file, default.
+// Throws Error(usage) for an unknown option (with "did you mean") or a bad value (naming the
+// option, the value, where it came from and what is accepted).
+ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionInputs& inputs);
+
+// "float > 1", "int in [0, 100]", "choice 2|inf", "bool" — the accepted values of a spec.
+std::string describe_option_type(const ampkit_option_spec& spec);
+// Name of the environment variable for an option: AMPKIT_NAN_POLICY_MAX_CONSECUTIVE.
+std::string option_environment_name(const std::string& kind, const std::string& option);
+
+}  // namespace ampkit

@@ -1,0 +1,98 @@
+// Finds plugin files, reads what they are from ELF without running them, checks and loads them.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ampkit/error.h>
+#include <ampkit/plugin.h>
+
+namespace ampkit {
+
+extern const std::vector<std::string> kPluginKinds;  // scaler, clipper, nan_policy, comm
+
+// What a plugin file says about itself, read from its ELF sections "ampkit" (the entry alias)
+// and "ampkitmd" (a text record); no plugin code runs to get it.
+struct PluginInfo {
+  std::filesystem::path path;
+  std::string entry;  // alias symbol, e.g. ampkit_v1_scaler_dynamic
+  int abi_version = 0;
+  std::string kind, name, version, summary, torch_version, compiler;
+  int cxx11_abi = -1;
+  bool is_static = false;  // linked into the executable, not loaded from a file
+};
+
+// Reads a file's plugin metadata; throws Error(plugin) naming the file and what is wrong.
+PluginInfo inspect_plugin_file(const std::filesystem::path& file);
+// Throws Error(plugin) when the plugin was built for another ABI, torch or C++ ABI than this host.
+void check_compatible(const PluginInfo& info);
+// Throws Error(plugin) when the file or its folder is writable by group/others or owned by a
+// user other than us or root (as ld.so and sudo refuse), unless `allow_untrusted`.
+void check_trusted(const std::filesystem::path& file, bool allow_untrusted);
+
+// A plugin whose library is loaded; the library stays loaded for the life of the process.
+class LoadedPlugin {
+ public:
+  LoadedPlugin(PluginInfo info, const ampkit_plugin_descriptor* descriptor)
+      : info_(std::move(info)), descriptor_(descriptor) {}
+  const PluginInfo& info() const { return info_; }
+  const ampkit_plugin_descriptor& descriptor() const { return *descriptor_; }
+  // Creates the strategy; throws Error(plugin) with the factory's message on failure.
+  std::unique_ptr<Strategy> create(const OptionValues& values) const;
+
+ private:
+  PluginInfo info_;
+  const ampkit_plugin_descriptor* descriptor_;
+};
+
+struct RegistryOptions {
+  std::vector<std::filesystem::path> plugin_dirs;  // --plugin-dir, searched first
+  bool use_environment = true;                     // AMPKIT_PLUGIN_PATH
+  bool use_default_dirs = true;                    // build tree and install prefix
+  bool allow_untrusted = false;                    // --allow-untrusted-plugins
+  bool probe = true;  // load each plugin in a child process first, so a crash is reported
+};
+
+struct ScanResult {
+  std::vector<PluginInfo> plugins;
+  std::vector<std::pair<std::filesystem::path, std::string>> problems;  // files that are no plugin
+};
+
+class Registry {
+ public:
+  explicit Registry(RegistryOptions options = {});
+  const std::vector<std::filesystem::path>& search_path() const { return search_path_; }
+  const RegistryOptions& options() const { return options_; }
+
+  // Every *.so in the search path, read from ELF; statically linked plugins come first.
+  ScanResult scan() const;
+  // The plugin of `kind` called `name_or_path`; a value with '/' or ending in ".so" is a file.
+  // Unknown name: Error listing the available ones. Same kind+name twice: Error listing both.
+  PluginInfo find(const std::string& kind, const std::string& name_or_path) const;
+  // Checks trust and compatibility, probes in a child (if enabled), loads, checks the descriptor.
+  const LoadedPlugin& load(const PluginInfo& info);
+
+ private:
+  RegistryOptions options_;
+  std::vector<std::filesystem::path> search_path_;
+  std::map<std::string, std::unique_ptr<LoadedPlugin>> loaded_;  // by path or static key
+};
+
+// Result of loading a plugin in a child process (ampkit-plugins check, and Registry::load).
+struct ProbeResult {
+  bool ok = false;
+  bool crashed = false;
+  std::string message;  // error or crash description
+};
+// Runs load + entry + descriptor checks, and with `create` also the factory with default
+// options, start() and save(), in a forked child; a crash or hang there is reported, not shared.
+ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_seconds = 30.0);
+
+// Statically linked plugins (the static build of ampkit-train) register here at start-up.
+void register_static_plugin(const ampkit_plugin_descriptor* descriptor);
+
+}  // namespace ampkit

@@ -1,0 +1,184 @@
+// Reads a plugin file's identity from ELF (no plugin code runs) and checks it against the host.
+#include <elf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <vector>  // boost/dll/library_info.hpp (1.74) misses it with BOOST_DLL_USE_STD_FS
+#include <boost/dll/library_info.hpp>
+
+#include "ampkit/registry.h"
+
+namespace fs = std::filesystem;
+
+namespace ampkit {
+
+const std::vector<std::string> kPluginKinds = {"scaler", "clipper", "nan_policy", "comm"};
+
+namespace {
+
+[[noreturn]] void fail(const fs::path& file, const std::string& what) {
+  throw Error(ExitCode::plugin, "plugin file " + file.string() + ": " + what);
+}
+
+// The content of one named section of an ELF64 file, bounds-checked against the file size so a
+// truncated or hostile file yields an error, never a crash.
+std::optional<std::string> read_elf_section(const fs::path& file, const std::string& wanted) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail(file, "cannot be opened");
+  in.seekg(0, std::ios::end);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  auto read_at = [&](uint64_t offset, void* out, uint64_t n) {
+    if (offset > size || n > size - offset) fail(file, "is truncated or malformed (ELF offsets point past the end)");
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+    if (!in) fail(file, "could not be read");
+  };
+  Elf64_Ehdr eh;
+  read_at(0, &eh, sizeof eh);
+  if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum)
+    fail(file, "has a malformed ELF section table");
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  read_at(eh.e_shoff, sections.data(), sizeof(Elf64_Shdr) * eh.e_shnum);
+  const Elf64_Shdr& names_header = sections[eh.e_shstrndx];
+  if (names_header.sh_size > (1u << 20)) fail(file, "has an oversized ELF section-name table");
+  std::string names(names_header.sh_size, '\0');
+  read_at(names_header.sh_offset, names.data(), names.size());
+  for (const auto& s : sections) {
+    if (s.sh_name >= names.size()) continue;
+    if (std::string(names.c_str() + s.sh_name) != wanted) continue;
+    if (s.sh_type == SHT_NOBITS || s.sh_size > (1u << 16)) fail(file, "has a malformed '" + wanted + "' section");
+    std::string content(s.sh_size, '\0');
+    read_at(s.sh_offset, content.data(), content.size());
+    return content;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+PluginInfo inspect_plugin_file(const fs::path& file) {
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  if (ec || !fs::exists(status)) fail(file, "does not exist");
+  if (!fs::is_regular_file(status)) fail(file, "is not a regular file");
+
+  char magic[5] = {};
+  {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) fail(file, "cannot be opened (permission denied?)");
+    in.read(magic, 5);
+    if (in.gcount() < 5 || std::string(magic, 4) != "\x7f" "ELF")
+      fail(file, "is not an ELF shared library");
+    if (magic[4] != ELFCLASS64) fail(file, "is a 32-bit ELF file; ampkit plugins are 64-bit");
+  }
+  {
+    Elf64_Ehdr eh{};
+    std::ifstream in(file, std::ios::binary);
+    in.read(reinterpret_cast<char*>(&eh), sizeof eh);
+    if (!in || eh.e_type != ET_DYN) fail(file, "is an ELF file but not a shared library");
+  }
+
+  std::vector<std::string> symbols;
+  try {
+    boost::dll::library_info elf(file, /*throw_if_not_native=*/true);
+    symbols = elf.symbols("ampkit");
+  } catch (const std::exception& e) {
+    fail(file, std::string("cannot be read as a shared library: ") + e.what());
+  }
+  std::vector<std::string> entries;
+  for (const auto& s : symbols)
+    if (s.rfind("ampkit_v", 0) == 0) entries.push_back(s);
+  if (entries.empty())
+    fail(file, "has no ampkit plugin entry (no ampkit_v<abi>_<kind>_<name> symbol in ELF section "
+               "'ampkit'); it was not built with AMPKIT_PLUGIN");
+  if (entries.size() > 1) fail(file, "exports " + std::to_string(entries.size()) + " ampkit entries; a plugin file holds one");
+
+  PluginInfo info;
+  info.path = file;
+  info.entry = entries.front();
+  const auto meta = read_elf_section(file, AMPKIT_PLUGIN_META_SECTION);
+  if (!meta)
+    fail(file, "has the entry " + info.entry + " but no '" AMPKIT_PLUGIN_META_SECTION
+               "' metadata section; it was not built with AMPKIT_PLUGIN");
+  std::map<std::string, std::string> fields;
+  std::istringstream lines(meta->substr(0, meta->find('\0')));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  auto field = [&](const std::string& key) {
+    auto it = fields.find(key);
+    if (it == fields.end()) fail(file, "metadata lacks '" + key + "'");
+    return it->second;
+  };
+  try {
+    info.abi_version = std::stoi(field("abi"));
+    info.cxx11_abi = std::stoi(field("cxx11_abi"));
+  } catch (const std::logic_error&) {
+    fail(file, "has malformed metadata (abi or cxx11_abi is not a number)");
+  }
+  info.kind = field("kind");
+  info.name = field("name");
+  info.version = field("version");
+  info.summary = field("summary");
+  info.torch_version = field("torch");
+  info.compiler = field("compiler");
+  const std::string expected_entry =
+      "ampkit_v" + std::to_string(info.abi_version) + "_" + info.kind + "_" + info.name;
+  if (info.entry != expected_entry)
+    fail(file, "entry " + info.entry + " does not match its metadata (" + expected_entry + ")");
+  return info;
+}
+
+void check_compatible(const PluginInfo& info) {
+  const std::string host_abi = std::to_string(AMPKIT_ABI_VERSION);
+  if (info.abi_version != AMPKIT_ABI_VERSION || info.torch_version != AMPKIT_TORCH_VERSION)
+    throw Error(ExitCode::plugin,
+                "plugin file " + info.path.string() + " was built for ampkit ABI " +
+                    std::to_string(info.abi_version) + " / torch " + info.torch_version +
+                    ", host has ABI " + host_abi + " / torch " AMPKIT_TORCH_VERSION
+                    "; rebuild the plugin against this ampkit SDK");
+  if (info.cxx11_abi != AMPKIT_CXX11_ABI)
+    throw Error(ExitCode::plugin, "plugin file " + info.path.string() +
+                                      " was built with _GLIBCXX_USE_CXX11_ABI=" +
+                                      std::to_string(info.cxx11_abi) + ", host uses " +
+                                      std::to_string(AMPKIT_CXX11_ABI));
+  bool known = false;
+  for (const auto& k : kPluginKinds) known = known || k == info.kind;
+  if (!known)
+    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " is of unknown kind '" +
+                                      info.kind + "' (kinds: scaler, clipper, nan_policy, comm)");
+}
+
+void check_trusted(const fs::path& file, bool allow_untrusted) {
+  auto problem = [](const fs::path& p, const char* what) -> std::string {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return std::string(what) + " " + p.string() + " cannot be inspected";
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return std::string(what) + " " + p.string() + " is writable by group or others (mode " + mode +
+             "; fix: chmod go-w " + p.string() + ")";
+    }
+    if (st.st_uid != ::geteuid() && st.st_uid != 0)
+      return std::string(what) + " " + p.string() + " is owned by another user (uid " +
+             std::to_string(st.st_uid) + ")";
+    return "";
+  };
+  std::string why = problem(file, "the file");
+  if (why.empty()) why = problem(fs::absolute(file).parent_path(), "its folder");
+  if (why.empty()) return;
+  if (!allow_untrusted)
+    throw Error(ExitCode::plugin, "refusing untrusted plugin " + file.string() + ": " + why +
+                                      "; --allow-untrusted-plugins overrides");
+  std::cerr << "ampkit: WARNING: loading untrusted plugin " << file.string() << ": " << why
+            << " (allowed by --allow-untrusted-plugins)\n";
+}
+
+}  // namespace ampkit

@@ -1,0 +1,203 @@
+// Option merging and validation: every value is checked against the plugin's declared spec.
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "ampkit/error.h"
+#include "ampkit/plugin_options.h"
+
+extern char** environ;
+
+namespace ampkit {
+
+namespace {
+
+std::string format_number(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  std::string t = s.str();
+  // Shortest text that round-trips, for messages and --print-config.
+  for (int p = 1; p <= 17; ++p) {
+    std::ostringstream q;
+    q.precision(p);
+    q << v;
+    if (std::strtod(q.str().c_str(), nullptr) == v) return q.str();
+  }
+  return t;
+}
+
+std::vector<std::string> split_choices(const char* choices) {
+  std::vector<std::string> out;
+  std::string s = choices ? choices : "";
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = std::min(s.find('|', start), s.size());
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string upper(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Parses and range-checks one value; returns the canonical text or throws with the reason.
+std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec& spec,
+                     const std::string& text, const std::string& source) {
+  auto bad = [&](const std::string& why) -> Error {
+    return Error(ExitCode::usage, "option '" + std::string(spec.name) + "' of " + d.kind + " '" + d.name +
+                                      "' " + why + ", got '" + text + "' (from " + source + ")");
+  };
+  switch (spec.type) {
+    case AMPKIT_OPTION_BOOL: {
+      static const char* truthy[] = {"true", "1", "yes", "on"};
+      static const char* falsy[] = {"false", "0", "no", "off"};
+      for (const char* t : truthy) if (text == t) return "true";
+      for (const char* f : falsy) if (text == f) return "false";
+      throw bad("must be true or false");
+    }
+    case AMPKIT_OPTION_STRING:
+      return text;
+    case AMPKIT_OPTION_CHOICE: {
+      const auto choices = split_choices(spec.choices);
+      for (const auto& c : choices) if (c == text) return text;
+      throw bad("must be one of " + std::string(spec.choices));
+    }
+    case AMPKIT_OPTION_INT:
+    case AMPKIT_OPTION_FLOAT: {
+      const bool integer = spec.type == AMPKIT_OPTION_INT;
+      char* end = nullptr;
+      errno = 0;
+      double v = 0;
+      if (integer) {
+        const long long i = std::strtoll(text.c_str(), &end, 10);
+        v = static_cast<double>(i);
+      } else {
+        v = std::strtod(text.c_str(), &end);
+      }
+      if (text.empty() || end == nullptr || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+        throw bad(integer ? "must be an integer" : "must be a finite number");
+      const std::string range = describe_option_type(spec);
+      if (spec.flags & AMPKIT_OPTION_HAS_MIN) {
+        const bool excl = spec.flags & AMPKIT_OPTION_MIN_EXCLUSIVE;
+        if (excl ? !(v > spec.min_value) : !(v >= spec.min_value)) throw bad("must be " + range);
+      }
+      if (spec.flags & AMPKIT_OPTION_HAS_MAX) {
+        const bool excl = spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE;
+        if (excl ? !(v < spec.max_value) : !(v <= spec.max_value)) throw bad("must be " + range);
+      }
+      return integer ? text : format_number(v);
+    }
+    default:
+      throw Error(ExitCode::plugin, std::string(d.kind) + " '" + d.name + "' declares option '" +
+                                        spec.name + "' of unknown type " + std::to_string(spec.type));
+  }
+}
+
+}  // namespace
+
+std::string option_environment_name(const std::string& kind, const std::string& option) {
+  return "AMPKIT_" + upper(kind) + "_" + upper(option);
+}
+
+std::string describe_option_type(const ampkit_option_spec& spec) {
+  std::string base;
+  switch (spec.type) {
+    case AMPKIT_OPTION_BOOL: return "bool";
+    case AMPKIT_OPTION_STRING: return "string";
+    case AMPKIT_OPTION_CHOICE: return std::string("choice ") + (spec.choices ? spec.choices : "");
+    case AMPKIT_OPTION_INT: base = "int"; break;
+    case AMPKIT_OPTION_FLOAT: base = "float"; break;
+    default: return "unknown";
+  }
+  const bool has_min = spec.flags & AMPKIT_OPTION_HAS_MIN, has_max = spec.flags & AMPKIT_OPTION_HAS_MAX;
+  const bool min_x = spec.flags & AMPKIT_OPTION_MIN_EXCLUSIVE, max_x = spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE;
+  if (has_min && has_max)
+    return base + " in " + (min_x ? "(" : "[") + format_number(spec.min_value) + ", " +
+           format_number(spec.max_value) + (max_x ? ")" : "]");
+  if (has_min) return base + (min_x ? " > " : " >= ") + format_number(spec.min_value);
+  if (has_max) return base + (max_x ? " < " : " <= ") + format_number(spec.max_value);
+  return base;
+}
+
+ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionInputs& inputs) {
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < d.option_count; ++i) names.emplace_back(d.options[i].name);
+  const std::string who = std::string(d.kind) + " '" + d.name + "'";
+  auto unknown = [&](const std::string& option, const std::string& source) {
+    const std::string hint = did_you_mean(option, names);
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    return Error(ExitCode::usage, "unknown option '" + option + "' for " + who + " (from " + source + ")" +
+                                      (hint.empty() ? "" : "; " + hint) +
+                                      (known.empty() ? "; it has no options" : "; options: " + known));
+  };
+
+  std::map<std::string, std::string> environment;
+  if (inputs.read_environment) {
+    const std::string prefix = "AMPKIT_" + upper(d.kind) + "_";
+    for (char** e = environ; e && *e; ++e) {
+      const std::string entry = *e;
+      if (entry.rfind(prefix, 0) != 0) continue;
+      const auto eq = entry.find('=');
+      const std::string var = entry.substr(0, eq);
+      bool matched = false;
+      for (const auto& n : names)
+        if (option_environment_name(d.kind, n) == var) {
+          environment[n] = entry.substr(eq + 1);
+          matched = true;
+        }
+      if (!matched) {
+        std::string lower = var.substr(prefix.size());
+        for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        throw unknown(lower, "environment " + var);
+      }
+    }
+  }
+  const std::string config_source = "config file " + inputs.config_file_name;
+  for (const auto& [k, v] : inputs.command_line)
+    if (std::find(names.begin(), names.end(), k) == names.end()) throw unknown(k, "command line");
+  for (const auto& [k, v] : inputs.config_file)
+    if (std::find(names.begin(), names.end(), k) == names.end()) throw unknown(k, config_source);
+
+  ResolvedOptions out;
+  for (uint32_t i = 0; i < d.option_count; ++i) {
+    const ampkit_option_spec& spec = d.options[i];
+    OptionSetting s;
+    s.name = spec.name;
+    s.type = describe_option_type(spec);
+    s.help = spec.help;
+    s.default_value = spec.default_value ? spec.default_value : "";
+    std::string text;
+    if (auto it = inputs.command_line.find(s.name); it != inputs.command_line.end()) {
+      text = it->second;
+      s.source = "command line";
+    } else if (auto it2 = environment.find(s.name); it2 != environment.end()) {
+      text = it2->second;
+      s.source = "environment " + option_environment_name(d.kind, s.name);
+    } else if (auto it3 = inputs.config_file.find(s.name); it3 != inputs.config_file.end()) {
+      text = it3->second;
+      s.source = config_source;
+    } else if (spec.default_value != nullptr) {
+      text = spec.default_value;
+      s.source = "default";
+    } else {
+      s.source = "unset";
+    }
+    if (s.source != "unset") {
+      s.value = validate(d, spec, text, s.source);
+      s.set = true;
+      out.values.set(s.name, s.value);
+    }
+    out.settings.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace ampkit

@@ -1,0 +1,319 @@
+// The plugin search path, selection by name or path, loading (never unloading) and probing.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+
+#include "ampkit/plugin_options.h"
+#include "ampkit/registry.h"
+
+namespace fs = std::filesystem;
+
+namespace ampkit {
+
+namespace {
+
+std::vector<const ampkit_plugin_descriptor*>& static_plugins() {
+  static auto* list = new std::vector<const ampkit_plugin_descriptor*>();  // never destroyed
+  return *list;
+}
+
+// Libraries are never unloaded while the process lives: no unload-order crashes, no dangling
+// vtables of strategies still alive during static destruction. The list is leaked on purpose.
+std::vector<boost::dll::shared_library>& loaded_libraries() {
+  static auto* libs = new std::vector<boost::dll::shared_library>();
+  return *libs;
+}
+
+bool looks_like_path(const std::string& s) {
+  return s.find('/') != std::string::npos ||
+         (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
+}
+
+bool is_candidate(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return (name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0) ||
+         name.find(".so.") != std::string::npos;
+}
+
+// Everything the host must know about a descriptor before calling into it.
+void validate_descriptor(const PluginInfo& info, const ampkit_plugin_descriptor* d) {
+  const std::string file = info.is_static ? "static plugin " + info.kind + " '" + info.name + "'"
+                                          : "plugin file " + info.path.string();
+  if (d == nullptr) throw Error(ExitCode::plugin, file + ": its entry returned no descriptor");
+  if (d->abi_version != static_cast<uint32_t>(AMPKIT_ABI_VERSION))
+    throw Error(ExitCode::plugin, file + ": descriptor has ABI " + std::to_string(d->abi_version) +
+                                      ", host has ABI " + std::to_string(AMPKIT_ABI_VERSION));
+  if (d->struct_size < sizeof(ampkit_plugin_descriptor))
+    throw Error(ExitCode::plugin, file + ": descriptor is smaller than ABI " +
+                                      std::to_string(AMPKIT_ABI_VERSION) + " requires");
+  if (!d->kind || !d->name || info.kind != d->kind || info.name != d->name)
+    throw Error(ExitCode::plugin, file + ": descriptor (" + std::string(d->kind ? d->kind : "?") +
+                                      " '" + (d->name ? d->name : "?") + "') disagrees with its metadata (" +
+                                      info.kind + " '" + info.name + "')");
+  if (d->create == nullptr) throw Error(ExitCode::plugin, file + ": descriptor has no factory");
+  if (d->option_count > 0 && d->options == nullptr)
+    throw Error(ExitCode::plugin, file + ": descriptor declares options but gives none");
+  for (uint32_t i = 0; i < d->option_count; ++i)
+    if (d->options[i].name == nullptr || d->options[i].help == nullptr)
+      throw Error(ExitCode::plugin, file + ": option " + std::to_string(i) + " has no name or help");
+}
+
+const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info) {
+  boost::dll::shared_library lib;
+  try {
+    lib.load(info.path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " cannot be loaded: " + e.what());
+  }
+  if (!lib.has(info.entry))
+    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " does not export " + info.entry);
+  auto& entry = lib.get_alias<const ampkit_plugin_descriptor*()>(info.entry);
+  const ampkit_plugin_descriptor* d = entry();
+  validate_descriptor(info, d);
+  loaded_libraries().push_back(std::move(lib));
+  return d;
+}
+
+PluginInfo static_info(const ampkit_plugin_descriptor* d) {
+  PluginInfo info;
+  info.is_static = true;
+  info.path = "<static>";
+  info.abi_version = static_cast<int>(d->abi_version);
+  info.kind = d->kind;
+  info.name = d->name;
+  info.version = d->version;
+  info.summary = d->summary;
+  info.torch_version = d->torch_version;
+  info.compiler = d->compiler;
+  info.cxx11_abi = d->cxx11_abi;
+  info.entry = "ampkit_v" + std::to_string(info.abi_version) + "_" + info.kind + "_" + info.name;
+  return info;
+}
+
+std::string describe(const PluginInfo& p) {
+  return p.is_static ? "(linked into this program)" : p.path.string();
+}
+
+}  // namespace
+
+void register_static_plugin(const ampkit_plugin_descriptor* descriptor) {
+  static_plugins().push_back(descriptor);
+}
+
+std::unique_ptr<Strategy> LoadedPlugin::create(const OptionValues& values) const {
+  char error[1024] = {};
+  void* object = descriptor_->create(&values, error, sizeof error);
+  if (object == nullptr)
+    throw Error(ExitCode::plugin, info_.kind + " '" + info_.name + "' (" + describe(info_) +
+                                      ") could not be created: " + (error[0] ? error : "no reason given"));
+  return std::unique_ptr<Strategy>(static_cast<Strategy*>(object));
+}
+
+Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
+  std::vector<fs::path> dirs;
+  for (const auto& d : options_.plugin_dirs) {
+    if (!fs::is_directory(d))
+      throw Error(ExitCode::usage, "--plugin-dir " + d.string() + " is not a folder");
+    dirs.push_back(d);
+  }
+  if (options_.use_environment) {
+    if (const char* env = std::getenv("AMPKIT_PLUGIN_PATH")) {
+      std::string list = env;
+      size_t start = 0;
+      while (start <= list.size()) {
+        const size_t end = std::min(list.find(':', start), list.size());
+        const std::string item = list.substr(start, end - start);
+        if (!item.empty()) {
+          if (!fs::is_directory(item))
+            throw Error(ExitCode::usage, "AMPKIT_PLUGIN_PATH names " + item + ", which is not a folder");
+          dirs.emplace_back(item);
+        }
+        start = end + 1;
+      }
+    }
+  }
+  if (options_.use_default_dirs) {
+#ifdef AMPKIT_BUILD_PLUGIN_DIR
+    dirs.emplace_back(AMPKIT_BUILD_PLUGIN_DIR);
+#endif
+    std::error_code ec;
+    const fs::path exe = boost::dll::program_location(ec);
+    if (!ec) dirs.push_back(exe.parent_path().parent_path() / "lib" / "ampkit" / "plugins");
+#ifdef AMPKIT_INSTALL_PLUGIN_DIR
+    dirs.emplace_back(AMPKIT_INSTALL_PLUGIN_DIR);
+#endif
+  }
+  std::set<fs::path> seen;
+  for (const auto& d : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    const fs::path canonical = fs::weakly_canonical(d, ec);
+    if (seen.insert(canonical).second) search_path_.push_back(canonical);
+  }
+}
+
+ScanResult Registry::scan() const {
+  ScanResult result;
+  for (const auto* d : static_plugins()) result.plugins.push_back(static_info(d));
+  for (const auto& dir : search_path_) {
+    std::vector<fs::path> files;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (is_candidate(entry.path())) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      try {
+        result.plugins.push_back(inspect_plugin_file(f));
+      } catch (const Error& e) {
+        result.problems.emplace_back(f, e.what());
+      }
+    }
+  }
+  return result;
+}
+
+PluginInfo Registry::find(const std::string& kind, const std::string& name_or_path) const {
+  if (std::find(kPluginKinds.begin(), kPluginKinds.end(), kind) == kPluginKinds.end())
+    throw Error(ExitCode::usage, "unknown plugin kind '" + kind + "' (kinds: scaler, clipper, nan_policy, comm)");
+  if (name_or_path.empty()) throw Error(ExitCode::usage, "empty " + kind + " name");
+  if (looks_like_path(name_or_path)) {
+    PluginInfo info = inspect_plugin_file(name_or_path);
+    if (info.kind != kind)
+      throw Error(ExitCode::plugin, "plugin file " + name_or_path + " is a " + info.kind + " plugin ('" +
+                                        info.name + "'), not a " + kind + " plugin");
+    return info;
+  }
+  const ScanResult found = scan();
+  std::vector<PluginInfo> matches;
+  std::vector<std::string> names;
+  for (const auto& p : found.plugins) {
+    if (p.kind != kind) continue;
+    if (p.name == name_or_path) matches.push_back(p);
+    if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
+  }
+  if (matches.size() == 1) return matches.front();
+  if (matches.size() > 1) {
+    std::string where;
+    for (const auto& m : matches) where += (where.empty() ? "" : " and ") + describe(m);
+    throw Error(ExitCode::plugin, "two plugins offer " + kind + " '" + name_or_path + "': " + where +
+                                      "; remove one or select it by path");
+  }
+  std::sort(names.begin(), names.end());
+  std::string available;
+  for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
+  std::string hint = did_you_mean(name_or_path, names);
+  throw Error(ExitCode::plugin, "unknown " + kind + " '" + name_or_path + "'" +
+                                    (hint.empty() ? "" : "; " + hint) + " (available: " +
+                                    (available.empty() ? "none found" : available) +
+                                    "; see ampkit-plugins list)");
+}
+
+const LoadedPlugin& Registry::load(const PluginInfo& info) {
+  const std::string key = info.is_static ? "static:" + info.kind + ":" + info.name
+                                         : fs::weakly_canonical(info.path).string();
+  auto it = loaded_.find(key);
+  if (it != loaded_.end()) return *it->second;
+  const ampkit_plugin_descriptor* descriptor = nullptr;
+  if (info.is_static) {
+    for (const auto* d : static_plugins())
+      if (info.kind == d->kind && info.name == d->name) descriptor = d;
+    validate_descriptor(info, descriptor);
+  } else {
+    check_trusted(info.path, options_.allow_untrusted);
+    check_compatible(info);
+    if (options_.probe) {
+      const ProbeResult probe = probe_plugin(info, /*create=*/false);
+      if (!probe.ok) throw Error(ExitCode::plugin, probe.message);
+    }
+    descriptor = load_descriptor(info);
+  }
+  auto& slot = loaded_[key];
+  slot = std::make_unique<LoadedPlugin>(info, descriptor);
+  return *slot;
+}
+
+ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_seconds) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {false, false, "cannot create a pipe to probe " + info.path.string()};
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return {false, false, "cannot fork to probe " + info.path.string()};
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string message;
+    int code = 0;
+    try {
+      const ampkit_plugin_descriptor* d = load_descriptor(info);
+      if (create) {
+        OptionInputs defaults;
+        defaults.read_environment = false;
+        const ResolvedOptions options = resolve_options(*d, defaults);
+        LoadedPlugin plugin(info, d);
+        auto strategy = plugin.create(options.values);
+        strategy->start(RunInfo{});
+        (void)strategy->save();
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+      code = 3;
+    } catch (...) {
+      message = "plugin file " + info.path.string() + ": unknown exception";
+      code = 3;
+    }
+    if (!message.empty()) (void)!::write(fds[1], message.data(), message.size());
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  std::string message;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    char buf[512];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    message.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ProbeResult result;
+  if (timed_out) {
+    result.message = "plugin file " + info.path.string() + " hung while loading (killed after " +
+                     std::to_string(static_cast<int>(timeout_seconds)) + " s)";
+  } else if (WIFSIGNALED(status)) {
+    result.crashed = true;
+    result.message = "plugin file " + info.path.string() + " crashed while loading (signal " +
+                     std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
+                     "), probably in a static initializer";
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    result.ok = true;
+  } else {
+    result.message = message.empty() ? "plugin file " + info.path.string() + " failed to load (exit " +
+                                           std::to_string(WEXITSTATUS(status)) + ")"
+                                     : message;
+  }
+  return result;
+}
+
+}  // namespace ampkit

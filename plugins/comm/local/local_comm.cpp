@@ -1,0 +1,25 @@
+// Comm "local": one process, no communication; the collectives are identities.
+#include <stdexcept>
+
+#include <ampkit/plugin.h>
+
+namespace {
+
+class LocalCommBackend final : public ampkit::CommBackend {
+ public:
+  explicit LocalCommBackend(const ampkit::OptionValues&) {}
+  void init(const ampkit::DistributedConfig& config) override {
+    if (config.world_size != 1)
+      throw std::runtime_error("comm 'local' runs one process but world_size is " +
+                               std::to_string(config.world_size) + "; use --comm gloo or nccl");
+  }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  void all_reduce_mean(std::vector<at::Tensor>&) override {}
+  void broadcast(std::vector<at::Tensor>&, int) override {}
+  void barrier() override {}
+};
+
+}  // namespace
+
+AMPKIT_PLUGIN(comm, local, LocalCommBackend, "Single process: no communication")

@@ -1,0 +1,15 @@
+// Scaler "none": the loss is not scaled (fp32 and bf16 training need no scaling).
+#include <ampkit/plugin.h>
+
+namespace {
+
+class NoLossScaler final : public ampkit::LossScaler {
+ public:
+  explicit NoLossScaler(const ampkit::OptionValues&) {}
+  double scale() const override { return 1.0; }
+  void update(const ampkit::StepStats&) override {}
+};
+
+}  // namespace
+
+AMPKIT_PLUGIN(scaler, none, NoLossScaler, "No loss scaling (scale 1); right for fp32 and bf16")

@@ -1,0 +1,40 @@
+// Scaler "static": one constant loss scale for the whole run (Apex/DeepSpeed static_loss_scale).
+#include <cmath>
+#include <stdexcept>
+
+#include <ampkit/plugin.h>
+
+namespace {
+
+class StaticLossScaler final : public ampkit::LossScaler {
+ public:
+  explicit StaticLossScaler(const ampkit::OptionValues& options)
+      : scale_(options.get_float("scale")) {}
+  double scale() const override { return scale_; }
+  // Overflowing steps are skipped by the NaN policy; a static scale never adapts.
+  void update(const ampkit::StepStats&) override {}
+  ampkit::State save() const override {
+    ampkit::State s;
+    s.set("scale", scale_);
+    return s;
+  }
+  void load(const ampkit::State& state) override {
+    const double saved = state.get<double>("scale");
+    if (saved != scale_)
+      throw std::runtime_error("checkpoint was written with scaler.scale=" + std::to_string(saved) +
+                               " but this run uses " + std::to_string(scale_));
+  }
+
+ private:
+  double scale_;
+};
+
+}  // namespace
+
+AMPKIT_PLUGIN(scaler, static, StaticLossScaler,
+              "Constant loss scale; steps whose gradients overflow are skipped",
+              ampkit::OptionSpec::Float("scale", "1024",
+                                        "Constant the loss is multiplied by before backward; "
+                                        "use the largest power of two that does not overflow.")
+                  .min(0.0, true)
+                  .max(3.0e38))

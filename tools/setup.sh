@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every dependency of ampkit from the machine's registries; safe to run again.
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+DEBIAN_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libboost-dev libboost-program-options-dev libboost-test-dev libboost-filesystem-dev
+  libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev libssl-dev
+  dataset-fashion-mnist fortunes-min
+)
+
+say() { echo "[setup] $*"; }
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  say "Debian packages present"
+fi
+
+PYTHON=${PYTHON:-python3}
+have=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+if [ "$have" != "$TORCH_VERSION" ]; then
+  say "installing torch==$TORCH_VERSION from PyPI (python: $(command -v "$PYTHON"))"
+  "$PYTHON" -m pip install --quiet "torch==$TORCH_VERSION" numpy
+else
+  say "torch $have present"
+fi
+say "done"
