@@ -201,3 +201,30 @@ ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionI
 }
 
 }  // namespace ampkit
+
+namespace ampkit {
+
+std::string format_option_table(const std::vector<OptionSetting>& settings, bool with_source) {
+  if (settings.empty()) return "    (no options)\n";
+  size_t w_name = 4, w_type = 4, w_value = 5, w_source = 6;
+  for (const auto& s : settings) {
+    w_name = std::max(w_name, s.name.size());
+    w_type = std::max(w_type, s.type.size());
+    w_value = std::max(w_value, (s.set ? s.value : std::string("(unset)")).size());
+    w_source = std::max(w_source, s.source.size());
+  }
+  std::ostringstream out;
+  auto pad = [](const std::string& s, size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
+  out << "    " << pad("name", w_name) << "  " << pad("type", w_type) << "  "
+      << pad(with_source ? "value" : "default", w_value) << "  " << (with_source ? pad("source", w_source) + "  " : "")
+      << "help\n";
+  for (const auto& s : settings) {
+    const std::string value = with_source ? (s.set ? s.value : "(unset)")
+                                          : (s.default_value.empty() ? "(unset)" : s.default_value);
+    out << "    " << pad(s.name, w_name) << "  " << pad(s.type, w_type) << "  " << pad(value, w_value) << "  "
+        << (with_source ? pad(s.source, w_source) + "  " : "") << s.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ampkit

@@ -43,3 +43,8 @@ std::string describe_option_type(const ampkit_option_spec& spec);
 std::string option_environment_name(const std::string& kind, const std::string& option);
 
 }  // namespace ampkit
+
+namespace ampkit {
+// An aligned table of options: name, type, value (or default), [source,] help.
+std::string format_option_table(const std::vector<OptionSetting>& settings, bool with_source);
+}  // namespace ampkit

@@ -1,0 +1,91 @@
+// Workload synthetic: an MLP of any width and depth learning a fixed random linear teacher.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+
+#include "workload.h"
+
+namespace F = torch::nn::functional;
+
+namespace ampkit::train {
+
+namespace {
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(int64_t inputs, int64_t width, int64_t depth, int64_t classes) {
+    int64_t in = inputs;
+    for (int64_t i = 0; i < depth; ++i) {
+      layers->push_back(torch::nn::Linear(in, width));
+      in = width;
+    }
+    layers->push_back(torch::nn::Linear(in, classes));
+    register_module("layers", layers);
+  }
+  at::Tensor forward(at::Tensor x) {
+    const size_t n = layers->size();
+    for (size_t i = 0; i < n; ++i) {
+      x = layers[i]->as<torch::nn::Linear>()->forward(x);
+      if (i + 1 < n) x = F::gelu(x);
+    }
+    return x;
+  }
+  torch::nn::ModuleList layers;
+};
+
+// Samples are generated, never stored: batch i of epoch e comes from a generator seeded with
+// (seed, e, i), so any batch can be regenerated exactly (resume, NaN re-runs).
+class Synthetic final : public Workload {
+ public:
+  Synthetic(const TrainConfig& cfg, const at::Device& device)
+      : cfg_(cfg), device_(device),
+        model_(std::make_shared<MlpImpl>(cfg.synthetic_inputs, cfg.synthetic_width, cfg.synthetic_depth,
+                                         cfg.synthetic_classes)) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg.seed ^ 0x7e4c4e5ULL);
+    teacher_ = at::randn({cfg.synthetic_inputs, cfg.synthetic_classes}, gen).to(device_);
+    model_->to(device_);
+  }
+  torch::nn::Module& module() override { return *model_; }
+  // A nominal epoch of 1000 batches keeps --epochs meaningful for generated data.
+  int64_t batches_per_epoch() const override { return 1000; }
+  void start_epoch(int64_t epoch) override { epoch_ = epoch; }
+  at::Tensor loss(int64_t index) override {
+    auto [x, y] = batch(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
+    return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
+  }
+  std::optional<Evaluation> evaluate(int64_t max_batches) override {
+    torch::NoGradGuard no_grad;
+    const int64_t batches = max_batches > 0 ? std::min<int64_t>(max_batches, 10) : 10;
+    double loss_sum = 0, correct = 0, count = 0;
+    for (int64_t b = 0; b < batches; ++b) {
+      auto [x, y] = batch(0xE7A1ULL + cfg_.seed * 31 + static_cast<uint64_t>(b) + (1ULL << 40));
+      const at::Tensor logits = model_->forward(x).to(at::kFloat);
+      loss_sum += F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      correct += at::eq(logits.argmax(1), y).sum().item<double>();
+      count += static_cast<double>(x.size(0));
+    }
+    return Evaluation{loss_sum / count, correct / count};
+  }
+
+ private:
+  std::pair<at::Tensor, at::Tensor> batch(uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    at::Tensor x = at::randn({cfg_.batch_size, cfg_.synthetic_inputs}, gen).to(device_);
+    at::Tensor y = at::matmul(x, teacher_).argmax(1);
+    return {x, y};
+  }
+  TrainConfig cfg_;
+  at::Device device_;
+  std::shared_ptr<MlpImpl> model_;
+  at::Tensor teacher_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device) {
+  return std::make_unique<Synthetic>(cfg, device);
+}
+
+}  // namespace ampkit::train

@@ -1,0 +1,37 @@
+// A reference workload: a model, its training batches, its loss and (optionally) a test metric.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <torch/nn/module.h>
+
+#include <ampkit/train_config.h>
+
+namespace ampkit::train {
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual torch::nn::Module& module() = 0;
+  // Training micro-batches of `batch_size` samples in one epoch.
+  virtual int64_t batches_per_epoch() const = 0;
+  // Reorders the training set for `epoch` (deterministic in the seed and the epoch).
+  virtual void start_epoch(int64_t epoch) = 0;
+  // fp32 loss of training micro-batch `index` of the current epoch; runs under autocast.
+  virtual at::Tensor loss(int64_t index) = 0;
+  // Loss and accuracy on held-out data (at most `max_batches`, 0 = all), in eval mode, fp32.
+  virtual std::optional<Evaluation> evaluate(int64_t max_batches) = 0;
+};
+
+std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::Device& device);
+std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device);
+
+}  // namespace ampkit::train

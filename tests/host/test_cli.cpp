@@ -1,0 +1,218 @@
+// ampkit-train and ampkit-plugins as a user runs them: exit codes, one-line errors, config
+// sources, summaries, determinism and NaN handling.
+#define BOOST_TEST_MODULE host
+#include <boost/test/unit_test.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& command) {
+  Result r;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  BOOST_REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+const std::string train = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-train";
+const std::string plugins = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-plugins";
+// Small and fast: the synthetic MLP on generated data.
+const std::string small = train + " --synthetic-inputs 16 --synthetic-width 32 --synthetic-depth 2 --batch-size 32 --progress never";
+const std::string synthetic = small + " --workload synthetic";
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/ampkit-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+nlohmann::json read_json(const fs::path& file) {
+  std::ifstream in(file);
+  return nlohmann::json::parse(in);
+}
+
+size_t lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
+  TempDir tmp;
+  {
+    std::ofstream(tmp.path / "bad.yaml") << "precision: [bf16\n";
+    std::ofstream(tmp.path / "unknown.yaml") << "precison: bf16\n";
+  }
+  struct Case {
+    std::string args;
+    int code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"--scaler statc", 3, "unknown scaler 'statc'; did you mean 'static'? (available: none, static"},
+      {"--clipper nope", 3, "unknown clipper 'nope'"},
+      {"--scaler static --opt scaler.sacle=2", 2, "unknown option 'sacle' for scaler 'static' (from command line); did you mean 'scale'?"},
+      {"--scaler static --opt scaler.scale=abc", 2, "option 'scale' of scaler 'static' must be a finite number, got 'abc'"},
+      {"--scaler static --opt scaler.scale=0", 2, "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '0'"},
+      {"--clipper norm --opt clipper.norm_type=3", 2, "must be one of 2|inf, got '3'"},
+      {"--opt scalar.scale=2", 2, "unknown plugin kind 'scalar'; did you mean 'scaler'?"},
+      {"--opt scaler", 2, "--opt must be KIND.OPTION=VALUE"},
+      {"--bach-size 8", 2, "did you mean 'batch-size'?"},
+      {"--batch-size x", 2, "batch-size"},
+      {"--precision fp8", 2, "--precision must be fp32, bf16 or fp16, got 'fp8'"},
+      {"--epochs 1", 2, "give --epochs or --steps, not both"},
+      {"--lr -1", 2, "--lr must be a finite number > 0"},
+      {"--config /nonexistent.yaml", 2, "config file /nonexistent.yaml does not exist"},
+      {"--config " + (tmp.path / "bad.yaml").string(), 2, "is not valid YAML"},
+      {"--config " + (tmp.path / "unknown.yaml").string(), 2, "unknown key 'precison' in config file " + (tmp.path / "unknown.yaml").string() + "; did you mean 'precision'?"},
+      {"--plugin-dir /nonexistent", 2, "--plugin-dir /nonexistent is not a folder"},
+      {"--data-dir " + tmp.path.string() + " --workload=fashion-mnist", 4, "install the Debian package dataset-fashion-mnist"},
+      {"--scaler /nonexistent/libx.so", 3, "plugin file /nonexistent/libx.so: does not exist"},
+  };
+  for (const auto& c : cases) {
+    const std::string workload = c.args.find("--workload") == std::string::npos ? " --workload synthetic" : "";
+    const Result r = run(small + workload + " --steps 2 " + c.args);
+    BOOST_TEST_CONTEXT(c.args << " ->\n" << r.output) {
+      BOOST_TEST(r.code == c.code);
+      BOOST_TEST(r.output.find(c.message) != std::string::npos);
+      BOOST_TEST(lines(r.output) == 1u);
+      BOOST_TEST(r.output.rfind("ampkit-train: error: ", 0) == 0u);
+    }
+  }
+  // Unknown plugin option from the environment is an error too, never silently ignored.
+  const Result env = run("AMPKIT_SCALER_SCLAE=4 " + synthetic + " --steps 2 --scaler static");
+  BOOST_TEST(env.code == 2);
+  BOOST_TEST(env.output.find("unknown option 'sclae' for scaler 'static' (from environment AMPKIT_SCALER_SCLAE); did you mean 'scale'?") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(print_config_shows_each_value_and_its_source) {
+  TempDir tmp;
+  const fs::path cfg = tmp.path / "run.yaml";
+  std::ofstream(cfg) << "precision: bf16\nbatch-size: 16\nscaler: static\nclipper: norm\n"
+                        "opt:\n  scaler:\n    scale: 128\n  clipper:\n    max_norm: 2.5\n    norm_type: inf\n";
+  const Result r = run("AMPKIT_CLIPPER_MAX_NORM=3 " + train + " --config " + cfg.string() +
+                       " --batch-size 8 --opt clipper.norm_type=2 --print-config");
+  BOOST_TEST_INFO(r.output);
+  BOOST_TEST(r.code == 0);
+  auto has = [&](const std::string& s) { return r.output.find(s) != std::string::npos; };
+  BOOST_TEST(has("precision                bf16"));
+  BOOST_TEST(has("(config file " + cfg.string() + ")"));
+  BOOST_TEST(has("batch-size               8"));
+  BOOST_TEST(has("scale  float in (0, 3e+38]  128    config file " + cfg.string()));
+  // command line > environment > config file > default
+  BOOST_TEST(has("max_norm   float > 0     3      environment AMPKIT_CLIPPER_MAX_NORM"));
+  BOOST_TEST(has("norm_type  choice 2|inf  2      command line"));
+  BOOST_TEST(has("max_consecutive  int >= 0  50     default"));
+}
+
+BOOST_AUTO_TEST_CASE(help_lists_host_options_and_the_selected_plugins_options) {
+  const Result r = run(train + " --scaler static --help");
+  BOOST_TEST(r.code == 0);
+  BOOST_TEST(r.output.find("--batch-size") != std::string::npos);
+  BOOST_TEST(r.output.find("scaler 'static' options") != std::string::npos);
+  BOOST_TEST(r.output.find("Constant the loss is multiplied by") != std::string::npos);
+  BOOST_TEST(r.output.find("clipper 'none' options") == std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(training_writes_metrics_and_summary_and_is_deterministic) {
+  TempDir tmp;
+  const std::string common = synthetic + " --steps 40 --seed 5 --clipper norm --opt clipper.max_norm=0.05 ";
+  const Result a = run(common + "--metrics " + (tmp.path / "a.jsonl").string() + " --summary " + (tmp.path / "a.json").string());
+  BOOST_TEST_INFO(a.output);
+  BOOST_REQUIRE(a.code == 0);
+  const Result b = run(common + "--summary " + (tmp.path / "b.json").string());
+  const Result c = run(synthetic + " --steps 40 --seed 6 --clipper norm --opt clipper.max_norm=0.05 --summary " + (tmp.path / "c.json").string());
+  BOOST_REQUIRE(b.code == 0);
+  BOOST_REQUIRE(c.code == 0);
+  const auto sa = read_json(tmp.path / "a.json"), sb = read_json(tmp.path / "b.json"), sc = read_json(tmp.path / "c.json");
+  for (const char* key : {"workload", "precision", "plugins", "steps", "skipped_steps", "nan_events", "final_loss",
+                          "test_accuracy", "samples_per_second", "wall_seconds", "param_sha256"})
+    BOOST_TEST(sa.contains(key), key);
+  BOOST_TEST(sa["steps"].get<int>() == 40);
+  BOOST_TEST(sa["plugins"]["clipper"]["name"].get<std::string>() == "norm");
+  BOOST_TEST(sa["param_sha256"].get<std::string>().size() == 64u);
+  BOOST_TEST(sa["param_sha256"] == sb["param_sha256"]);  // same seed: bit-identical parameters
+  BOOST_TEST(sa["param_sha256"] != sc["param_sha256"]);
+  std::ifstream metrics(tmp.path / "a.jsonl");
+  std::string line;
+  int n = 0, clipped = 0;
+  while (std::getline(metrics, line)) {
+    const auto r = nlohmann::json::parse(line);
+    BOOST_TEST(r["step"].get<int>() == n);
+    if (r["clipped"].get<bool>()) {
+      ++clipped;
+      BOOST_TEST(r["grad_norm_clipped"].get<double>() == 0.05, boost::test_tools::tolerance(1e-5));
+    }
+    ++n;
+  }
+  BOOST_TEST(n == 40);
+  BOOST_TEST(clipped > 0);
+  BOOST_TEST(sa["clip_rate"].get<double>() == clipped / 40.0, boost::test_tools::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(overflowing_fp16_steps_are_skipped_then_the_policy_aborts) {
+  TempDir tmp;
+  // A scale of 1e38 overflows every fp16 backward: every step is skipped, none applied.
+  const Result skip = run(synthetic + " --precision fp16 --steps 6 --scaler static --opt scaler.scale=1e38 "
+                          "--opt nan_policy.max_consecutive=0 --summary " + (tmp.path / "s.json").string());
+  BOOST_TEST_INFO(skip.output);
+  BOOST_REQUIRE(skip.code == 0);
+  const auto s = read_json(tmp.path / "s.json");
+  BOOST_TEST(s["skipped_steps"].get<int>() == 6);
+  BOOST_TEST(s["nan_events"].get<int>() == 6);
+  BOOST_TEST(s["steps_taken"].get<int>() == 0);
+  const Result abort = run(synthetic + " --precision fp16 --steps 20 --scaler static --opt scaler.scale=1e38 "
+                           "--opt nan_policy.max_consecutive=3 --summary " + (tmp.path / "a.json").string());
+  BOOST_TEST_INFO(abort.output);
+  BOOST_TEST(abort.code == 5);
+  BOOST_TEST(abort.output.find("training aborted by nan_policy 'skip' at step 2: non-finite gradients in 3 consecutive steps") != std::string::npos);
+  const auto a = read_json(tmp.path / "a.json");
+  BOOST_TEST(a["status"].get<std::string>() == "aborted");
+  BOOST_TEST(a["steps"].get<int>() == 3);
+}
+
+BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
+  const Result list = run(plugins + " list");
+  BOOST_TEST(list.code == 0);
+  for (const char* s : {"scaler      none", "scaler      static", "clipper     norm", "nan_policy  skip", "comm        local"})
+    BOOST_TEST(list.output.find(s) != std::string::npos, s);
+  const auto json = nlohmann::json::parse(run(plugins + " list --json").output);
+  BOOST_TEST(json["plugins"].size() == 6u);
+  const Result show = run(plugins + " show static");
+  BOOST_TEST(show.code == 0);
+  BOOST_TEST(show.output.find("scale  float in (0, 3e+38]  1024") != std::string::npos);
+  const Result ambiguous = run(plugins + " show none");
+  BOOST_TEST(ambiguous.code == 2);
+  BOOST_TEST(ambiguous.output.find("add --kind KIND") != std::string::npos);
+  BOOST_TEST(run(plugins + " show none --kind clipper").code == 0);
+  const Result check = run(plugins + " check");
+  BOOST_TEST(check.code == 0);
+  BOOST_TEST(check.output.find("6 checked, 0 failed") != std::string::npos);
+  BOOST_TEST(run(plugins + " lst").code == 2);
+}

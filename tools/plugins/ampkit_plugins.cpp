@@ -1,0 +1,225 @@
+// ampkit-plugins: lists, shows and checks the plugins ampkit would find (ompi_info for ampkit).
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ampkit/plugin_options.h"
+#include "ampkit/registry.h"
+
+namespace po = boost::program_options;
+using nlohmann::ordered_json;
+
+namespace ampkit {
+namespace {
+
+const char* kUsage =
+    "usage: ampkit-plugins list [--json]\n"
+    "       ampkit-plugins show NAME [--kind KIND] [--json]\n"
+    "       ampkit-plugins check [--json]\n"
+    "list reads plugin files without running them; show loads one plugin; check loads every\n"
+    "plugin in a child process and reports crashes. Exit codes: 0 ok, 2 usage, 3 plugin,\n"
+    "8 check found broken plugins.\n";
+
+ordered_json info_json(const PluginInfo& p) {
+  ordered_json j;
+  j["kind"] = p.kind;
+  j["name"] = p.name;
+  j["version"] = p.version;
+  j["summary"] = p.summary;
+  j["path"] = p.is_static ? "" : p.path.string();
+  j["static"] = p.is_static;
+  j["abi"] = p.abi_version;
+  j["torch"] = p.torch_version;
+  j["compiler"] = p.compiler;
+  try {
+    check_compatible(p);
+    j["compatible"] = true;
+  } catch (const Error& e) {
+    j["compatible"] = false;
+    j["problem"] = e.what();
+  }
+  return j;
+}
+
+int list(const Registry& registry, bool json) {
+  const ScanResult scan = registry.scan();
+  if (json) {
+    ordered_json out;
+    out["search_path"] = ordered_json::array();
+    for (const auto& d : registry.search_path()) out["search_path"].push_back(d.string());
+    out["plugins"] = ordered_json::array();
+    for (const auto& p : scan.plugins) out["plugins"].push_back(info_json(p));
+    out["problems"] = ordered_json::array();
+    for (const auto& [file, why] : scan.problems) out["problems"].push_back({{"path", file.string()}, {"error", why}});
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  size_t wk = 4, wn = 4, wv = 7;
+  for (const auto& p : scan.plugins) {
+    wk = std::max(wk, p.kind.size());
+    wn = std::max(wn, p.name.size());
+    wv = std::max(wv, p.version.size());
+  }
+  std::printf("%-*s  %-*s  %-*s  %s\n", int(wk), "kind", int(wn), "name", int(wv), "version", "summary");
+  for (const auto& kind : kPluginKinds)
+    for (const auto& p : scan.plugins) {
+      if (p.kind != kind) continue;
+      std::string note;
+      try {
+        check_compatible(p);
+      } catch (const Error& e) {
+        note = "  [incompatible]";
+      }
+      std::printf("%-*s  %-*s  %-*s  %s%s%s\n", int(wk), p.kind.c_str(), int(wn), p.name.c_str(), int(wv),
+                  p.version.c_str(), p.summary.c_str(), p.is_static ? "  [static]" : "", note.c_str());
+    }
+  std::printf("\nsearch path:");
+  for (const auto& d : registry.search_path()) std::printf(" %s", d.c_str());
+  std::printf("\n");
+  for (const auto& [file, why] : scan.problems) std::fprintf(stderr, "ampkit-plugins: warning: %s\n", why.c_str());
+  return 0;
+}
+
+int show(Registry& registry, const std::string& name, const std::string& kind, bool json) {
+  std::vector<PluginInfo> matches;
+  if (!kind.empty()) {
+    matches.push_back(registry.find(kind, name));
+  } else if (name.find('/') != std::string::npos || name.size() > 3 && name.substr(name.size() - 3) == ".so") {
+    matches.push_back(inspect_plugin_file(name));
+  } else {
+    for (const auto& k : kPluginKinds)
+      for (const auto& p : registry.scan().plugins)
+        if (p.kind == k && p.name == name) {
+          matches.push_back(registry.find(k, name));
+          break;
+        }
+  }
+  if (matches.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : registry.scan().plugins) names.push_back(p.name);
+    const std::string hint = did_you_mean(name, names);
+    throw Error(ExitCode::plugin, "no plugin named '" + name + "'" + (hint.empty() ? "" : "; " + hint) +
+                                      " (see ampkit-plugins list)");
+  }
+  if (matches.size() > 1) {
+    std::string kinds;
+    for (const auto& m : matches) kinds += (kinds.empty() ? "" : ", ") + m.kind;
+    throw Error(ExitCode::usage, "'" + name + "' names plugins of several kinds (" + kinds + "); add --kind KIND");
+  }
+  const LoadedPlugin& p = registry.load(matches.front());
+  OptionInputs defaults;
+  defaults.read_environment = false;
+  const ResolvedOptions options = resolve_options(p.descriptor(), defaults);
+  if (json) {
+    ordered_json out = info_json(p.info());
+    out["options"] = ordered_json::array();
+    for (uint32_t i = 0; i < p.descriptor().option_count; ++i) {
+      const auto& spec = p.descriptor().options[i];
+      out["options"].push_back({{"name", spec.name},
+                                {"type", describe_option_type(spec)},
+                                {"default", spec.default_value ? ordered_json(spec.default_value) : ordered_json(nullptr)},
+                                {"environment", option_environment_name(p.info().kind, spec.name)},
+                                {"help", spec.help}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  const PluginInfo& i = p.info();
+  std::printf("%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
+              i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
+              i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
+              i.compiler.c_str(), i.kind == "nan_policy" ? "nan-policy" : i.kind.c_str(), i.name.c_str());
+  std::printf("  options:  --opt %s.NAME=VALUE or environment %s\n%s", i.kind.c_str(),
+              option_environment_name(i.kind, "NAME").c_str(), format_option_table(options.settings, false).c_str());
+  return 0;
+}
+
+int check(const Registry& registry, bool json) {
+  const ScanResult scan = registry.scan();
+  ordered_json results = ordered_json::array();
+  int failures = 0;
+  auto report = [&](const std::string& path, const std::string& what, bool ok, bool crashed, const std::string& message) {
+    failures += ok ? 0 : 1;
+    results.push_back({{"path", path}, {"plugin", what}, {"ok", ok}, {"crashed", crashed}, {"message", message}});
+    if (!json) std::printf("%-6s %-26s %s%s%s\n", ok ? "ok" : crashed ? "CRASH" : "FAIL", what.c_str(), path.c_str(),
+                           message.empty() ? "" : "\n       ", message.c_str());
+  };
+  for (const auto& p : scan.plugins) {
+    const std::string what = p.kind + " '" + p.name + "'";
+    if (p.is_static) {
+      report("(static)", what, true, false, "");
+      continue;
+    }
+    try {
+      check_trusted(p.path, registry.options().allow_untrusted);
+      check_compatible(p);
+    } catch (const Error& e) {
+      report(p.path.string(), what, false, false, e.what());
+      continue;
+    }
+    const ProbeResult r = probe_plugin(p, /*create=*/true);
+    report(p.path.string(), what, r.ok, r.crashed, r.message);
+  }
+  for (const auto& [file, why] : scan.problems) report(file.string(), "(not a plugin)", false, false, why);
+  if (json) std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2).c_str());
+  else std::printf("\n%zu checked, %d failed\n", results.size(), failures);
+  return failures ? static_cast<int>(ExitCode::check_failed) : 0;
+}
+
+int run(int argc, char** argv) {
+  po::options_description o("options");
+  o.add_options()("help,h", "Show usage.")("json", po::bool_switch(), "Machine-readable output.")(
+      "kind", po::value<std::string>()->default_value(""), "show: the plugin kind when a name is ambiguous.")(
+      "plugin-dir", po::value<std::vector<std::string>>()->composing(), "Folder searched first (repeatable).")(
+      "allow-untrusted-plugins", po::bool_switch(), "Accept plugin files writable by others (loudly).")(
+      "command", po::value<std::string>(), "list | show | check")("name", po::value<std::string>(), "plugin name or path for show");
+  po::positional_options_description pos;
+  pos.add("command", 1).add("name", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(o).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(ExitCode::usage, std::string(e.what()) + "\n" + kUsage);
+  }
+  if (vm.count("help")) {
+    std::printf("%s\n%s", kUsage, [&] { std::ostringstream s; s << o; return s.str(); }().c_str());
+    return 0;
+  }
+  if (!vm.count("command")) throw Error(ExitCode::usage, std::string("no command given\n") + kUsage);
+  const std::string command = vm["command"].as<std::string>();
+  RegistryOptions ro;
+  if (vm.count("plugin-dir"))
+    for (const auto& d : vm["plugin-dir"].as<std::vector<std::string>>()) ro.plugin_dirs.emplace_back(d);
+  ro.allow_untrusted = vm["allow-untrusted-plugins"].as<bool>();
+  Registry registry(ro);
+  const bool json = vm["json"].as<bool>();
+  const std::string kind = vm["kind"].as<std::string>();
+  if (command != "show" && vm.count("name")) throw Error(ExitCode::usage, command + " takes no argument\n" + kUsage);
+  if (command == "list") return list(registry, json);
+  if (command == "check") return check(registry, json);
+  if (command == "show") {
+    if (!vm.count("name")) throw Error(ExitCode::usage, std::string("show needs a plugin NAME\n") + kUsage);
+    return show(registry, vm["name"].as<std::string>(), kind, json);
+  }
+  const std::string hint = did_you_mean(command, {"list", "show", "check"});
+  throw Error(ExitCode::usage, "unknown command '" + command + "'" + (hint.empty() ? "" : "; " + hint) + "\n" + kUsage);
+}
+
+}  // namespace
+}  // namespace ampkit
+
+int main(int argc, char** argv) {
+  try {
+    return ampkit::run(argc, argv);
+  } catch (const ampkit::Error& e) {
+    std::fprintf(stderr, "ampkit-plugins: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampkit-plugins: internal error: %s\n", e.what());
+    return 1;
+  }
+}
