@@ -1,15 +1,14 @@
 // Helpers shared by the registry suites: isolated registries, caught errors, substring checks.
 #pragma once
 
+#include <ampkit/error.h>
+#include <ampkit/registry.h>
+
+#include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <boost/test/unit_test.hpp>
-
-#include <ampkit/error.h>
-#include <ampkit/registry.h>
 
 namespace ampkit {
 // Lets BOOST_TEST print exit codes when a comparison fails.
@@ -65,16 +64,17 @@ inline bool contains(const std::string& text, const std::string& part) {
 }  // namespace ampkit_test
 
 // Checks that `text` contains `part`, printing the whole text when it does not.
-#define AMPKIT_CHECK_CONTAINS(text, part)                                           \
-  BOOST_CHECK_MESSAGE(::ampkit_test::contains((text), (part)),                      \
+#define AMPKIT_CHECK_CONTAINS(text, part)                      \
+  BOOST_CHECK_MESSAGE(::ampkit_test::contains((text), (part)), \
                       "expected \"" << (part) << "\" in: \"" << (text) << "\"")
-#define AMPKIT_CHECK_NOT_CONTAINS(text, part)                                       \
-  BOOST_CHECK_MESSAGE(!::ampkit_test::contains((text), (part)),                     \
+#define AMPKIT_CHECK_NOT_CONTAINS(text, part)                   \
+  BOOST_CHECK_MESSAGE(!::ampkit_test::contains((text), (part)), \
                       "did not expect \"" << (part) << "\" in: \"" << (text) << "\"")
 // Checks that `caught` is an ampkit::Error with `exit_code`, printing the message otherwise.
-#define AMPKIT_REQUIRE_ERROR(caught, exit_code)                                     \
-  do {                                                                              \
-    BOOST_REQUIRE_MESSAGE((caught).thrown, "expected ampkit::Error, got " << (caught).message); \
-    BOOST_CHECK_MESSAGE((caught).code == (exit_code), "exit code " << (caught).code << " != " \
-                                                          << (exit_code) << " for: " << (caught).message); \
+#define AMPKIT_REQUIRE_ERROR(caught, exit_code)                                                  \
+  do {                                                                                           \
+    BOOST_REQUIRE_MESSAGE((caught).thrown, "expected ampkit::Error, got " << (caught).message);  \
+    BOOST_CHECK_MESSAGE(                                                                         \
+        (caught).code == (exit_code),                                                            \
+        "exit code " << (caught).code << " != " << (exit_code) << " for: " << (caught).message); \
   } while (0)

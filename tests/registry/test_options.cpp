@@ -1,13 +1,11 @@
 // Option resolution on the real static scaler and norm clipper: precedence, sources, and the
 // errors a user gets for a misspelt option or a bad value from each source.
-#include <boost/test/unit_test.hpp>
-
+#include <ampkit/plugin_options.h>
 #include <stdlib.h>
 
+#include <boost/test/unit_test.hpp>
 #include <map>
 #include <string>
-
-#include <ampkit/plugin_options.h>
 
 #include "registry_test_support.h"
 
@@ -101,7 +99,8 @@ BOOST_AUTO_TEST_CASE(command_line_beats_environment_beats_config_file_beats_defa
 }
 
 BOOST_AUTO_TEST_CASE(float_values_are_stored_in_shortest_form) {
-  const auto r = ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "6.5536e4"}}));
+  const auto r =
+      ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "6.5536e4"}}));
   BOOST_TEST(setting(r, "scale").value == "65536");
   BOOST_TEST(r.values.get_float("scale") == 65536.0);
 }
@@ -110,29 +109,34 @@ BOOST_AUTO_TEST_CASE(unknown_option_suggests_the_right_one) {
   const auto& d = descriptor("scaler", "static");
   Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({{"scael", "2"}})); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'scael' for scaler 'static' (from command line)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "unknown option 'scael' for scaler 'static' (from command line)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
   AMPKIT_CHECK_CONTAINS(e.message, "options: scale");
 
   e = catch_error([&] { ampkit::resolve_options(d, inputs({}, {{"scales", "2"}})); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'scales' for scaler 'static' (from config file run.yaml)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "unknown option 'scales' for scaler 'static' (from config file run.yaml)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
 }
 
 BOOST_AUTO_TEST_CASE(text_for_a_float_is_refused) {
-  const Caught e = catch_error(
-      [&] { ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "abc"}})); });
+  const Caught e = catch_error([&] {
+    ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "abc"}}));
+  });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message, "option 'scale' of scaler 'static' must be a finite number, "
-                                   "got 'abc' (from command line)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "option 'scale' of scaler 'static' must be a finite number, "
+                        "got 'abc' (from command line)");
 }
 
 BOOST_AUTO_TEST_CASE(non_finite_float_is_refused) {
   for (const char* text : {"inf", "nan", "1e999"}) {
     BOOST_TEST_CONTEXT("scale=" << text) {
-      const Caught e = catch_error(
-          [&] { ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", text}})); });
+      const Caught e = catch_error([&] {
+        ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", text}}));
+      });
       AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
       AMPKIT_CHECK_CONTAINS(e.message, "must be a finite number");
     }
@@ -146,8 +150,9 @@ BOOST_AUTO_TEST_CASE(value_outside_the_range_is_refused_with_the_range) {
     BOOST_TEST_CONTEXT("scale=" << text) {
       const Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({{"scale", text}})); });
       AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-      AMPKIT_CHECK_CONTAINS(e.message, "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '" +
-                                           std::string(text) + "' (from command line)");
+      AMPKIT_CHECK_CONTAINS(e.message,
+                            "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '" +
+                                std::string(text) + "' (from command line)");
     }
   }
   const auto r = ampkit::resolve_options(d, inputs({{"scale", "1e-30"}}));
@@ -156,10 +161,13 @@ BOOST_AUTO_TEST_CASE(value_outside_the_range_is_refused_with_the_range) {
 
 BOOST_AUTO_TEST_CASE(value_outside_the_choices_is_refused_with_the_choices) {
   const auto& d = descriptor("clipper", "norm");
-  const Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({}, {{"norm_type", "3"}})); });
+  const Caught e = catch_error([&] {
+    ampkit::resolve_options(d, inputs({}, {{"norm_type", "3"}}));
+  });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message, "option 'norm_type' of clipper 'norm' must be one of 2|inf, got '3' "
-                                   "(from config file run.yaml)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "option 'norm_type' of clipper 'norm' must be one of 2|inf, got '3' "
+                        "(from config file run.yaml)");
   const auto r = ampkit::resolve_options(d, inputs({{"norm_type", "inf"}}));
   BOOST_TEST(r.values.get_string("norm_type") == "inf");
 }
@@ -169,8 +177,9 @@ BOOST_AUTO_TEST_CASE(misspelt_environment_variable_is_an_error) {
   const Caught e = catch_error(
       [&] { ampkit::resolve_options(descriptor("scaler", "static"), inputs({}, {}, true)); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'sclae' for scaler 'static' "
-                                   "(from environment AMPKIT_SCALER_SCLAE)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "unknown option 'sclae' for scaler 'static' "
+                        "(from environment AMPKIT_SCALER_SCLAE)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
   // Variables of another kind are not this plugin's business.
   const auto r = ampkit::resolve_options(descriptor("clipper", "norm"), inputs({}, {}, true));
@@ -182,8 +191,9 @@ BOOST_AUTO_TEST_CASE(bad_value_from_the_environment_names_the_variable) {
   const Caught e = catch_error(
       [&] { ampkit::resolve_options(descriptor("clipper", "norm"), inputs({}, {}, true)); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message, "option 'max_norm' of clipper 'norm' must be float > 0, got '-1' "
-                                   "(from environment AMPKIT_CLIPPER_MAX_NORM)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "option 'max_norm' of clipper 'norm' must be float > 0, got '-1' "
+                        "(from environment AMPKIT_CLIPPER_MAX_NORM)");
 }
 
 BOOST_AUTO_TEST_CASE(environment_names_are_upper_case_kind_and_option) {

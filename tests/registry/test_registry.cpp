@@ -1,8 +1,7 @@
 // Loader tests: the real plugin folder, and real broken plugin libraries built by
 // tests/plugins/broken/, each of which must be refused with the file and the reason named.
 #define BOOST_TEST_MODULE registry
-#include <boost/test/unit_test.hpp>
-
+#include <ampkit/plugin_options.h>
 #include <elf.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -11,18 +10,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <ampkit/plugin_options.h>
 
 #include "registry_test_support.h"
 
@@ -87,18 +86,20 @@ struct DefaultCrashSignals {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &dfl, &saved[i]);
+    for (size_t i = 0; i < std::size(kCrashSignals); ++i)
+      ::sigaction(kCrashSignals[i], &dfl, &saved[i]);
   }
   ~DefaultCrashSignals() {
-    for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &saved[i], nullptr);
+    for (size_t i = 0; i < std::size(kCrashSignals); ++i)
+      ::sigaction(kCrashSignals[i], &saved[i], nullptr);
   }
 };
 
 // How inspect_plugin_file(file) ended when run in a forked child, so that a crash in the
 // inspection fails this test instead of killing the whole test program.
 struct Inspection {
-  int signal = 0;     // the child died of this signal
-  bool threw = false; // ampkit::Error with ExitCode::plugin
+  int signal = 0;      // the child died of this signal
+  bool threw = false;  // ampkit::Error with ExitCode::plugin
   std::string message;
 };
 
@@ -375,8 +376,9 @@ BOOST_AUTO_TEST_CASE(factory_exception_becomes_an_error_with_its_message) {
   const Caught e = catch_error([&] { create(plugin); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "scaler 'throwing_factory' (" + info.path.string() + ")");
-  AMPKIT_CHECK_CONTAINS(e.message, "could not be created: throwing_factory refuses to start: "
-                                   "no GPU budget left (test)");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "could not be created: throwing_factory refuses to start: "
+                        "no GPU budget left (test)");
 
   const ampkit::ProbeResult r = ampkit::probe_plugin(info, /*create=*/true);
   BOOST_TEST(!r.ok);
@@ -447,7 +449,8 @@ BOOST_AUTO_TEST_CASE(probe_reports_the_crash_even_when_the_host_handles_sigsegv)
   const NoCoreDumps no_cores;
   const Registry registry(only({broken("static_init_crash")}));
   const ampkit::PluginInfo info = registry.find("scaler", "static_init_crash");
-  struct sigaction handler {}, saved{};
+  struct sigaction handler {
+  }, saved{};
   handler.sa_handler = [](int) { ::_exit(97); };  // what a crash reporter that exits would do
   sigemptyset(&handler.sa_mask);
   BOOST_TEST_REQUIRE(::sigaction(SIGSEGV, &handler, &saved) == 0);
@@ -471,8 +474,8 @@ BOOST_AUTO_TEST_CASE(group_writable_file_is_refused) {
   const Caught e = catch_error([&] { registry.load(info); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "refusing untrusted plugin " + info.path.string());
-  AMPKIT_CHECK_CONTAINS(e.message, "the file " + info.path.string() +
-                                       " is writable by group or others (mode 0664");
+  AMPKIT_CHECK_CONTAINS(
+      e.message, "the file " + info.path.string() + " is writable by group or others (mode 0664");
   AMPKIT_CHECK_CONTAINS(e.message, "chmod go-w " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "--allow-untrusted-plugins");
 }

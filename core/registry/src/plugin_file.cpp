@@ -8,8 +8,9 @@
 #include <optional>
 #include <sstream>
 
-#include <vector>  // boost/dll/library_info.hpp (1.74) misses it with BOOST_DLL_USE_STD_FS
-#include <boost/dll/library_info.hpp>
+#include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "ampkit/registry.h"
 
@@ -25,39 +26,87 @@ namespace {
   throw Error(ExitCode::plugin, "plugin file " + file.string() + ": " + what);
 }
 
-// The content of one named section of an ELF64 file, bounds-checked against the file size so a
-// truncated or hostile file yields an error, never a crash.
-std::optional<std::string> read_elf_section(const fs::path& file, const std::string& wanted) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(file, "cannot be opened");
-  in.seekg(0, std::ios::end);
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  auto read_at = [&](uint64_t offset, void* out, uint64_t n) {
-    if (offset > size || n > size - offset) fail(file, "is truncated or malformed (ELF offsets point past the end)");
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
-    if (!in) fail(file, "could not be read");
-  };
-  Elf64_Ehdr eh;
-  read_at(0, &eh, sizeof eh);
-  if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum)
-    fail(file, "has a malformed ELF section table");
-  std::vector<Elf64_Shdr> sections(eh.e_shnum);
-  read_at(eh.e_shoff, sections.data(), sizeof(Elf64_Shdr) * eh.e_shnum);
-  const Elf64_Shdr& names_header = sections[eh.e_shstrndx];
-  if (names_header.sh_size > (1u << 20)) fail(file, "has an oversized ELF section-name table");
-  std::string names(names_header.sh_size, '\0');
-  read_at(names_header.sh_offset, names.data(), names.size());
-  for (const auto& s : sections) {
-    if (s.sh_name >= names.size()) continue;
-    if (std::string(names.c_str() + s.sh_name) != wanted) continue;
-    if (s.sh_type == SHT_NOBITS || s.sh_size > (1u << 16)) fail(file, "has a malformed '" + wanted + "' section");
-    std::string content(s.sh_size, '\0');
-    read_at(s.sh_offset, content.data(), content.size());
-    return content;
+// A bounds-checked reader of an ELF64 file's sections and symbols: every offset and size is
+// checked against the file, so a truncated or hostile file yields an error, never a crash.
+class ElfFile {
+ public:
+  explicit ElfFile(const fs::path& file) : file_(file), in_(file, std::ios::binary) {
+    if (!in_) fail(file_, "cannot be opened");
+    in_.seekg(0, std::ios::end);
+    size_ = static_cast<uint64_t>(in_.tellg());
+    Elf64_Ehdr eh;
+    read_at(0, &eh, sizeof eh);
+    if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum)
+      fail(file_, "has a malformed ELF section table");
+    sections_.resize(eh.e_shnum);
+    read_at(eh.e_shoff, sections_.data(), sizeof(Elf64_Shdr) * eh.e_shnum);
+    names_ = content(sections_[eh.e_shstrndx], "section-name table", 1u << 20);
   }
-  return std::nullopt;
-}
+
+  // Index of the section called `wanted`, or 0 (SHN_UNDEF) when there is none.
+  size_t index_of(const std::string& wanted) const {
+    for (size_t i = 1; i < sections_.size(); ++i)
+      if (name_at(names_, sections_[i].sh_name) == wanted) return i;
+    return 0;
+  }
+
+  std::optional<std::string> section(const std::string& wanted) {
+    const size_t i = index_of(wanted);
+    if (i == 0) return std::nullopt;
+    return content(sections_[i], "'" + wanted + "' section", 1u << 16);
+  }
+
+  // Default-visibility symbols defined in section `wanted`, from .dynsym (what a stripped
+  // library keeps) and .symtab, each name once.
+  std::vector<std::string> symbols_in(const std::string& wanted) {
+    std::vector<std::string> out;
+    const size_t target = index_of(wanted);
+    if (target == 0) return out;
+    for (const auto& s : sections_) {
+      if (s.sh_type != SHT_DYNSYM && s.sh_type != SHT_SYMTAB) continue;
+      if (s.sh_entsize != sizeof(Elf64_Sym) || s.sh_link >= sections_.size())
+        fail(file_, "has a malformed ELF symbol table");
+      const std::string table = content(s, "symbol table", 1u << 26);
+      const std::string strings = content(sections_[s.sh_link], "symbol-name table", 1u << 26);
+      for (size_t off = 0; off + sizeof(Elf64_Sym) <= table.size(); off += sizeof(Elf64_Sym)) {
+        Elf64_Sym sym;
+        std::memcpy(&sym, table.data() + off, sizeof sym);
+        if (sym.st_shndx != target || ELF64_ST_VISIBILITY(sym.st_other) != STV_DEFAULT) continue;
+        const std::string name = name_at(strings, sym.st_name);
+        if (!name.empty() && std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+      }
+    }
+    return out;
+  }
+
+ private:
+  static std::string name_at(const std::string& table, uint64_t offset) {
+    if (offset >= table.size()) return "";
+    const char* start = table.data() + offset;
+    return std::string(start, strnlen(start, table.size() - offset));
+  }
+
+  void read_at(uint64_t offset, void* out, uint64_t n) {
+    if (offset > size_ || n > size_ - offset)
+      fail(file_, "is truncated or malformed (ELF offsets point past the end)");
+    in_.seekg(static_cast<std::streamoff>(offset));
+    in_.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+    if (!in_) fail(file_, "could not be read");
+  }
+
+  std::string content(const Elf64_Shdr& s, const std::string& what, uint64_t limit) {
+    if (s.sh_type == SHT_NOBITS || s.sh_size > limit) fail(file_, "has a malformed " + what);
+    std::string data(s.sh_size, '\0');
+    read_at(s.sh_offset, data.data(), data.size());
+    return data;
+  }
+
+  fs::path file_;
+  std::ifstream in_;
+  uint64_t size_ = 0;
+  std::vector<Elf64_Shdr> sections_;
+  std::string names_;
+};
 
 }  // namespace
 
@@ -81,15 +130,19 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
     std::ifstream in(file, std::ios::binary);
     in.read(reinterpret_cast<char*>(&eh), sizeof eh);
     if (!in || eh.e_type != ET_DYN) fail(file, "is an ELF file but not a shared library");
+#if defined(__x86_64__)
+    constexpr uint16_t kHostMachine = EM_X86_64;
+#elif defined(__aarch64__)
+    constexpr uint16_t kHostMachine = EM_AARCH64;
+#else
+    constexpr uint16_t kHostMachine = EM_NONE;  // unchecked; dlopen will refuse a foreign file
+#endif
+    if (eh.e_ident[EI_DATA] != ELFDATA2LSB || (kHostMachine != EM_NONE && eh.e_machine != kHostMachine))
+      fail(file, "is built for another CPU (ELF machine " + std::to_string(eh.e_machine) + ")");
   }
 
-  std::vector<std::string> symbols;
-  try {
-    boost::dll::library_info elf(file, /*throw_if_not_native=*/true);
-    symbols = elf.symbols("ampkit");
-  } catch (const std::exception& e) {
-    fail(file, std::string("cannot be read as a shared library: ") + e.what());
-  }
+  ElfFile elf(file);
+  const std::vector<std::string> symbols = elf.symbols_in("ampkit");
   std::vector<std::string> entries;
   for (const auto& s : symbols)
     if (s.rfind("ampkit_v", 0) == 0) entries.push_back(s);
@@ -101,7 +154,7 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
   PluginInfo info;
   info.path = file;
   info.entry = entries.front();
-  const auto meta = read_elf_section(file, AMPKIT_PLUGIN_META_SECTION);
+  const auto meta = elf.section(AMPKIT_PLUGIN_META_SECTION);
   if (!meta)
     fail(file, "has the entry " + info.entry + " but no '" AMPKIT_PLUGIN_META_SECTION
                "' metadata section; it was not built with AMPKIT_PLUGIN");

@@ -249,6 +249,12 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
   const pid_t pid = ::fork();
   if (pid < 0) return {false, false, "cannot fork to probe " + info.path.string()};
   if (pid == 0) {
+    // The child inherits the host's signal handlers and mask (a crash reporter, Boost.Test's
+    // execution monitor). A crash while loading must kill the child, so the parent sees it.
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) ::signal(sig, SIG_DFL);
+    sigset_t all;
+    ::sigfillset(&all);
+    ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
     ::close(fds[0]);
     std::string message;
     int code = 0;
@@ -286,7 +292,8 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
     pollfd p{fds[0], POLLIN, 0};
     const int r = ::poll(&p, 1, static_cast<int>(left));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
+    if (r < 0) break;  // the pipe is unusable; waitpid below still reports how the child ended
+    if (r == 0) continue;
     char buf[512];
     const ssize_t n = ::read(fds[0], buf, sizeof buf);
     if (n <= 0) break;

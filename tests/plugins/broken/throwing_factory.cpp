@@ -1,7 +1,7 @@
 // A plugin whose constructor throws: loading succeeds, creating the strategy must fail cleanly.
-#include <stdexcept>
-
 #include <ampkit/plugin.h>
+
+#include <stdexcept>
 
 namespace {
 
