@@ -77,6 +77,9 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
   const std::vector<Case> cases = {
       {"--scaler statc", 3, "unknown scaler 'statc'; did you mean 'static'? (available: none, static"},
       {"--clipper nope", 3, "unknown clipper 'nope'"},
+      {"--clipper static", 3, "unknown clipper 'static'; 'static' is a scaler plugin, not a clipper plugin"},
+      {"--opt nan_policy.max_consecutive=+5", 2, "option 'max_consecutive' of nan_policy 'skip' must be an integer, got '+5'"},
+      {"--opt nan_policy.max_consecutive=2.5", 2, "must be an integer, got '2.5'"},
       {"--scaler static --opt scaler.sacle=2", 2, "unknown option 'sacle' for scaler 'static' (from command line); did you mean 'scale'?"},
       {"--scaler static --opt scaler.scale=abc", 2, "option 'scale' of scaler 'static' must be a finite number, got 'abc'"},
       {"--scaler static --opt scaler.scale=0", 2, "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '0'"},
@@ -246,6 +249,11 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
       BOOST_TEST(lines(r.output) == 1u);
     }
   }
+  // Selected by name, a broken file with the plugin's file name is named with its problem.
+  const Result named = run(synthetic + " --steps 2 --plugin-dir " + broken + "/not_elf --scaler notelf");
+  BOOST_TEST(named.code == 3);
+  BOOST_TEST(named.output.find("unknown scaler 'notelf'; plugin file " + broken +
+                               "/not_elf/libampkit-scaler-notelf.so: is not an ELF shared library") != std::string::npos);
   // A stripped plugin is still a plugin.
   const Result stripped = run(synthetic + " --steps 2 --scaler " + broken + "/stripped/libampkit-scaler-stripped.so");
   BOOST_TEST_INFO(stripped.output);

@@ -224,8 +224,12 @@ void check_trusted(const fs::path& file, bool allow_untrusted) {
              std::to_string(st.st_uid) + ")";
     return "";
   };
-  std::string why = problem(file, "the file");
-  if (why.empty()) why = problem(fs::absolute(file).parent_path(), "its folder");
+  // Judge what would be loaded: through a symlink, that is the target and the target's folder.
+  std::error_code ec;
+  const fs::path real = fs::canonical(file, ec);
+  const fs::path target = ec ? fs::absolute(file) : real;
+  std::string why = problem(target, "the file");
+  if (why.empty()) why = problem(target.parent_path(), "its folder");
   if (why.empty()) return;
   if (!allow_untrusted)
     throw Error(ExitCode::plugin, "refusing untrusted plugin " + file.string() + ": " + why +

@@ -75,9 +75,12 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
       char* end = nullptr;
       errno = 0;
       double v = 0;
+      if (!text.empty() && (std::isspace(static_cast<unsigned char>(text.front())) || text.front() == '+'))
+        throw bad(integer ? "must be an integer" : "must be a finite number");
+      long long as_integer = 0;
       if (integer) {
-        const long long i = std::strtoll(text.c_str(), &end, 10);
-        v = static_cast<double>(i);
+        as_integer = std::strtoll(text.c_str(), &end, 10);
+        v = static_cast<double>(as_integer);
       } else {
         v = std::strtod(text.c_str(), &end);
       }
@@ -92,7 +95,7 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
         const bool excl = spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE;
         if (excl ? !(v < spec.max_value) : !(v <= spec.max_value)) throw bad("must be " + range);
       }
-      return integer ? text : format_number(v);
+      return integer ? std::to_string(as_integer) : format_number(v);
     }
     default:
       throw Error(ExitCode::plugin, std::string(d.kind) + " '" + d.name + "' declares option '" +

@@ -208,11 +208,19 @@ PluginInfo Registry::find(const std::string& kind, const std::string& name_or_pa
     throw Error(ExitCode::plugin, "two plugins offer " + kind + " '" + name_or_path + "': " + where +
                                       "; remove one or select it by path");
   }
+  // Say why a file that looks like the wanted plugin was not taken, or that the name exists
+  // under another kind: both are more useful than "unknown".
+  std::string why;
+  for (const auto& [file, problem] : found.problems)
+    if (file.filename() == "libampkit-" + kind + "-" + name_or_path + ".so") why = "; " + problem;
+  for (const auto& p : found.plugins)
+    if (why.empty() && p.kind != kind && p.name == name_or_path)
+      why = "; '" + name_or_path + "' is a " + p.kind + " plugin, not a " + kind + " plugin";
   std::sort(names.begin(), names.end());
   std::string available;
   for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
   std::string hint = did_you_mean(name_or_path, names);
-  throw Error(ExitCode::plugin, "unknown " + kind + " '" + name_or_path + "'" +
+  throw Error(ExitCode::plugin, "unknown " + kind + " '" + name_or_path + "'" + why +
                                     (hint.empty() ? "" : "; " + hint) + " (available: " +
                                     (available.empty() ? "none found" : available) +
                                     "; see ampkit-plugins list)");
