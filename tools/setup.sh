@@ -7,7 +7,7 @@ DEBIAN_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libboost-dev libboost-program-options-dev libboost-test-dev libboost-filesystem-dev
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev libssl-dev
-  dataset-fashion-mnist fortunes-min
+  dataset-fashion-mnist fortunes
 )
 
 say() { echo "[setup] $*"; }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -75,7 +76,7 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {"--scaler statc", 3, "unknown scaler 'statc'; did you mean 'static'? (available: none, static"},
+      {"--scaler statc", 3, "unknown scaler 'statc'; did you mean 'static'? (available: "},
       {"--clipper nope", 3, "unknown clipper 'nope'"},
       {"--clipper static", 3, "unknown clipper 'static'; 'static' is a scaler plugin, not a clipper plugin"},
       {"--opt nan_policy.max_consecutive=+5", 2, "option 'max_consecutive' of nan_policy 'skip' must be an integer, got '+5'"},
@@ -267,4 +268,46 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
   const Result list = run(plugins + " list --plugin-dir " + broken + "/static_init_crash");
   BOOST_TEST(list.code == 0);
   BOOST_TEST(list.output.find("static_init_crash") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(precision_mismatches_are_reported_once_each) {
+  TempDir tmp;
+  const Result fp16 = run(synthetic + " --precision fp16 --steps 2 --clipper norm --opt clipper.max_norm=10 --summary " +
+                          (tmp.path / "s.json").string());
+  BOOST_TEST_INFO(fp16.output);
+  BOOST_REQUIRE(fp16.code == 0);
+  BOOST_TEST(fp16.output.find("ampkit-train: warning: --precision fp16 with scaler 'none' (scale 1): gradients below 6e-8 underflow") != std::string::npos);
+  BOOST_TEST(fp16.output.find("ampkit-train: note: clipper.max_norm=10 is the usual fp32 starting point") != std::string::npos);
+  BOOST_TEST(fp16.output.find("ampkit-train: warning: measured at step 0: ") != std::string::npos);
+  const auto s = read_json(tmp.path / "s.json");
+  BOOST_TEST(s["warnings"].size() == 3u);
+  // A static scale in fp16, and bf16 without a scaler, are what users should do: no warnings.
+  for (const std::string args : {"--precision fp16 --scaler static", "--precision bf16", "--precision fp16 --scaler static --clipper norm --opt clipper.max_norm=1"}) {
+    const Result quiet = run(synthetic + " --steps 2 " + args);
+    BOOST_TEST_CONTEXT(args << "\n" << quiet.output) {
+      BOOST_TEST(quiet.code == 0);
+      BOOST_TEST(quiet.output.find("ampkit-train: warning") == std::string::npos);
+      BOOST_TEST(quiet.output.find("warnings             []") != std::string::npos);
+      BOOST_TEST(quiet.output.find("ampkit-train: note") == std::string::npos);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(char_gpt_trains_on_the_fortunes_corpus_and_reports_perplexity) {
+  TempDir tmp;
+  const Result r = run(train + " --workload char-gpt --gpt-width 32 --gpt-layers 1 --gpt-heads 2 --gpt-context 16 "
+                       "--batch-size 8 --steps 40 --lr 3e-3 --eval-batches 2 --progress never --summary " +
+                       (tmp.path / "g.json").string());
+  BOOST_TEST_INFO(r.output);
+  BOOST_REQUIRE(r.code == 0);
+  const auto s = read_json(tmp.path / "g.json");
+  // Uniform guessing over 256 bytes is perplexity 256; 40 steps must already beat it clearly.
+  BOOST_TEST(s["test_perplexity"].get<double>() < 60.0);
+  BOOST_TEST(s["test_perplexity"].get<double>() == std::exp(s["test_loss"].get<double>()), boost::test_tools::tolerance(1e-9));
+  const Result bad = run(train + " --workload char-gpt --gpt-width 30 --gpt-heads 4");
+  BOOST_TEST(bad.code == 2);
+  BOOST_TEST(bad.output.find("--gpt-width must be a multiple of --gpt-heads") != std::string::npos);
+  const Result missing = run(train + " --workload char-gpt --text-dir " + (tmp.path / "none").string());
+  BOOST_TEST(missing.code == 4);
+  BOOST_TEST(missing.output.find("install the Debian package fortunes") != std::string::npos);
 }

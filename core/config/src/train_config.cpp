@@ -23,7 +23,7 @@ po::options_description host_options() {
   // clang-format off
   o.add_options()
     ("help,h", "Show this help; with --scaler/--clipper/--nan-policy/--comm NAME also that plugin's options.")
-    ("workload", po::value<std::string>()->default_value("fashion-mnist"), "What to train: fashion-mnist (CNN on Fashion-MNIST) | synthetic (MLP on generated data).")
+    ("workload", po::value<std::string>()->default_value("fashion-mnist"), "What to train: fashion-mnist (CNN on Fashion-MNIST) | char-gpt (character-level GPT on the fortunes corpus) | synthetic (MLP on generated data).")
     ("precision", po::value<std::string>()->default_value("fp32"), "Autocast precision: fp32 | bf16 | fp16. Master weights stay fp32.")
     ("epochs", po::value<int64_t>(), "Passes over the training set (default 1 when --steps is not given).")
     ("steps", po::value<int64_t>(), "Optimizer steps to attempt (skipped steps count); excludes --epochs.")
@@ -53,6 +53,11 @@ po::options_description host_options() {
     ("synthetic-depth", po::value<int64_t>()->default_value(4), "synthetic: number of hidden layers.")
     ("synthetic-inputs", po::value<int64_t>()->default_value(128), "synthetic: input features.")
     ("synthetic-classes", po::value<int64_t>()->default_value(10), "synthetic: output classes.")
+    ("text-dir", po::value<std::string>()->default_value("/usr/share/games/fortunes"), "char-gpt: folder of text files (Debian package fortunes); all files except *.dat and *.u8 are read.")
+    ("gpt-layers", po::value<int64_t>()->default_value(2), "char-gpt: transformer blocks.")
+    ("gpt-width", po::value<int64_t>()->default_value(128), "char-gpt: embedding width (a multiple of --gpt-heads).")
+    ("gpt-heads", po::value<int64_t>()->default_value(4), "char-gpt: attention heads.")
+    ("gpt-context", po::value<int64_t>()->default_value(64), "char-gpt: context length in bytes.")
     ("progress", po::value<std::string>()->default_value("auto"), "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.")
     ("log-every", po::value<int64_t>()->default_value(50), "Steps between plain progress lines when not on a terminal.")
     ("print-config", po::bool_switch(), "Print every effective setting and where it came from, then exit.");
@@ -203,8 +208,8 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   }
 
   cfg.workload = vm["workload"].as<std::string>();
-  require(cfg.workload == "fashion-mnist" || cfg.workload == "synthetic",
-          "--workload must be fashion-mnist or synthetic, got '" + cfg.workload + "'");
+  require(cfg.workload == "fashion-mnist" || cfg.workload == "char-gpt" || cfg.workload == "synthetic",
+          "--workload must be fashion-mnist, char-gpt or synthetic, got '" + cfg.workload + "'");
   const std::string precision = vm["precision"].as<std::string>();
   if (precision == "fp32") cfg.precision = Precision::fp32;
   else if (precision == "bf16") cfg.precision = Precision::bf16;
@@ -272,6 +277,16 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   require(cfg.synthetic_depth >= 0 && cfg.synthetic_depth <= 256, "--synthetic-depth must be in [0, 256]");
   require(cfg.synthetic_inputs >= 1 && cfg.synthetic_inputs <= 65536, "--synthetic-inputs must be in [1, 65536]");
   require(cfg.synthetic_classes >= 2 && cfg.synthetic_classes <= 65536, "--synthetic-classes must be in [2, 65536]");
+  cfg.text_dir = vm["text-dir"].as<std::string>();
+  cfg.gpt_layers = vm["gpt-layers"].as<int64_t>();
+  cfg.gpt_width = vm["gpt-width"].as<int64_t>();
+  cfg.gpt_heads = vm["gpt-heads"].as<int64_t>();
+  cfg.gpt_context = vm["gpt-context"].as<int64_t>();
+  require(cfg.gpt_layers >= 1 && cfg.gpt_layers <= 64, "--gpt-layers must be in [1, 64]");
+  require(cfg.gpt_heads >= 1 && cfg.gpt_heads <= 64, "--gpt-heads must be in [1, 64]");
+  require(cfg.gpt_width >= cfg.gpt_heads && cfg.gpt_width <= 8192 && cfg.gpt_width % cfg.gpt_heads == 0,
+          "--gpt-width must be a multiple of --gpt-heads in [heads, 8192], got " + std::to_string(cfg.gpt_width));
+  require(cfg.gpt_context >= 2 && cfg.gpt_context <= 4096, "--gpt-context must be in [2, 4096]");
   cfg.progress = vm["progress"].as<std::string>();
   require(cfg.progress == "auto" || cfg.progress == "never",
           "--progress must be auto or never, got '" + cfg.progress + "'");

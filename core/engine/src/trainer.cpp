@@ -167,6 +167,15 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     out.clip_threshold = clip.threshold;
     out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
     scale_grads_(grads, out.clip_coefficient / scale);
+    if (strategies_.clipper->clips_elementwise()) {
+      // value/agc need the tensors: the documented extra pass, on gradients already unscaled.
+      // Detached parameters carry no .grad(), so no kept handle reaches a later scaled gradient.
+      std::vector<at::Tensor> weights;
+      weights.reserve(parameters_.size());
+      for (const auto& p : parameters_) weights.push_back(p.detach());
+      out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
+      out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+    }
     // 7. Optimizer step; the schedule advances only with it.
     optimizer_.step();
     ++taken_;

@@ -1,5 +1,6 @@
 // Option merging and validation: every value is checked against the plugin's declared spec.
 #include <algorithm>
+#include <charconv>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -15,19 +16,11 @@ namespace ampkit {
 
 namespace {
 
+// Shortest text that round-trips ("10", "0.1", "3e+38"), for messages and --print-config.
 std::string format_number(double v) {
-  std::ostringstream s;
-  s.precision(17);
-  s << v;
-  std::string t = s.str();
-  // Shortest text that round-trips, for messages and --print-config.
-  for (int p = 1; p <= 17; ++p) {
-    std::ostringstream q;
-    q.precision(p);
-    q << v;
-    if (std::strtod(q.str().c_str(), nullptr) == v) return q.str();
-  }
-  return t;
+  char buf[64];
+  const auto result = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, result.ptr);
 }
 
 std::vector<std::string> split_choices(const char* choices) {

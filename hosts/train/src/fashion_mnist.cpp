@@ -1,6 +1,7 @@
 // Workload fashion-mnist: a 2-conv CNN on Fashion-MNIST read from the Debian package's IDX.gz files.
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <vector>
 

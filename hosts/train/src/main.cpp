@@ -59,6 +59,31 @@ void print_config(const TrainConfig& cfg, const std::vector<SelectedPlugin>& plu
   }
 }
 
+// Mismatches between precision and strategies that silently waste work or lose gradients
+// (the class of mistake behind misaligned amp/fp16/mixed_precision settings): one line each.
+std::vector<std::string> precision_warnings(const TrainConfig& cfg, const std::vector<SelectedPlugin>& plugins,
+                                            const LossScaler& scaler) {
+  std::vector<std::string> out;
+  const std::string precision = to_string(cfg.precision);
+  const std::string scaler_name = plugins[0].plugin->info().name;
+  if (cfg.precision != Precision::fp16 && scaler.is_dynamic())
+    out.push_back("--precision " + precision + " with the dynamic loss scaler '" + scaler_name + "': " + precision +
+                  " has fp32's exponent range, so scaling only costs work; use --scaler none");
+  if (cfg.precision == Precision::fp16 && !scaler.is_dynamic() && scaler.scale() == 1.0)
+    out.push_back("--precision fp16 with scaler '" + scaler_name +
+                  "' (scale 1): gradients below 6e-8 underflow to zero in fp16; use a dynamic scaler or --scaler static");
+  if (cfg.precision == Precision::fp16) {
+    for (const auto& setting : plugins[1].options.settings) {
+      if (setting.name != "max_norm" || !setting.set || setting.source == "default") continue;
+      const double v = std::strtod(setting.value.c_str(), nullptr);
+      if (v == 5.0 || v == 10.0)
+        out.push_back("note: clipper.max_norm=" + setting.value + " is the usual " + (v == 5.0 ? "bf16" : "fp32") +
+                      " starting point; fp16 runs usually start at 1.0 (docs/gradient-clipping.md)");
+    }
+  }
+  return out;
+}
+
 int run(int argc, const char* const argv[]) {
   const auto wall_start = std::chrono::steady_clock::now();
   TrainConfig cfg = parse_train_config(argc, argv);
@@ -107,14 +132,19 @@ int run(int argc, const char* const argv[]) {
   auto* nan_policy = static_cast<NanPolicy*>(plugins[2].strategy.get());
   auto* comm = static_cast<CommBackend*>(plugins[3].strategy.get());
   comm->init(DistributedConfig{});
+  std::vector<std::string> warnings = precision_warnings(cfg, plugins, *scaler);
+  for (const auto& w : warnings)
+    std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  const bool report_underflow = cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
 
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   if (cfg.device == "cuda" && !torch::cuda::is_available())
     throw Error(ExitCode::usage, "--device cuda, but no CUDA device is visible to LibTorch");
   const at::Device device(cfg.device == "cuda" ? at::kCUDA : at::kCPU);
   torch::manual_seed(cfg.seed);
-  std::unique_ptr<Workload> workload =
-      cfg.workload == "fashion-mnist" ? make_fashion_mnist(cfg, device) : make_synthetic(cfg, device);
+  std::unique_ptr<Workload> workload = cfg.workload == "fashion-mnist" ? make_fashion_mnist(cfg, device)
+                                       : cfg.workload == "char-gpt"    ? make_char_gpt(cfg, device)
+                                                                       : make_synthetic(cfg, device);
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
@@ -165,6 +195,14 @@ int run(int argc, const char* const argv[]) {
     const double sps = samples_per_step / std::max(now - last_time, 1e-9);
     last_time = now;
     if (out.stats.found_inf) ++nan_events;
+    if (report_underflow && step == 0 && !out.stats.found_inf) {
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "measured at step 0: %.2f%% of gradient elements are exactly zero (fp16 underflow without scaling)",
+                    100.0 * out.stats.zero_fraction);
+      warnings.emplace_back(line);
+      std::fprintf(stderr, "ampkit-train: warning: %s\n", line);
+    }
     if (out.stepped && out.clip_coefficient < 1.0) ++clipped_steps;
     if (std::isfinite(out.stats.loss)) {
       recent_losses.push_back(out.stats.loss);
@@ -198,11 +236,13 @@ int run(int argc, const char* const argv[]) {
     if (auto eval = workload->evaluate(cfg.eval_batches)) {
       summary["test_loss"] = eval->loss;
       summary["test_accuracy"] = eval->accuracy;
+      if (eval->perplexity) summary["test_perplexity"] = *eval->perplexity;
     }
   }
   summary["samples_per_second"] = train_seconds > 0 ? samples_per_step * trainer.steps_attempted() / train_seconds : 0.0;
   summary["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   summary["param_sha256"] = parameter_sha256(params);
+  summary["warnings"] = warnings;
   if (summary["final_loss"].is_number_float() && !std::isfinite(summary["final_loss"].get<double>())) summary["final_loss"] = "nan";
   if (!cfg.summary_file.empty()) write_json_file(cfg.summary_file, summary);
   print_summary_table(stdout, summary);

@@ -15,6 +15,7 @@ namespace ampkit::train {
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
+  std::optional<double> perplexity;  // language models: exp(loss)
 };
 
 class Workload {
@@ -32,6 +33,7 @@ class Workload {
 };
 
 std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::Device& device);
+std::unique_ptr<Workload> make_char_gpt(const TrainConfig& cfg, const at::Device& device);
 std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device);
 
 }  // namespace ampkit::train

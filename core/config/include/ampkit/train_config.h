@@ -42,6 +42,11 @@ struct TrainConfig {
   int64_t synthetic_depth = 4;
   int64_t synthetic_inputs = 128;
   int64_t synthetic_classes = 10;
+  std::string text_dir;
+  int64_t gpt_layers = 2;
+  int64_t gpt_width = 128;
+  int64_t gpt_heads = 4;
+  int64_t gpt_context = 64;
   std::string progress = "auto";
   int64_t log_every = 50;
 

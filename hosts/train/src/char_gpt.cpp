@@ -1,0 +1,172 @@
+// Workload char-gpt: a small GPT (causal self-attention) over the bytes of the fortunes corpus.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "ampkit/error.h"
+#include "workload.h"
+
+namespace F = torch::nn::functional;
+namespace fs = std::filesystem;
+
+namespace ampkit::train {
+
+namespace {
+
+constexpr int64_t kVocab = 256;  // bytes: no tokenizer, every corpus works
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t width, int64_t heads)
+      : heads_(heads),
+        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        qkv(register_module("qkv", torch::nn::Linear(width, 3 * width))),
+        proj(register_module("proj", torch::nn::Linear(width, width))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        fc(register_module("fc", torch::nn::Linear(width, 4 * width))),
+        out(register_module("out", torch::nn::Linear(4 * width, width))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    auto parts = qkv->forward(ln1->forward(x)).split(C, 2);
+    auto heads = [&](const at::Tensor& t) { return t.reshape({B, T, heads_, C / heads_}).transpose(1, 2); };
+    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
+                                                    /*is_causal=*/true);
+    at::Tensor h = x + proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));
+    return h + out->forward(F::gelu(fc->forward(ln2->forward(h))));
+  }
+  int64_t heads_;
+  torch::nn::LayerNorm ln1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear fc, out;
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  GptImpl(int64_t layers, int64_t width, int64_t heads, int64_t context)
+      : tokens(register_module("tokens", torch::nn::Embedding(kVocab, width))),
+        positions(register_module("positions", torch::nn::Embedding(context, width))),
+        ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        head(register_module("head", torch::nn::Linear(width, kVocab))) {
+    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(width, heads));
+    register_module("blocks", blocks);
+  }
+  at::Tensor forward(const at::Tensor& idx) {
+    const int64_t T = idx.size(1);
+    at::Tensor x = tokens->forward(idx) + positions->forward(at::arange(T, idx.options()));
+    for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
+    return head->forward(ln->forward(x));
+  }
+  torch::nn::Embedding tokens, positions;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln;
+  torch::nn::Linear head;
+};
+
+at::Tensor read_corpus(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(ExitCode::data, "text folder " + dir.string() +
+                                    " is missing; install the Debian package fortunes (tools/setup.sh does) "
+                                    "or point --text-dir at a folder of text files");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && !e.is_symlink() && ext != ".dat" && ext != ".u8") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::ostringstream s;
+    s << in.rdbuf();
+    text += s.str();
+  }
+  if (text.size() < 10000)
+    throw Error(ExitCode::data, "text folder " + dir.string() + " holds only " + std::to_string(text.size()) +
+                                    " bytes of text; char-gpt needs at least 10000");
+  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  return bytes.to(at::kLong);
+}
+
+// Training windows are drawn at random offsets from the first 90% of the corpus; the last 10%
+// is held out. Batch i of epoch e comes from a generator seeded with (seed, e, i).
+class CharGpt final : public Workload {
+ public:
+  CharGpt(const TrainConfig& cfg, const at::Device& device)
+      : cfg_(cfg), device_(device),
+        model_(std::make_shared<GptImpl>(cfg.gpt_layers, cfg.gpt_width, cfg.gpt_heads, cfg.gpt_context)) {
+    const at::Tensor corpus = read_corpus(cfg.text_dir);
+    const int64_t split = corpus.size(0) * 9 / 10;
+    train_ = corpus.narrow(0, 0, split);
+    test_ = corpus.narrow(0, split, corpus.size(0) - split);
+    model_->to(device_);
+  }
+  torch::nn::Module& module() override { return *model_; }
+  int64_t batches_per_epoch() const override {
+    return std::max<int64_t>(1, train_.size(0) / (cfg_.batch_size * cfg_.gpt_context));
+  }
+  void start_epoch(int64_t epoch) override { epoch_ = epoch; }
+  at::Tensor loss(int64_t index) override {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 +
+                                                        static_cast<uint64_t>(index));
+    const at::Tensor offsets = at::randint(train_.size(0) - cfg_.gpt_context - 1, {cfg_.batch_size}, gen, at::kLong);
+    return window_loss(train_, offsets);
+  }
+  std::optional<Evaluation> evaluate(int64_t max_batches) override {
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    const int64_t T = cfg_.gpt_context, stride = T * cfg_.batch_size;
+    int64_t batches = std::max<int64_t>(1, (test_.size(0) - 1) / stride);
+    if (max_batches > 0) batches = std::min(batches, max_batches);
+    double loss_sum = 0, correct = 0, count = 0;
+    for (int64_t b = 0; b < batches; ++b) {
+      const at::Tensor offsets = at::arange(b * stride, (b + 1) * stride, T, at::kLong).clamp_max(test_.size(0) - T - 1);
+      auto [x, y] = windows(test_, offsets);
+      const at::Tensor logits = model_->forward(x).to(at::kFloat).view({-1, kVocab});
+      const at::Tensor targets = y.reshape({-1});
+      loss_sum += F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      correct += at::eq(logits.argmax(1), targets).sum().item<double>();
+      count += static_cast<double>(targets.numel());
+    }
+    model_->train();
+    Evaluation e{loss_sum / count, correct / count};
+    e.perplexity = std::exp(e.loss);
+    return e;
+  }
+
+ private:
+  std::pair<at::Tensor, at::Tensor> windows(const at::Tensor& data, const at::Tensor& offsets) {
+    const at::Tensor index = offsets.unsqueeze(1) + at::arange(cfg_.gpt_context + 1, at::kLong).unsqueeze(0);
+    const at::Tensor w = data.index({index});
+    return {w.narrow(1, 0, cfg_.gpt_context).to(device_), w.narrow(1, 1, cfg_.gpt_context).to(device_)};
+  }
+  at::Tensor window_loss(const at::Tensor& data, const at::Tensor& offsets) {
+    auto [x, y] = windows(data, offsets);
+    return F::cross_entropy(model_->forward(x).to(at::kFloat).view({-1, kVocab}), y.reshape({-1}));
+  }
+  TrainConfig cfg_;
+  at::Device device_;
+  std::shared_ptr<GptImpl> model_;
+  at::Tensor train_, test_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Workload> make_char_gpt(const TrainConfig& cfg, const at::Device& device) {
+  return std::make_unique<CharGpt>(cfg, device);
+}
+
+}  // namespace ampkit::train
