@@ -1,6 +1,10 @@
 // Interface of gradient clipper plugins: a coefficient from statistics of UNSCALED gradients.
 #pragma once
 
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
 #include <ampkit/strategy.h>
 
 namespace ampkit {
@@ -16,6 +20,26 @@ struct ClipResult {
 class AMPKIT_INTERFACE GradClipper : public Strategy {
  public:
   virtual ClipResult clip(const StepStats& stats) = 0;
+
+  // Clippers whose rule is not one global coefficient (clip_grad_value_, unit-wise AGC) need the
+  // gradient tensors themselves. Return true to have clip_unscaled_gradients() called; it costs
+  // one extra pass over the gradients, which global-coefficient clippers never pay.
+  virtual bool clips_elementwise() const { return false; }
+
+  // Called only when clips_elementwise() is true, right after clip() and the single
+  // unscale-and-clip multiply of the same step, so only on steps the optimizer takes.
+  // `unscaled_grads[i]` is the gradient of `parameters[i]`, already divided by the loss scale
+  // (and multiplied by clip()'s coefficient); undefined where a parameter has no gradient. Modify
+  // the gradients in place. `parameters` are detached views of the weights (their `.grad()` is
+  // undefined), so no handle a clipper may keep leads to the scaled gradients of a later step.
+  // Returns, for the metrics only, the L2 norm of the gradients after this call divided by the norm
+  // before it: 1 when nothing changed, < 1 when something was clipped. The engine does not apply it.
+  virtual double clip_unscaled_gradients(const std::vector<at::Tensor>& parameters,
+                                         const std::vector<at::Tensor>& unscaled_grads) {
+    (void)parameters;
+    (void)unscaled_grads;
+    return 1.0;
+  }
 };
 
 }  // namespace ampkit
