@@ -1,0 +1,119 @@
+// What NaN policies detect, shared by the built-in ones and available to third parties:
+// non-finite loss or gradients, and loss / gradient-norm spikes by a rolling z-score.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <ampkit/options.h>
+#include <ampkit/state.h>
+#include <ampkit/step.h>
+
+namespace ampkit {
+
+// x is a spike when the window holds at least `min_samples` values and x exceeds the window's
+// mean by more than `zscore` standard deviations (one-sided: only upward jumps of a loss or a
+// norm are failures). Only values judged healthy enter the window, so a spike does not raise
+// the bar for the next one.
+class SpikeDetector {
+ public:
+  SpikeDetector(size_t window, double zscore, size_t min_samples)
+      : window_(window), zscore_(zscore), min_samples_(min_samples) {}
+  bool enabled() const { return window_ > 0 && zscore_ > 0; }
+  // z of x against the window; NaN while the window is too short.
+  double zscore_of(double x) const {
+    if (!enabled() || values_.size() < min_samples_) return NAN;
+    double mean = 0;
+    for (double v : values_) mean += v;
+    mean /= static_cast<double>(values_.size());
+    double var = 0;
+    for (double v : values_) var += (v - mean) * (v - mean);
+    var /= static_cast<double>(values_.size() - 1);
+    // A flat window (constant loss) must not turn rounding noise into a spike.
+    const double sd = std::max(std::sqrt(var), 1e-6 * std::abs(mean) + 1e-12);
+    return (x - mean) / sd;
+  }
+  bool is_spike(double x) const {
+    const double z = zscore_of(x);
+    return std::isfinite(z) && z > zscore_;
+  }
+  void add(double x) {
+    if (!enabled()) return;
+    values_.push_back(x);
+    while (values_.size() > window_) values_.pop_front();
+  }
+  std::vector<double> values() const { return {values_.begin(), values_.end()}; }
+  void set_values(const std::vector<double>& v) {
+    values_.assign(v.begin(), v.end());
+    while (values_.size() > window_) values_.pop_front();
+  }
+
+ private:
+  size_t window_;
+  double zscore_;
+  size_t min_samples_;
+  std::deque<double> values_;
+};
+
+struct Detection {
+  enum class Kind { none, nonfinite_loss, nonfinite_gradients, loss_spike, grad_norm_spike };
+  Kind kind = Kind::none;
+  std::string what;  // one line: what was seen, with numbers
+  bool non_finite() const { return kind == Kind::nonfinite_loss || kind == Kind::nonfinite_gradients; }
+  explicit operator bool() const { return kind != Kind::none; }
+};
+
+// The options every built-in NaN policy declares for detection (AMPKIT_NAN_DETECTOR_OPTIONS in
+// plugin.h lists their specs) and the detector built from them.
+class NanDetector {
+ public:
+  explicit NanDetector(const OptionValues& options)
+      : loss_(static_cast<size_t>(options.get_int("spike_window")), options.get_float("spike_zscore"),
+              static_cast<size_t>(options.get_int("spike_min_samples"))),
+        grad_(static_cast<size_t>(options.get_int("spike_window")), options.get_float("spike_zscore"),
+              static_cast<size_t>(options.get_int("spike_min_samples"))) {}
+
+  // Classifies the step; healthy steps feed the spike windows.
+  Detection detect(const StepStats& s) {
+    Detection d;
+    if (!s.loss_finite) {
+      d = {Detection::Kind::nonfinite_loss, "non-finite loss (" + number(s.loss) + ")"};
+    } else if (s.found_inf) {
+      d = {Detection::Kind::nonfinite_gradients, "non-finite gradients at loss scale " + number(s.scale)};
+    } else if (loss_.is_spike(s.loss)) {
+      d = {Detection::Kind::loss_spike,
+           "loss spike: " + number(s.loss) + " is " + number(loss_.zscore_of(s.loss)) + " standard deviations above the recent mean"};
+    } else if (grad_.is_spike(s.grad_norm)) {
+      d = {Detection::Kind::grad_norm_spike, "gradient-norm spike: " + number(s.grad_norm) + " is " +
+                                                 number(grad_.zscore_of(s.grad_norm)) +
+                                                 " standard deviations above the recent mean"};
+    } else {
+      loss_.add(s.loss);
+      grad_.add(s.grad_norm);
+    }
+    return d;
+  }
+
+  void save(State& state) const {
+    state.set("loss_window", loss_.values());
+    state.set("grad_norm_window", grad_.values());
+  }
+  void load(const State& state) {
+    loss_.set_values(state.get<std::vector<double>>("loss_window"));
+    grad_.set_values(state.get<std::vector<double>>("grad_norm_window"));
+  }
+
+ private:
+  static std::string number(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    return buf;
+  }
+  SpikeDetector loss_;
+  SpikeDetector grad_;
+};
+
+}  // namespace ampkit
