@@ -1,0 +1,202 @@
+// Scaler "dynamic": torch.amp.GradScaler's loss scale, bit for bit, plus Megatron's hysteresis and bounds.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include <ampkit/plugin.h>
+
+namespace {
+
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+
+// Shortest text that reads back as the same double, for messages a user compares with input.
+std::string number(double v) {
+  // Integers print in full ("1000", not "1e+03"): users type them that way.
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
+    return std::to_string(static_cast<int64_t>(v));
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::ostringstream s;
+    s.precision(precision);
+    s << v;
+    if (std::strtod(s.str().c_str(), nullptr) == v) return s.str();
+  }
+  return std::to_string(v);
+}
+
+std::invalid_argument bad_option(const std::string& option, const std::string& value,
+                                 const std::string& accepted) {
+  return std::invalid_argument("option '" + option + "' of scaler 'dynamic' must be " + accepted + ", got " +
+                               value);
+}
+
+class DynamicLossScaler final : public ampkit::LossScaler {
+ public:
+  explicit DynamicLossScaler(const ampkit::OptionValues& options)
+      : growth_factor_(options.get_float("growth_factor")),
+        backoff_factor_(options.get_float("backoff_factor")),
+        growth_interval_(options.get_int("growth_interval")),
+        hysteresis_(options.get_int("hysteresis")),
+        error_at_min_(options.get_string("on_min_scale") == "error") {
+    // The host checks each option against its declared range; these checks repeat that for
+    // callers that build OptionValues themselves, and add the checks that span two options.
+    const double init = options.get_float("init_scale");
+    const double min = options.get_float("min_scale");
+    const double max = options.get_float("max_scale");
+    if (!(growth_factor_ > 1.0) || !std::isfinite(growth_factor_))
+      throw bad_option("growth_factor", number(growth_factor_),
+                       "> 1 (a factor <= 1 would never grow the scale)");
+    if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
+      throw bad_option("backoff_factor", number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
+    if (growth_interval_ < 1) throw bad_option("growth_interval", std::to_string(growth_interval_), ">= 1");
+    if (hysteresis_ < 1) throw bad_option("hysteresis", std::to_string(hysteresis_), ">= 1");
+    if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
+      throw bad_option("on_min_scale", options.get_string("on_min_scale"), "error or clamp");
+    for (const auto& [name, v] :
+         {std::pair<const char*, double>{"init_scale", init}, {"min_scale", min}, {"max_scale", max}})
+      if (!(v > 0.0 && v <= kFloatMax) || static_cast<float>(v) == 0.0f)
+        throw bad_option(name, number(v), "in (0, " + number(kFloatMax) + "] (a positive float32)");
+    // The scale is a float32, as GradScaler's is; the bounds are compared in the same type.
+    scale_ = static_cast<float>(init);
+    min_scale_ = static_cast<float>(min);
+    max_scale_ = static_cast<float>(max);
+    if (min_scale_ > max_scale_)
+      throw bad_option("min_scale", number(min), "<= max_scale (" + number(max) + ")");
+    if (scale_ < min_scale_)
+      throw bad_option("min_scale", number(min), "<= init_scale (" + number(init) + ")");
+    if (scale_ > max_scale_)
+      throw bad_option("max_scale", number(max), ">= init_scale (" + number(init) + ")");
+    hysteresis_tracker_ = hysteresis_;
+  }
+
+  double scale() const override { return scale_; }
+  bool is_dynamic() const override { return true; }
+
+  void update(const ampkit::StepStats& stats) override {
+    if (stats.found_inf) {
+      growth_tracker_ = 0;
+      // Megatron lets its tracker go negative and backs off while it is <= 0; only reaching 0
+      // matters, so ours stops there and stays within [0, hysteresis] for save/load checks.
+      if (hysteresis_tracker_ > 0) --hysteresis_tracker_;
+      if (hysteresis_tracker_ == 0) back_off();
+      return;
+    }
+    // As torch's _amp_update_scale_ CPU kernel: the tracker counts this clean step first.
+    if (++growth_tracker_ == growth_interval_) {
+      // float32 * double, rounded to float32; a product that does not fit is refused, not inf.
+      const float grown = static_cast<float>(static_cast<double>(scale_) * growth_factor_);
+      if (std::isfinite(grown)) scale_ = grown < max_scale_ ? grown : max_scale_;
+      growth_tracker_ = 0;
+      // growth_interval clean steps in a row restore the overflow budget (Megatron resets it at
+      // this point too; we do so even when max_scale or float32 refuses the growth).
+      hysteresis_tracker_ = hysteresis_;
+    }
+  }
+
+  // Asked for by a NaN policy (skip_backoff): one reduction now, whatever the hysteresis says.
+  void backoff() override {
+    growth_tracker_ = 0;
+    back_off();
+  }
+
+  ampkit::State save() const override {
+    ampkit::State s;
+    s.set("scale", static_cast<double>(scale_));
+    s.set("growth_tracker", growth_tracker_);
+    s.set("hysteresis_tracker", hysteresis_tracker_);
+    return s;
+  }
+
+  void load(const ampkit::State& state) override {
+    const double scale = state.get<double>("scale");
+    const int64_t growth = state.get<int64_t>("growth_tracker");
+    const int64_t hysteresis = state.get<int64_t>("hysteresis_tracker");
+    if (!(scale > 0.0 && scale <= kFloatMax) || static_cast<double>(static_cast<float>(scale)) != scale)
+      throw std::runtime_error("scaler 'dynamic': checkpoint scale " + number(scale) +
+                               " is not a positive finite float32");
+    if (static_cast<float>(scale) < min_scale_ || static_cast<float>(scale) > max_scale_)
+      throw std::runtime_error("scaler 'dynamic': checkpoint scale " + number(scale) +
+                               " is outside this run's [" + number(min_scale_) + ", " + number(max_scale_) +
+                               "] (scaler.min_scale, scaler.max_scale)");
+    if (growth < 0 || growth >= growth_interval_)
+      throw std::runtime_error("scaler 'dynamic': checkpoint growth_tracker " + std::to_string(growth) +
+                               " is outside [0, " + std::to_string(growth_interval_ - 1) +
+                               "] for scaler.growth_interval=" + std::to_string(growth_interval_));
+    if (hysteresis < 0 || hysteresis > hysteresis_)
+      throw std::runtime_error("scaler 'dynamic': checkpoint hysteresis_tracker " +
+                               std::to_string(hysteresis) + " is outside [0, " + std::to_string(hysteresis_) +
+                               "] for scaler.hysteresis=" + std::to_string(hysteresis_));
+    scale_ = static_cast<float>(scale);
+    growth_tracker_ = growth;
+    hysteresis_tracker_ = hysteresis;
+  }
+
+ private:
+  // DeepSpeed's rule: a reduction that would pass min_scale stops at it; one asked for while
+  // already there means even scale min_scale overflows, which scaling cannot fix.
+  void back_off() {
+    if (scale_ <= min_scale_ && error_at_min_) {
+      throw std::runtime_error(
+          "scaler 'dynamic': gradients overflow at the minimum loss scale " + number(min_scale_) +
+          " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
+          "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");
+    }
+    const float reduced = static_cast<float>(static_cast<double>(scale_) * backoff_factor_);
+    scale_ = reduced > min_scale_ ? reduced : min_scale_;
+  }
+
+  double growth_factor_;
+  double backoff_factor_;
+  int64_t growth_interval_;
+  int64_t hysteresis_;
+  bool error_at_min_;
+  float scale_ = 0;
+  float min_scale_ = 0;
+  float max_scale_ = 0;
+  int64_t growth_tracker_ = 0;
+  int64_t hysteresis_tracker_ = 0;
+};
+
+}  // namespace
+
+AMPKIT_PLUGIN(
+    scaler, dynamic, DynamicLossScaler,
+    "torch.amp.GradScaler's dynamic loss scale (exact), with optional hysteresis and bounds",
+    ampkit::OptionSpec::Float("init_scale", "65536",
+                              "Scale of the first step (GradScaler's 2**16); it is held as a float32.")
+        .min(0.0, true)
+        .max(kFloatMax),
+    ampkit::OptionSpec::Float("growth_factor", "2",
+                              "Factor the scale grows by after growth_interval clean steps in a row; a "
+                              "growth whose float32 result is not finite is refused.")
+        .min(1.0, true),
+    ampkit::OptionSpec::Float("backoff_factor", "0.5",
+                              "Factor the scale shrinks by when a step overflows (after hysteresis "
+                              "overflows); powers of two keep the unscale exact.")
+        .min(0.0, true)
+        .max(1.0, true),
+    ampkit::OptionSpec::Int(
+        "growth_interval", "2000",
+        "Clean steps in a row after which the scale grows; an overflow restarts the count.")
+        .min(1),
+    ampkit::OptionSpec::Int("hysteresis", "1",
+                            "Overflows tolerated before the scale backs off (Megatron-LM); the count is "
+                            "restored only when growth_interval clean steps pass; 1 is GradScaler.")
+        .min(1),
+    ampkit::OptionSpec::Float("min_scale", "1",
+                              "Floor of the scale: a scale below 1 is needed only when the unscaled gradients "
+                              "overflow fp16, which scaling cannot cure (Megatron and DeepSpeed use 1).")
+        .min(0.0, true)
+        .max(kFloatMax),
+    ampkit::OptionSpec::Float("max_scale", "3.4028234663852886e+38",
+                              "Ceiling of the scale; the default, float32's largest value, is GradScaler's "
+                              "behaviour (no ceiling beyond finiteness).")
+        .min(0.0, true)
+        .max(kFloatMax),
+    ampkit::OptionSpec::Choice("on_min_scale", "error", "error|clamp",
+                               "When an overflow asks for a backoff while the scale is already min_scale: "
+                               "error stops the run (loss probably exploding, as DeepSpeed and fairseq), "
+                               "clamp keeps skipping steps at min_scale (Megatron)."))
