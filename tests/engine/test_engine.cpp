@@ -292,3 +292,14 @@ BOOST_AUTO_TEST_CASE(autocast_guard_lowers_matmul_precision_only_inside) {
   }
   BOOST_TEST(at::mm(x, y).scalar_type() == at::kFloat);
 }
+
+#include "ampkit/device_support.h"
+
+BOOST_AUTO_TEST_CASE(bf16_on_cuda_needs_ampere) {
+  BOOST_TEST(cuda_precision_problem(Precision::bf16, {8, 0}).empty());
+  BOOST_TEST(cuda_precision_problem(Precision::bf16, {9, 0}).empty());
+  BOOST_TEST(cuda_precision_problem(Precision::fp16, {7, 0}).empty());
+  BOOST_TEST(cuda_precision_problem(Precision::bf16, {7, 5}) ==
+             "--precision bf16 needs a GPU of compute capability 8.0 (Ampere) or newer; this one is 7.5: "
+             "use --precision fp16 with --scaler dynamic");
+}

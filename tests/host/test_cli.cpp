@@ -6,12 +6,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -132,7 +136,7 @@ BOOST_AUTO_TEST_CASE(print_config_shows_each_value_and_its_source) {
   // command line > environment > config file > default
   BOOST_TEST(has("max_norm   float > 0     3      environment AMPKIT_CLIPPER_MAX_NORM"));
   BOOST_TEST(has("norm_type  choice 2|inf  2      command line"));
-  BOOST_TEST(has("max_consecutive  int >= 0  50     default"));
+  BOOST_TEST(has("max_consecutive    int >= 0            50     default"));
 }
 
 BOOST_AUTO_TEST_CASE(help_lists_host_options_and_the_selected_plugins_options) {
@@ -195,7 +199,8 @@ BOOST_AUTO_TEST_CASE(overflowing_fp16_steps_are_skipped_then_the_policy_aborts) 
                            "--opt nan_policy.max_consecutive=3 --summary " + (tmp.path / "a.json").string());
   BOOST_TEST_INFO(abort.output);
   BOOST_TEST(abort.code == 5);
-  BOOST_TEST(abort.output.find("training aborted by nan_policy 'skip' at step 2: non-finite gradients in 3 consecutive steps") != std::string::npos);
+  BOOST_TEST(abort.output.find("training aborted by nan_policy 'skip' at step 2: non-finite gradients at loss scale 1e+38; "
+                                 "3 consecutive bad steps (nan_policy.max_consecutive=3): the loss is probably diverging") != std::string::npos);
   const auto a = read_json(tmp.path / "a.json");
   BOOST_TEST(a["status"].get<std::string>() == "aborted");
   BOOST_TEST(a["steps"].get<int>() == 3);
@@ -310,4 +315,180 @@ BOOST_AUTO_TEST_CASE(char_gpt_trains_on_the_fortunes_corpus_and_reports_perplexi
   const Result missing = run(train + " --workload char-gpt --text-dir " + (tmp.path / "none").string());
   BOOST_TEST(missing.code == 4);
   BOOST_TEST(missing.output.find("install the Debian package fortunes") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_collapsing_dynamic_scale_stops_the_run_like_a_nan_abort) {
+  TempDir tmp;
+  // A scale of 1e38 overflows every fp16 step; with min_scale=init_scale the first backoff is
+  // already below the floor, and on_min_scale=error stops the run.
+  const Result r = run(synthetic + " --precision fp16 --steps 20 --scaler dynamic --opt scaler.init_scale=1e38 "
+                       "--opt scaler.min_scale=1e38 --opt scaler.on_min_scale=error --opt nan_policy.max_consecutive=0 "
+                       "--summary " + (tmp.path / "s.json").string());
+  BOOST_TEST_INFO(r.output);
+  BOOST_TEST(r.code == 5);
+  BOOST_TEST(r.output.find("ampkit-train: training aborted by scaler 'dynamic' at step 0: ") != std::string::npos);
+  BOOST_TEST(r.output.find("loss is probably exploding") != std::string::npos);
+  const auto s = read_json(tmp.path / "s.json");
+  BOOST_TEST(s["status"].get<std::string>() == "aborted");
+  BOOST_TEST(s["steps"].get<int>() == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_dynamic_scaler_outside_fp16_is_reported_as_wasted_work) {
+  for (const std::string precision : {"bf16", "fp32"}) {
+    const Result r = run(synthetic + " --steps 2 --scaler dynamic --precision " + precision);
+    BOOST_TEST_CONTEXT(precision << "\n" << r.output) {
+      BOOST_TEST(r.code == 0);
+      BOOST_TEST(r.output.find("ampkit-train: warning: --precision " + precision +
+                               " with the dynamic loss scaler 'dynamic': " + precision +
+                               " has fp32's exponent range, so scaling only costs work; use --scaler none") !=
+                 std::string::npos);
+    }
+  }
+  const Result fp16 = run(synthetic + " --steps 2 --scaler dynamic --precision fp16");
+  BOOST_TEST(fp16.output.find("ampkit-train: warning") == std::string::npos);
+}
+
+namespace {
+// The whitespace-separated words of the first line of `text` starting with `start`.
+std::vector<std::string> words_of_line(const std::string& text, const std::string& start) {
+  std::istringstream lines_in(text);
+  std::string line;
+  while (std::getline(lines_in, line)) {
+    if (line.rfind(start, 0) != 0) continue;
+    std::istringstream in(line);
+    std::vector<std::string> words;
+    for (std::string w; in >> w;) words.push_back(w);
+    return words;
+  }
+  return {};
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(max_norm_default_follows_the_precision_and_is_printed_with_its_source) {
+  // --print-config: "    max_norm  float > 0  1  default for fp16  help..."
+  for (const auto& [precision, value] : std::vector<std::pair<std::string, std::string>>{
+           {"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}}) {
+    const Result r = run(train + " --precision " + precision + " --clipper norm --print-config");
+    BOOST_TEST_CONTEXT(precision << "\n" << r.output) {
+      BOOST_TEST(r.code == 0);
+      const auto w = words_of_line(r.output, "    max_norm ");
+      BOOST_TEST_REQUIRE(w.size() >= 8u);
+      BOOST_TEST(w[4] == value);
+      BOOST_TEST(w[5] + " " + w[6] + " " + w[7] == "default for " + precision);
+      BOOST_TEST(r.output.find("(unset)") == std::string::npos);
+    }
+  }
+  // An explicit value wins over the precision's default, from any source.
+  const Result cli = run(train + " --precision fp16 --clipper norm --opt clipper.max_norm=2.5 --print-config");
+  BOOST_TEST_INFO(cli.output);
+  const auto w = words_of_line(cli.output, "    max_norm ");
+  BOOST_TEST_REQUIRE(w.size() >= 7u);
+  BOOST_TEST(w[4] == "2.5");
+  BOOST_TEST(w[5] + " " + w[6] == "command line");
+  const Result env = run("AMPKIT_CLIPPER_MAX_NORM=7 " + train + " --precision bf16 --clipper norm --print-config");
+  BOOST_TEST(words_of_line(env.output, "    max_norm ").at(4) == "7");
+  BOOST_TEST(env.output.find("environment AMPKIT_CLIPPER_MAX_NORM") != std::string::npos);
+  // show and --help list all three defaults; --json maps precision -> value.
+  const Result show = run(plugins + " show norm");
+  BOOST_TEST_INFO(show.output);
+  BOOST_TEST(show.code == 0);
+  BOOST_TEST(words_of_line(show.output, "    max_norm ").at(4) == "fp16=1;bf16=5;fp32=10");
+  const auto json = nlohmann::json::parse(run(plugins + " show norm --json").output);
+  const auto& max_norm = json["options"][0];
+  BOOST_TEST(max_norm["name"].get<std::string>() == "max_norm");
+  BOOST_TEST(max_norm["default"].is_null());
+  BOOST_TEST(max_norm["default_per_precision"]["fp16"].get<std::string>() == "1");
+  BOOST_TEST(max_norm["default_per_precision"]["bf16"].get<std::string>() == "5");
+  BOOST_TEST(max_norm["default_per_precision"]["fp32"].get<std::string>() == "10");
+  const Result help = run(train + " --clipper norm --help");
+  BOOST_TEST(help.code == 0);
+  BOOST_TEST(words_of_line(help.output, "    max_norm ").at(4) == "fp16=1;bf16=5;fp32=10");
+  // The default is not mistaken for a user's fp32-style choice in an fp16 run: no note.
+  const Result fp16 = run(synthetic + " --precision fp16 --scaler static --clipper norm --steps 2");
+  BOOST_TEST_INFO(fp16.output);
+  BOOST_TEST(fp16.code == 0);
+  BOOST_TEST(fp16.output.find("ampkit-train: note") == std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(metrics_name_the_layers_with_the_largest_gradients_and_the_csv_has_them_all) {
+  TempDir tmp;
+  const int steps = 6;
+  const Result r = run(synthetic + " --steps " + std::to_string(steps) + " --metrics " + (tmp.path / "m.jsonl").string() +
+                       " --layer-norms " + (tmp.path / "layers" / "norms.csv").string());
+  BOOST_TEST_INFO(r.output);
+  BOOST_REQUIRE(r.code == 0);
+  // --synthetic-depth 2: three Linear layers.
+  const std::vector<std::string> names = {"layers.0.weight", "layers.0.bias", "layers.1.weight",
+                                          "layers.1.bias",   "layers.2.weight", "layers.2.bias"};
+  // CSV: header, then one row per parameter per step, parameters in model order.
+  std::ifstream csv(tmp.path / "layers" / "norms.csv");
+  std::string line;
+  std::getline(csv, line);
+  BOOST_TEST(line == "step,name,grad_norm");
+  std::vector<double> sum_squares(steps, 0.0);
+  std::vector<std::map<std::string, double>> norms(steps);
+  size_t rows = 0;
+  while (std::getline(csv, line)) {
+    const auto c1 = line.find(','), c2 = line.rfind(',');
+    BOOST_REQUIRE(c1 != std::string::npos && c2 > c1);
+    const int step = std::stoi(line.substr(0, c1));
+    const std::string name = line.substr(c1 + 1, c2 - c1 - 1);
+    const double norm = std::stod(line.substr(c2 + 1));
+    BOOST_REQUIRE(step >= 0 && step < steps);
+    BOOST_TEST(name == names[rows % names.size()]);
+    BOOST_TEST(step == static_cast<int>(rows / names.size()));
+    sum_squares[step] += norm * norm;
+    norms[step][name] = norm;
+    ++rows;
+  }
+  BOOST_TEST(rows == steps * names.size());
+  // JSONL: "top_layers" holds the 3 (default) largest, sorted, real names, matching the CSV; the
+  // CSV's norms add up (root-sum-square) to the record's grad_norm.
+  std::ifstream metrics(tmp.path / "m.jsonl");
+  int n = 0;
+  while (std::getline(metrics, line)) {
+    const auto rec = nlohmann::json::parse(line);
+    const int step = rec["step"].get<int>();
+    BOOST_TEST_CONTEXT("step " << step) {
+      BOOST_TEST(std::sqrt(sum_squares[step]) == rec["grad_norm"].get<double>(), boost::test_tools::tolerance(1e-6));
+      const auto& top = rec["top_layers"];
+      BOOST_TEST_REQUIRE(top.size() == 3u);
+      double previous = INFINITY;
+      for (const auto& entry : top) {
+        const std::string name = entry["name"].get<std::string>();
+        const double norm = entry["grad_norm"].get<double>();
+        BOOST_TEST((std::find(names.begin(), names.end(), name) != names.end()), name);
+        BOOST_TEST(norm <= previous);
+        BOOST_TEST(norm == norms[step][name], boost::test_tools::tolerance(1e-12));
+        previous = norm;
+      }
+      // Nothing left out is larger than the smallest listed.
+      for (const auto& [name, norm] : norms[step]) {
+        bool listed = false;
+        for (const auto& entry : top) listed = listed || entry["name"].get<std::string>() == name;
+        if (!listed) BOOST_TEST(norm <= previous);
+      }
+    }
+    ++n;
+  }
+  BOOST_TEST(n == steps);
+  // K is adjustable, 0 turns the field off, and a bad K is a usage error.
+  const Result k5 = run(synthetic + " --steps 1 --layer-norms-top-k 5 --metrics " + (tmp.path / "k5.jsonl").string());
+  BOOST_REQUIRE(k5.code == 0);
+  {
+    std::ifstream in(tmp.path / "k5.jsonl");
+    std::getline(in, line);
+  }
+  BOOST_TEST(nlohmann::json::parse(line)["top_layers"].size() == 5u);
+  const Result k0 = run(synthetic + " --steps 1 --layer-norms-top-k 0 --metrics " + (tmp.path / "k0.jsonl").string());
+  BOOST_REQUIRE(k0.code == 0);
+  {
+    std::ifstream in(tmp.path / "k0.jsonl");
+    std::getline(in, line);
+  }
+  BOOST_TEST(!nlohmann::json::parse(line).contains("top_layers"));
+  const Result bad = run(synthetic + " --steps 1 --layer-norms-top-k -1");
+  BOOST_TEST(bad.code == 2);
+  BOOST_TEST(bad.output.find("--layer-norms-top-k must be in [0, 1000000], got -1") != std::string::npos);
+  BOOST_TEST(lines(bad.output) == 1u);
 }

@@ -5,7 +5,11 @@
 
 #include <boost/test/unit_test.hpp>
 #include <map>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "registry_test_support.h"
 
@@ -17,9 +21,12 @@ using ampkit::ResolvedOptions;
 namespace {
 
 // The descriptor of a real plugin; the registry (and the library) lives for the whole run.
-const ampkit_plugin_descriptor& descriptor(const std::string& kind, const std::string& name) {
+const ampkit::LoadedPlugin& plugin(const std::string& kind, const std::string& name) {
   static ampkit::Registry registry(only({kPluginDir}));
-  return registry.load(registry.find(kind, name)).descriptor();
+  return registry.load(registry.find(kind, name));
+}
+const ampkit_plugin_descriptor& descriptor(const std::string& kind, const std::string& name) {
+  return plugin(kind, name).descriptor();
 }
 
 const ampkit::OptionSetting& setting(const ResolvedOptions& r, const std::string& name) {
@@ -38,14 +45,29 @@ struct ScopedEnv {
 };
 
 OptionInputs inputs(std::map<std::string, std::string> command_line,
-                    std::map<std::string, std::string> config_file = {}, bool environment = false) {
+                    std::map<std::string, std::string> config_file = {}, bool environment = false,
+                    std::optional<ampkit::Precision> precision = std::nullopt) {
   OptionInputs in;
   in.command_line = std::move(command_line);
   in.config_file = std::move(config_file);
   in.config_file_name = "run.yaml";
   in.read_environment = environment;
+  in.precision = precision;
   return in;
 }
+
+// A descriptor with one per-precision float option "> 0", for defaults no real plugin declares.
+struct PerPrecisionPlugin {
+  ampkit_option_spec spec;
+  ampkit_plugin_descriptor descriptor{};
+  explicit PerPrecisionPlugin(const char* defaults)
+      : spec(ampkit::OptionSpec::Float("limit", defaults, "A limit.").per_precision().min(0.0, true)) {
+    descriptor.kind = "clipper";
+    descriptor.name = "fake";
+    descriptor.option_count = 1;
+    descriptor.options = &spec;
+  }
+};
 
 }  // namespace
 
@@ -61,10 +83,11 @@ BOOST_AUTO_TEST_CASE(defaults_are_reported_as_defaults) {
 
   const auto clipper = ampkit::resolve_options(descriptor("clipper", "norm"), inputs({}));
   BOOST_TEST_REQUIRE(clipper.settings.size() == 2u);
-  // max_norm has no default: it stays unset and the plugin derives it from the precision.
+  // max_norm's default depends on the precision: without one it stays unset.
   BOOST_TEST(!setting(clipper, "max_norm").set);
   BOOST_TEST(setting(clipper, "max_norm").source == "unset");
   BOOST_TEST(setting(clipper, "max_norm").type == "float > 0");
+  BOOST_TEST(setting(clipper, "max_norm").default_value == "fp16=1;bf16=5;fp32=10");
   BOOST_TEST(!clipper.values.has("max_norm"));
   BOOST_TEST(setting(clipper, "norm_type").value == "2");
   BOOST_TEST(setting(clipper, "norm_type").type == "choice 2|inf");
@@ -200,6 +223,91 @@ BOOST_AUTO_TEST_CASE(environment_names_are_upper_case_kind_and_option) {
   BOOST_TEST(ampkit::option_environment_name("nan_policy", "max_consecutive") ==
              "AMPKIT_NAN_POLICY_MAX_CONSECUTIVE");
   BOOST_TEST(ampkit::option_environment_name("scaler", "scale") == "AMPKIT_SCALER_SCALE");
+}
+
+BOOST_AUTO_TEST_CASE(per_precision_default_follows_the_run_precision) {
+  using ampkit::Precision;
+  const auto& d = descriptor("clipper", "norm");
+  const std::vector<std::tuple<Precision, std::string, double>> cases = {
+      {Precision::fp16, "1", 1.0}, {Precision::bf16, "5", 5.0}, {Precision::fp32, "10", 10.0}};
+  for (const auto& [precision, text, value] : cases) {
+    BOOST_TEST_CONTEXT(ampkit::to_string(precision)) {
+      const auto r = ampkit::resolve_options(d, inputs({}, {}, false, precision));
+      const auto& s = setting(r, "max_norm");
+      BOOST_TEST(s.set);
+      BOOST_TEST(s.value == text);
+      BOOST_TEST(s.source == std::string("default for ") + ampkit::to_string(precision));
+      BOOST_TEST(s.default_value == "fp16=1;bf16=5;fp32=10");
+      BOOST_TEST_REQUIRE(s.precision_defaults.size() == 3u);
+      BOOST_TEST(s.precision_defaults[0].first == "fp16");
+      BOOST_TEST(s.precision_defaults[0].second == "1");
+      BOOST_TEST(r.values.get_float("max_norm") == value);
+      // A plain default is still just "default".
+      BOOST_TEST(setting(r, "norm_type").source == "default");
+      // The clipper built from these values clips at the precision's threshold.
+      auto clipper = plugin("clipper", "norm").create(r.values);
+      ampkit::StepStats stats;
+      stats.grad_norm = 1000.0;
+      const auto clip = static_cast<ampkit::GradClipper*>(clipper.get())->clip(stats);
+      BOOST_TEST(clip.threshold == value);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_explicit_value_beats_the_per_precision_default) {
+  const auto& d = descriptor("clipper", "norm");
+  auto r = ampkit::resolve_options(d, inputs({{"max_norm", "2.5"}}, {{"max_norm", "7"}}, false,
+                                             ampkit::Precision::fp16));
+  BOOST_TEST(setting(r, "max_norm").value == "2.5");
+  BOOST_TEST(setting(r, "max_norm").source == "command line");
+  r = ampkit::resolve_options(d, inputs({}, {{"max_norm", "7"}}, false, ampkit::Precision::bf16));
+  BOOST_TEST(setting(r, "max_norm").value == "7");
+  BOOST_TEST(setting(r, "max_norm").source == "config file run.yaml");
+  const ScopedEnv env("AMPKIT_CLIPPER_MAX_NORM", "3");
+  r = ampkit::resolve_options(d, inputs({}, {{"max_norm", "7"}}, true, ampkit::Precision::fp32));
+  BOOST_TEST(setting(r, "max_norm").value == "3");
+  BOOST_TEST(setting(r, "max_norm").source == "environment AMPKIT_CLIPPER_MAX_NORM");
+  BOOST_TEST(r.values.get_float("max_norm") == 3.0);
+}
+
+BOOST_AUTO_TEST_CASE(a_precision_the_default_does_not_list_stays_unset) {
+  const PerPrecisionPlugin p("fp16=0.5;bf16=2.0");
+  auto r = ampkit::resolve_options(p.descriptor, inputs({}, {}, false, ampkit::Precision::fp32));
+  BOOST_TEST(!setting(r, "limit").set);
+  BOOST_TEST(setting(r, "limit").source == "unset");
+  BOOST_TEST(setting(r, "limit").default_value == "fp16=0.5;bf16=2");  // canonical form
+  r = ampkit::resolve_options(p.descriptor, inputs({}, {}, false, ampkit::Precision::bf16));
+  BOOST_TEST(setting(r, "limit").value == "2");
+  BOOST_TEST(setting(r, "limit").source == "default for bf16");
+}
+
+BOOST_AUTO_TEST_CASE(every_per_precision_default_is_validated_whatever_the_run_precision) {
+  // bf16's default breaks the range; a fp32 run (and an explicit value) must not hide it.
+  const PerPrecisionPlugin bad_value("fp16=1;bf16=-5;fp32=10");
+  for (const auto& in : {inputs({}, {}, false, ampkit::Precision::fp32), inputs({{"limit", "3"}})}) {
+    const Caught e = catch_error([&] { ampkit::resolve_options(bad_value.descriptor, in); });
+    AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+    AMPKIT_CHECK_CONTAINS(e.message, "option 'limit' of clipper 'fake' must be float > 0, got '-5' (from default for bf16)");
+  }
+  const PerPrecisionPlugin not_a_number("fp16=1;bf16=abc");
+  Caught e = catch_error([&] { ampkit::resolve_options(not_a_number.descriptor, inputs({})); });
+  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_CHECK_CONTAINS(e.message, "must be a finite number, got 'abc' (from default for bf16)");
+  // A malformed list is the plugin's fault: a plugin error naming the option and the text.
+  for (const auto& [text, why] : std::vector<std::pair<const char*, std::string>>{
+           {"fp16=1;fp8=2", "names an unknown precision 'fp8'"},
+           {"fp16=1;fp16=2", "names fp16 twice"},
+           {"fp16=1;5", "has '5' without '='"},
+           {"fp16=1;", "has '' without '='"},
+           {"", "is empty"}}) {
+    BOOST_TEST_CONTEXT(text) {
+      const PerPrecisionPlugin p(text);
+      e = catch_error([&] { ampkit::resolve_options(p.descriptor, inputs({}, {}, false, ampkit::Precision::fp16)); });
+      AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+      AMPKIT_CHECK_CONTAINS(e.message, "clipper 'fake' declares option 'limit' with a per-precision default '" +
+                                           std::string(text) + "' that " + why);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -118,11 +118,19 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
     out["options"] = ordered_json::array();
     for (uint32_t i = 0; i < p.descriptor().option_count; ++i) {
       const auto& spec = p.descriptor().options[i];
-      out["options"].push_back({{"name", spec.name},
-                                {"type", describe_option_type(spec)},
-                                {"default", spec.default_value ? ordered_json(spec.default_value) : ordered_json(nullptr)},
-                                {"environment", option_environment_name(p.info().kind, spec.name)},
-                                {"help", spec.help}});
+      const OptionSetting& setting = options.settings[i];
+      ordered_json option = {{"name", spec.name},
+                             {"type", describe_option_type(spec)},
+                             {"default", spec.default_value ? ordered_json(spec.default_value) : ordered_json(nullptr)},
+                             {"environment", option_environment_name(p.info().kind, spec.name)},
+                             {"help", spec.help}};
+      if (!setting.precision_defaults.empty()) {
+        // One default per precision: "default" is null and this maps precision -> value.
+        option["default"] = nullptr;
+        option["default_per_precision"] = ordered_json::object();
+        for (const auto& [precision, value] : setting.precision_defaults) option["default_per_precision"][precision] = value;
+      }
+      out["options"].push_back(option);
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;

@@ -47,6 +47,8 @@ po::options_description host_options() {
     ("allow-untrusted-plugins", po::bool_switch(), "Load plugin files writable by others or owned by another user (loudly).")
     ("metrics", po::value<std::string>()->default_value(""), "Write one JSON line of metrics per step to this file.")
     ("summary", po::value<std::string>()->default_value(""), "Write the run summary as JSON to this file.")
+    ("layer-norms-top-k", po::value<int64_t>()->default_value(3), "Add the K parameters with the largest unscaled gradient norms to each metrics record (\"top_layers\", largest first); 0 turns it off.")
+    ("layer-norms", po::value<std::string>()->default_value(""), "Write every parameter's unscaled gradient norm at every step to this CSV file (step,name,grad_norm).")
     ("data-dir", po::value<std::string>()->default_value("/usr/share/datasets/fashion-mnist"), "Folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).")
     ("eval-batches", po::value<int64_t>()->default_value(0), "Test batches to evaluate at the end; 0 evaluates the whole test set.")
     ("synthetic-width", po::value<int64_t>()->default_value(256), "synthetic: hidden width of the MLP.")
@@ -58,6 +60,11 @@ po::options_description host_options() {
     ("gpt-width", po::value<int64_t>()->default_value(128), "char-gpt: embedding width (a multiple of --gpt-heads).")
     ("gpt-heads", po::value<int64_t>()->default_value(4), "char-gpt: attention heads.")
     ("gpt-context", po::value<int64_t>()->default_value(64), "char-gpt: context length in bytes.")
+    ("checkpoint-dir", po::value<std::string>()->default_value(""), "Folder for checkpoints (step-N folders and a 'latest' pointer); empty: no checkpoints. Written at the end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGUSR1.")
+    ("checkpoint-every", po::value<int64_t>()->default_value(0), "Steps (attempted) between checkpoints; 0: only at the end of training and when a signal stops it.")
+    ("keep-checkpoints", po::value<int>()->default_value(3), "Newest complete checkpoints to keep in --checkpoint-dir; older ones are deleted after a new one is complete.")
+    ("resume", po::value<std::string>()->default_value(""), "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; none: fresh start) | PATH of a step-N folder.")
+    ("weights-only", po::bool_switch(), "With --resume: load only the parameters (another scaler/clipper/optimizer allowed); counters, optimizer and plugin states start fresh.")
     ("progress", po::value<std::string>()->default_value("auto"), "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.")
     ("log-every", po::value<int64_t>()->default_value(50), "Steps between plain progress lines when not on a terminal.")
     ("print-config", po::bool_switch(), "Print every effective setting and where it came from, then exit.");
@@ -118,7 +125,7 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
     }
     if (item.second.IsSequence()) {
       for (const auto& v : item.second) words.push_back("--" + key + "=" + scalar_text(v, where));
-    } else if (key == "allow-untrusted-plugins") {
+    } else if (key == "allow-untrusted-plugins" || key == "weights-only") {
       const std::string v = scalar_text(item.second, where);
       if (v == "true") words.push_back("--" + key);
       else if (v != "false") throw Error(ExitCode::usage, where + " must be true or false, got '" + v + "'");
@@ -168,7 +175,7 @@ std::string train_options_help() {
   std::ostringstream s;
   s << "usage: ampkit-train [options]\n\n" << host_options();
   s << "\nEnvironment: AMPKIT_PLUGIN_PATH (plugin folders, colon-separated), AMPKIT_<KIND>_<OPTION> (plugin options).\n"
-       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 130 interrupted "
+       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 6 checkpoint, 130 interrupted/preempted "
        "(docs/configuration.md).\n";
   return s.str();
 }
@@ -266,6 +273,10 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   cfg.allow_untrusted_plugins = vm["allow-untrusted-plugins"].as<bool>();
   cfg.metrics_file = vm["metrics"].as<std::string>();
   cfg.summary_file = vm["summary"].as<std::string>();
+  cfg.layer_norms_top_k = vm["layer-norms-top-k"].as<int64_t>();
+  require(cfg.layer_norms_top_k >= 0 && cfg.layer_norms_top_k <= 1000000,
+          "--layer-norms-top-k must be in [0, 1000000], got " + std::to_string(cfg.layer_norms_top_k));
+  cfg.layer_norms_file = vm["layer-norms"].as<std::string>();
   cfg.data_dir = vm["data-dir"].as<std::string>();
   cfg.eval_batches = vm["eval-batches"].as<int64_t>();
   require(cfg.eval_batches >= 0, "--eval-batches must be >= 0");
@@ -287,6 +298,15 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   require(cfg.gpt_width >= cfg.gpt_heads && cfg.gpt_width <= 8192 && cfg.gpt_width % cfg.gpt_heads == 0,
           "--gpt-width must be a multiple of --gpt-heads in [heads, 8192], got " + std::to_string(cfg.gpt_width));
   require(cfg.gpt_context >= 2 && cfg.gpt_context <= 4096, "--gpt-context must be in [2, 4096]");
+  cfg.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
+  cfg.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
+  require(cfg.checkpoint_every >= 0, "--checkpoint-every must be >= 0");
+  cfg.keep_checkpoints = vm["keep-checkpoints"].as<int>();
+  require(cfg.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1, got " + std::to_string(cfg.keep_checkpoints));
+  cfg.resume = vm["resume"].as<std::string>();
+  require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
+  cfg.weights_only = vm["weights-only"].as<bool>();
+  require(!cfg.weights_only || !cfg.resume.empty(), "--weights-only needs --resume");
   cfg.progress = vm["progress"].as<std::string>();
   require(cfg.progress == "auto" || cfg.progress == "never",
           "--progress must be auto or never, got '" + cfg.progress + "'");

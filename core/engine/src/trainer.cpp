@@ -193,8 +193,15 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     }
   }
   ++attempted_;
-  // 8. Scaler update with this step's statistics (after the step: never re-divide).
-  strategies_.scaler->update(stats);
+  // 8. Scaler update with this step's statistics (after the step: never re-divide). A scaler
+  // that refuses to go on (a collapsing scale, on_min_scale=error) stops the run the way a NaN
+  // policy's abort does: with its reason in the summary and the same exit code.
+  try {
+    strategies_.scaler->update(stats);
+  } catch (const std::exception& e) {
+    action = NanAction::abort;
+    out.decision.reason = (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
+  }
   out.scale_next = strategies_.scaler->scale();
   out.decision.action = action;
   return out;

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -68,6 +69,54 @@ nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_
   r["samples_per_second"] = number(samples_per_second);
   r["time"] = elapsed_seconds;
   return r;
+}
+
+nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms, int64_t k) {
+  if (names.size() != norms.size())
+    throw Error(ExitCode::internal, "top_layers: " + std::to_string(names.size()) + " parameter names for " +
+                                        std::to_string(norms.size()) + " gradient norms");
+  std::vector<size_t> order(norms.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const size_t n = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0)));
+  // A NaN norm is the one a user hunting an overflow wants to see first.
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                    [&](size_t a, size_t b) {
+                      const bool na = std::isnan(norms[a]), nb = std::isnan(norms[b]);
+                      if (na != nb) return na;
+                      if (norms[a] != norms[b]) return norms[a] > norms[b];
+                      return a < b;
+                    });
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < n; ++i) out.push_back({{"name", names[order[i]]}, {"grad_norm", number(norms[order[i]])}});
+  return out;
+}
+
+LayerNormWriter::LayerNormWriter(const std::filesystem::path& file) {
+  if (file.empty()) return;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  out_.open(file, std::ios::out | std::ios::trunc);
+  if (!out_) throw Error(ExitCode::usage, "cannot write layer norms file " + file.string());
+  out_ << "step,name,grad_norm\n";
+}
+
+void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names, const std::vector<double>& norms) {
+  if (!out_.is_open()) return;
+  if (names.size() != norms.size())
+    throw Error(ExitCode::internal, "layer norms: " + std::to_string(names.size()) + " parameter names for " +
+                                        std::to_string(norms.size()) + " gradient norms");
+  for (size_t i = 0; i < norms.size(); ++i) {
+    std::string name = names[i];
+    if (name.find_first_of(",\"\n") != std::string::npos) {  // RFC 4180 quoting
+      std::string quoted = "\"";
+      for (char c : name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+      name = quoted + "\"";
+    }
+    char value[40];
+    if (std::isfinite(norms[i])) std::snprintf(value, sizeof value, "%.17g", norms[i]);
+    else std::snprintf(value, sizeof value, "%s", std::isnan(norms[i]) ? "nan" : "inf");
+    out_ << step << ',' << name << ',' << value << '\n';
+  }
+  out_.flush();
 }
 
 ProgressLine::ProgressLine(int64_t total_steps, int64_t every, bool enabled)

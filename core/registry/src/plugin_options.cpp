@@ -18,6 +18,9 @@ namespace {
 
 // Shortest text that round-trips ("10", "0.1", "3e+38"), for messages and --print-config.
 std::string format_number(double v) {
+  // Whole numbers print in full ("100000", not "1e+05"): that is how users type them.
+  if (std::abs(v) < 1e15 && v == static_cast<double>(static_cast<int64_t>(v)))
+    return std::to_string(static_cast<int64_t>(v));
   char buf[64];
   const auto result = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, result.ptr);
@@ -96,6 +99,36 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
   }
 }
 
+// The pairs of a per-precision default, "fp16=1;bf16=5;fp32=10", each value validated and in
+// canonical form. A malformed list is the plugin's fault, so it is a plugin error.
+std::vector<std::pair<std::string, std::string>> precision_defaults(const ampkit_plugin_descriptor& d,
+                                                                    const ampkit_option_spec& spec) {
+  const std::string who = std::string(d.kind) + " '" + d.name + "'";
+  const std::string text = spec.default_value ? spec.default_value : "";
+  auto malformed = [&](const std::string& why) {
+    return Error(ExitCode::plugin, who + " declares option '" + spec.name + "' with a per-precision default '" +
+                                       text + "' that " + why +
+                                       " (expected PRECISION=VALUE;... with PRECISION fp32|bf16|fp16)");
+  };
+  std::vector<std::pair<std::string, std::string>> out;
+  if (text.empty()) throw malformed("is empty");
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(';', start), text.size());
+    const std::string pair = text.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos) throw malformed("has '" + pair + "' without '='");
+    const std::string precision = pair.substr(0, eq);
+    if (precision != "fp32" && precision != "bf16" && precision != "fp16")
+      throw malformed("names an unknown precision '" + precision + "'");
+    for (const auto& [p, v] : out)
+      if (p == precision) throw malformed("names " + precision + " twice");
+    out.emplace_back(precision, validate(d, spec, pair.substr(eq + 1), "default for " + precision));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string option_environment_name(const std::string& kind, const std::string& option) {
@@ -170,6 +203,23 @@ ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionI
     s.type = describe_option_type(spec);
     s.help = spec.help;
     s.default_value = spec.default_value ? spec.default_value : "";
+    std::string default_text, default_source = "default";
+    bool has_default = spec.default_value != nullptr;
+    if (spec.flags & AMPKIT_OPTION_PER_PRECISION) {
+      s.precision_defaults = precision_defaults(d, spec);  // validates every pair, whatever the run
+      s.default_value.clear();
+      has_default = false;
+      for (const auto& [p, v] : s.precision_defaults) {
+        s.default_value += (s.default_value.empty() ? "" : ";") + p + "=" + v;
+        if (inputs.precision && p == to_string(*inputs.precision)) {
+          default_text = v;
+          default_source = "default for " + p;
+          has_default = true;
+        }
+      }
+    } else if (has_default) {
+      default_text = spec.default_value;
+    }
     std::string text;
     if (auto it = inputs.command_line.find(s.name); it != inputs.command_line.end()) {
       text = it->second;
@@ -180,9 +230,9 @@ ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionI
     } else if (auto it3 = inputs.config_file.find(s.name); it3 != inputs.config_file.end()) {
       text = it3->second;
       s.source = config_source;
-    } else if (spec.default_value != nullptr) {
-      text = spec.default_value;
-      s.source = "default";
+    } else if (has_default) {
+      text = default_text;
+      s.source = default_source;
     } else {
       s.source = "unset";
     }
@@ -202,11 +252,15 @@ namespace ampkit {
 
 std::string format_option_table(const std::vector<OptionSetting>& settings, bool with_source) {
   if (settings.empty()) return "    (no options)\n";
+  auto shown = [&](const OptionSetting& s) -> std::string {
+    if (with_source) return s.set ? s.value : "(unset)";
+    return s.default_value.empty() ? "(unset)" : s.default_value;
+  };
   size_t w_name = 4, w_type = 4, w_value = 5, w_source = 6;
   for (const auto& s : settings) {
     w_name = std::max(w_name, s.name.size());
     w_type = std::max(w_type, s.type.size());
-    w_value = std::max(w_value, (s.set ? s.value : std::string("(unset)")).size());
+    w_value = std::max(w_value, shown(s).size());
     w_source = std::max(w_source, s.source.size());
   }
   std::ostringstream out;
@@ -215,8 +269,7 @@ std::string format_option_table(const std::vector<OptionSetting>& settings, bool
       << pad(with_source ? "value" : "default", w_value) << "  " << (with_source ? pad("source", w_source) + "  " : "")
       << "help\n";
   for (const auto& s : settings) {
-    const std::string value = with_source ? (s.set ? s.value : "(unset)")
-                                          : (s.default_value.empty() ? "(unset)" : s.default_value);
+    const std::string value = shown(s);
     out << "    " << pad(s.name, w_name) << "  " << pad(s.type, w_type) << "  " << pad(value, w_value) << "  "
         << (with_source ? pad(s.source, w_source) + "  " : "") << s.help << "\n";
   }

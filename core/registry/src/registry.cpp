@@ -271,6 +271,7 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
       if (create) {
         OptionInputs defaults;
         defaults.read_environment = false;
+        defaults.precision = RunInfo{}.precision;  // the run the probe starts below
         const ResolvedOptions options = resolve_options(*d, defaults);
         LoadedPlugin plugin(info, d);
         auto strategy = plugin.create(options.values);

@@ -1,5 +1,9 @@
 // ampkit-train: the reference host; trains a workload with plugins chosen by name at run time.
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <iostream>
@@ -14,6 +18,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include "ampkit/checkpoint.h"
+#include "ampkit/device_support.h"
 #include "ampkit/metrics.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
@@ -31,6 +37,60 @@ struct SelectedPlugin {
   ResolvedOptions options;
   std::unique_ptr<Strategy> strategy;
 };
+
+// SIGTERM/SIGINT/SIGUSR1: the first one asks the loop to stop after the current step (then a
+// checkpoint and the summary are written, exit 130); a second one exits at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int signal_number) {
+  if (g_stop_signal != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
+  g_stop_signal = signal_number;
+}
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGTERM, SIGINT, SIGUSR1}) ::sigaction(s, &action, nullptr);
+}
+
+const char* signal_name(int s) {
+  return s == SIGTERM ? "SIGTERM" : s == SIGINT ? "SIGINT" : s == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
+
+// Parameters and buffers by name: what a checkpoint's model.pt holds.
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// Loads a verified checkpoint into the run: model always; with `full`, also optimizer, plugin
+// states, counters and RNG after checking that the same plugins and optimizer are selected.
+void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const std::vector<SelectedPlugin>& plugins) {
+  const std::string where = "checkpoint " + ckpt.folder.string();
+  for (const auto& p : plugins) {
+    const PluginInfo& info = p.plugin->info();
+    const PluginStateRecord* saved = nullptr;
+    for (const auto& r : ckpt.manifest.plugins)
+      if (r.kind == p.kind) saved = &r;
+    if (saved == nullptr) throw Error(ExitCode::checkpoint, where + " has no state for a " + p.kind + " plugin");
+    if (saved->name != info.name || saved->version != info.version)
+      throw Error(ExitCode::checkpoint,
+                  where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version + ", this run selects " +
+                      p.kind + " '" + info.name + "' " + info.version +
+                      "; select the same plugin, or pass --weights-only to load only the parameters");
+  }
+  for (const auto& s : ckpt.manifest.config) {
+    if (s.value("name", "") != "optimizer") continue;
+    if (s.value("value", "") != cfg.optimizer)
+      throw Error(ExitCode::checkpoint, where + " was written with --optimizer " + s.value("value", "") +
+                                            ", this run uses --optimizer " + cfg.optimizer +
+                                            "; pass --weights-only to load only the parameters");
+  }
+}
 
 const char* selector_flag(const std::string& kind) {
   if (kind == "scaler") return "--scaler";
@@ -74,7 +134,7 @@ std::vector<std::string> precision_warnings(const TrainConfig& cfg, const std::v
                   "' (scale 1): gradients below 6e-8 underflow to zero in fp16; use a dynamic scaler or --scaler static");
   if (cfg.precision == Precision::fp16) {
     for (const auto& setting : plugins[1].options.settings) {
-      if (setting.name != "max_norm" || !setting.set || setting.source == "default") continue;
+      if (setting.name != "max_norm" || !setting.set || setting.source.rfind("default", 0) == 0) continue;
       const double v = std::strtod(setting.value.c_str(), nullptr);
       if (v == 5.0 || v == 10.0)
         out.push_back("note: clipper.max_norm=" + setting.value + " is the usual " + (v == 5.0 ? "bf16" : "fp32") +
@@ -87,6 +147,7 @@ std::vector<std::string> precision_warnings(const TrainConfig& cfg, const std::v
 int run(int argc, const char* const argv[]) {
   const auto wall_start = std::chrono::steady_clock::now();
   TrainConfig cfg = parse_train_config(argc, argv);
+  install_stop_handlers();
 
   RegistryOptions registry_options;
   for (const auto& d : cfg.plugin_dirs) registry_options.plugin_dirs.emplace_back(d);
@@ -102,6 +163,7 @@ int run(int argc, const char* const argv[]) {
       std::vector<OptionSetting> specs;
       OptionInputs none;
       none.read_environment = false;
+      none.precision = cfg.precision;  // the table lists every per-precision default anyway
       specs = resolve_options(p.descriptor(), none).settings;
       std::printf("\n%s '%s' options (--opt %s.NAME=VALUE, env %s):\n%s", kind.c_str(), p.info().name.c_str(),
                   kind.c_str(), option_environment_name(kind, "NAME").c_str(),
@@ -119,6 +181,7 @@ int run(int argc, const char* const argv[]) {
     inputs.command_line = cfg.plugin_options_cli[kind];
     inputs.config_file = cfg.plugin_options_file[kind];
     inputs.config_file_name = cfg.config_file;
+    inputs.precision = cfg.precision;  // picks per-precision defaults ("default for fp16")
     s.options = resolve_options(s.plugin->descriptor(), inputs);
     plugins.push_back(std::move(s));
   }
@@ -140,6 +203,10 @@ int run(int argc, const char* const argv[]) {
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   if (cfg.device == "cuda" && !torch::cuda::is_available())
     throw Error(ExitCode::usage, "--device cuda, but no CUDA device is visible to LibTorch");
+  if (cfg.device == "cuda")
+    if (const auto capability = cuda_compute_capability(0))
+      if (const std::string problem = cuda_precision_problem(cfg.precision, *capability); !problem.empty())
+        throw Error(ExitCode::usage, problem);
   const at::Device device(cfg.device == "cuda" ? at::kCUDA : at::kCPU);
   torch::manual_seed(cfg.seed);
   std::unique_ptr<Workload> workload = cfg.workload == "fashion-mnist" ? make_fashion_mnist(cfg, device)
@@ -175,15 +242,89 @@ int run(int argc, const char* const argv[]) {
   trainer.start(info);
 
   MetricsWriter metrics(cfg.metrics_file);
+  LayerNormWriter layer_norms(cfg.layer_norms_file);
   ProgressLine progress(total_steps, cfg.log_every, cfg.progress != "never");
   const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate * comm->world_size());
   std::deque<double> recent_losses;
   int64_t nan_events = 0, clipped_steps = 0;
   std::string abort_reason;
+
+  // Checkpoints (docs/configuration.md, "Checkpoints"): rank 0 writes, every rank loads.
+  const bool writes_checkpoints = !cfg.checkpoint_dir.empty() && comm->rank() == 0;
+  std::string resumed_from, last_checkpoint;
+  if (!cfg.resume.empty()) {
+    std::optional<LoadedCheckpoint> ckpt;
+    if (cfg.resume == "auto") {
+      std::vector<std::string> skipped;
+      const auto folder = find_resume_checkpoint(cfg.checkpoint_dir, &skipped);
+      for (const auto& w : skipped) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
+      if (folder) ckpt = read_checkpoint(*folder);
+      else std::fprintf(stderr, "ampkit-train: note: --resume auto: no valid checkpoint in %s; starting fresh\n", cfg.checkpoint_dir.c_str());
+    } else {
+      const std::filesystem::path given(cfg.resume);
+      if (std::filesystem::exists(given / "latest") && !std::filesystem::exists(given / "manifest.json"))
+        throw Error(ExitCode::usage, "--resume " + cfg.resume + " holds checkpoints; name one of its step-N folders, or use --checkpoint-dir " +
+                                         cfg.resume + " --resume auto");
+      ckpt = read_checkpoint(given);
+    }
+    if (ckpt) {
+      if (!cfg.weights_only) check_resumable(*ckpt, cfg, plugins);
+      restore_tensors(*ckpt, model_tensors(workload->module()));
+      if (parameter_sha256(params) != ckpt->manifest.param_sha256)
+        throw Error(ExitCode::checkpoint, "checkpoint " + ckpt->folder.string() +
+                                              ": the restored parameters do not hash to the manifest's param_sha256");
+      if (!cfg.weights_only) {
+        restore_optimizer(*ckpt, *optimizer);
+        for (auto& p : plugins) {
+          for (const auto& r : ckpt->manifest.plugins) {
+            if (r.kind != p.kind) continue;
+            try {
+              p.strategy->load(r.state);
+            } catch (const std::exception& e) {
+              throw Error(ExitCode::checkpoint, "checkpoint " + ckpt->folder.string() + ": " + p.kind + " '" + r.name +
+                                                    "' cannot load its saved state: " + e.what());
+            }
+          }
+        }
+        const CheckpointManifest& m = ckpt->manifest;
+        trainer.restore_counters(m.steps_attempted, m.steps_taken, m.consecutive_skips);
+        set_cpu_rng_state(m.cpu_rng_state);
+        nan_events = m.host.value("nan_events", int64_t{0});
+        clipped_steps = m.host.value("clipped_steps", int64_t{0});
+        for (double l : m.host.value("recent_losses", std::vector<double>{})) recent_losses.push_back(l);
+      }
+      resumed_from = ckpt->folder.string();
+      std::fprintf(stderr, "ampkit-train: resumed from %s at step %lld%s\n", resumed_from.c_str(),
+                   static_cast<long long>(trainer.steps_attempted()), cfg.weights_only ? " (weights only)" : "");
+    }
+  }
+  const int64_t first_step = trainer.steps_attempted();
+  int64_t last_saved = first_step;
+  auto save_checkpoint = [&]() {
+    CheckpointManifest m;
+    m.steps_attempted = trainer.steps_attempted();
+    m.steps_taken = trainer.steps_taken();
+    m.consecutive_skips = trainer.consecutive_skips();
+    m.epoch = trainer.steps_attempted() / steps_per_epoch;
+    for (const auto& s : cfg.settings) m.config.push_back({{"name", s.name}, {"value", s.value}, {"source", s.source}});
+    for (const auto& p : plugins)
+      m.plugins.push_back({p.kind, p.plugin->info().name, p.plugin->info().version, p.strategy->save()});
+    m.cpu_rng_state = cpu_rng_state();
+    m.param_sha256 = parameter_sha256(params);
+    m.host = {{"nan_events", nan_events},
+              {"clipped_steps", clipped_steps},
+              {"recent_losses", std::vector<double>(recent_losses.begin(), recent_losses.end())}};
+    last_checkpoint = write_checkpoint(cfg.checkpoint_dir, std::move(m), model_tensors(workload->module()), *optimizer,
+                                       cfg.keep_checkpoints)
+                          .string();
+    last_saved = trainer.steps_attempted();
+  };
+
   const auto train_start = std::chrono::steady_clock::now();
   double last_time = 0;
   int64_t epoch = -1;
-  for (int64_t step = 0; step < total_steps; ++step) {
+  for (int64_t step = trainer.steps_attempted(); step < total_steps; ++step) {
+    if (g_stop_signal != 0) break;
     const int64_t e = step / steps_per_epoch;
     if (e != epoch) {
       epoch = e;
@@ -208,19 +349,31 @@ int run(int argc, const char* const argv[]) {
       recent_losses.push_back(out.stats.loss);
       if (recent_losses.size() > 20) recent_losses.pop_front();
     }
-    metrics.write(step_record(out, epoch, trainer.steps_skipped(), sps, now));
+    nlohmann::json record = step_record(out, epoch, trainer.steps_skipped(), sps, now);
+    if (cfg.layer_norms_top_k > 0) record["top_layers"] = top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
+    metrics.write(record);
+    layer_norms.write(out.stats.step, names, out.stats.tensor_norms);
     progress.update(step + 1, out, sps);
     if (out.decision.action == NanAction::abort) {
       abort_reason = out.decision.reason;
       break;
     }
+    if (writes_checkpoints && cfg.checkpoint_every > 0 && trainer.steps_attempted() % cfg.checkpoint_every == 0)
+      save_checkpoint();
   }
   progress.finish();
+  const int stop_signal = g_stop_signal;
+  if (writes_checkpoints && abort_reason.empty() && last_saved != trainer.steps_attempted()) save_checkpoint();
+  if (!last_checkpoint.empty() && (stop_signal != 0 || cfg.checkpoint_every == 0))
+    std::fprintf(stderr, "ampkit-train: checkpoint written: %s\n", last_checkpoint.c_str());
   const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
 
   nlohmann::json summary;
-  summary["status"] = abort_reason.empty() ? "completed" : "aborted";
+  summary["status"] = !abort_reason.empty() ? "aborted" : stop_signal != 0 ? "interrupted" : "completed";
   if (!abort_reason.empty()) summary["abort_reason"] = abort_reason;
+  if (stop_signal != 0 && abort_reason.empty()) summary["interrupted_by"] = signal_name(stop_signal);
+  if (!resumed_from.empty()) summary["resumed_from"] = resumed_from;
+  if (!last_checkpoint.empty()) summary["checkpoint"] = last_checkpoint;
   summary["workload"] = cfg.workload;
   summary["precision"] = to_string(cfg.precision);
   for (const auto& p : plugins)
@@ -232,14 +385,14 @@ int run(int argc, const char* const argv[]) {
   summary["clip_rate"] = trainer.steps_taken() ? static_cast<double>(clipped_steps) / trainer.steps_taken() : 0.0;
   summary["final_loss"] = recent_losses.empty() ? std::numeric_limits<double>::quiet_NaN()
                                                 : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) / recent_losses.size();
-  if (abort_reason.empty()) {
+  if (abort_reason.empty() && stop_signal == 0) {  // a preempted run has no time to evaluate
     if (auto eval = workload->evaluate(cfg.eval_batches)) {
       summary["test_loss"] = eval->loss;
       summary["test_accuracy"] = eval->accuracy;
       if (eval->perplexity) summary["test_perplexity"] = *eval->perplexity;
     }
   }
-  summary["samples_per_second"] = train_seconds > 0 ? samples_per_step * trainer.steps_attempted() / train_seconds : 0.0;
+  summary["samples_per_second"] = train_seconds > 0 ? samples_per_step * (trainer.steps_attempted() - first_step) / train_seconds : 0.0;
   summary["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   summary["param_sha256"] = parameter_sha256(params);
   summary["warnings"] = warnings;
@@ -247,10 +400,17 @@ int run(int argc, const char* const argv[]) {
   if (!cfg.summary_file.empty()) write_json_file(cfg.summary_file, summary);
   print_summary_table(stdout, summary);
   if (!abort_reason.empty()) {
-    std::fprintf(stderr, "ampkit-train: training aborted by nan_policy '%s' at step %lld: %s\n",
-                 plugins[2].plugin->info().name.c_str(), static_cast<long long>(trainer.steps_attempted() - 1),
-                 abort_reason.c_str());
+    const bool by_scaler = abort_reason.find("loss scaler: ") != std::string::npos;
+    std::fprintf(stderr, "ampkit-train: training aborted by %s '%s' at step %lld: %s\n",
+                 by_scaler ? "scaler" : "nan_policy", plugins[by_scaler ? 0 : 2].plugin->info().name.c_str(),
+                 static_cast<long long>(trainer.steps_attempted() - 1), abort_reason.c_str());
     return static_cast<int>(ExitCode::nan_abort);
+  }
+  if (stop_signal != 0) {
+    std::fprintf(stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
+                 static_cast<long long>(trainer.steps_attempted()),
+                 last_checkpoint.empty() ? " (no --checkpoint-dir: nothing saved)" : "; resume with --resume auto");
+    return static_cast<int>(ExitCode::interrupted);
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // Clipper "norm": torch.nn.utils.clip_grad_norm_ semantics on the unscaled total norm.
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include <ampkit/plugin.h>
 
@@ -9,19 +10,13 @@ namespace {
 class NormGradClipper final : public ampkit::GradClipper {
  public:
   explicit NormGradClipper(const ampkit::OptionValues& options)
-      : explicit_max_norm_(options.has("max_norm")),
-        max_norm_(options.get_float("max_norm", 0.0)),
-        inf_norm_(options.get_string("norm_type") == "inf") {}
-
-  // Without an explicit max_norm the threshold depends on the precision: fp16 gradients are
-  // noisier and closer to overflow, so the usual starting points differ (see gradient-clipping.md).
-  void start(const ampkit::RunInfo& info) override {
-    if (explicit_max_norm_) return;
-    switch (info.precision) {
-      case ampkit::Precision::fp16: max_norm_ = 1.0; break;
-      case ampkit::Precision::bf16: max_norm_ = 5.0; break;
-      case ampkit::Precision::fp32: max_norm_ = 10.0; break;
-    }
+      : max_norm_(options.get_float("max_norm", 0.0)), inf_norm_(options.get_string("norm_type") == "inf") {
+    // The host fills max_norm from the per-precision default; only a host that resolved options
+    // without the run's precision (and no explicit value) gets here without one.
+    if (!options.has("max_norm"))
+      throw std::invalid_argument(
+          "clipper 'norm' needs max_norm: give --opt clipper.max_norm=X, or resolve its options with the "
+          "run's precision (OptionInputs::precision) to get the per-precision default");
   }
 
   ampkit::ClipResult clip(const ampkit::StepStats& stats) override {
@@ -32,7 +27,6 @@ class NormGradClipper final : public ampkit::GradClipper {
   }
 
  private:
-  bool explicit_max_norm_;
   double max_norm_;
   bool inf_norm_;
 };
@@ -41,9 +35,12 @@ class NormGradClipper final : public ampkit::GradClipper {
 
 AMPKIT_PLUGIN(clipper, norm, NormGradClipper,
               "Scale all gradients down when their total norm exceeds max_norm (clip_grad_norm_)",
-              ampkit::OptionSpec::Float("max_norm", nullptr,
+              // fp16 gradients are noisier and closer to overflow, so the usual starting points
+              // differ by precision (see docs/gradient-clipping.md).
+              ampkit::OptionSpec::Float("max_norm", "fp16=1;bf16=5;fp32=10",
                                         "Largest allowed total norm of the unscaled gradients; "
-                                        "unset: 1.0 for fp16, 5.0 for bf16, 10.0 for fp32.")
+                                        "the default depends on --precision.")
+                  .per_precision()
                   .min(0.0, true),
               ampkit::OptionSpec::Choice("norm_type", "2", "2|inf",
                                          "Norm of the concatenated gradients: 2 (L2) or inf "

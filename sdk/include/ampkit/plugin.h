@@ -30,13 +30,19 @@ enum ampkit_option_flags : uint32_t {
   AMPKIT_OPTION_HAS_MAX = 1u << 1,
   AMPKIT_OPTION_MIN_EXCLUSIVE = 1u << 2,
   AMPKIT_OPTION_MAX_EXCLUSIVE = 1u << 3,
+  // default_value is one default per run precision, "fp16=1;bf16=5;fp32=10": `;`-separated
+  // PRECISION=VALUE pairs, PRECISION one of fp32|bf16|fp16, each at most once. The host picks the
+  // run's pair (source "default for fp16"); a precision not listed leaves the option unset.
+  // Every pair is validated against the type and range when options are resolved.
+  AMPKIT_OPTION_PER_PRECISION = 1u << 4,
 };
 
 struct ampkit_option_spec {
   const char* name;           // lower_snake_case, unique within the plugin
   int32_t type;               // ampkit_option_type
   uint32_t flags;             // ampkit_option_flags
-  const char* default_value;  // text form; NULL: unset unless given (the plugin derives a value)
+  const char* default_value;  // text form; NULL: unset unless given (the plugin derives a value);
+                              // with AMPKIT_OPTION_PER_PRECISION: "fp16=1;bf16=5;fp32=10"
   double min_value;           // with AMPKIT_OPTION_HAS_MIN
   double max_value;           // with AMPKIT_OPTION_HAS_MAX
   const char* choices;        // AMPKIT_OPTION_CHOICE: "a|b|c"
@@ -68,6 +74,8 @@ namespace ampkit {
 
 // Builds an ampkit_option_spec in one expression, next to the code that reads the option:
 //   ampkit::OptionSpec::Float("growth_factor", "2.0", "Factor the scale grows by.").min(1.0, true)
+// A default that depends on the run's precision:
+//   ampkit::OptionSpec::Float("max_norm", "fp16=1;bf16=5;fp32=10", "...").per_precision()
 struct OptionSpec : ampkit_option_spec {
   constexpr OptionSpec(const char* name, int32_t type, const char* default_value, const char* help)
       : ampkit_option_spec{name, type, 0u, default_value, 0.0, 0.0, nullptr, help} {}
@@ -99,6 +107,12 @@ struct OptionSpec : ampkit_option_spec {
     OptionSpec s = *this;
     s.flags |= AMPKIT_OPTION_HAS_MAX | (exclusive ? AMPKIT_OPTION_MAX_EXCLUSIVE : 0u);
     s.max_value = v;
+    return s;
+  }
+  // The default is "PRECISION=VALUE;..." (see AMPKIT_OPTION_PER_PRECISION).
+  constexpr OptionSpec per_precision() const {
+    OptionSpec s = *this;
+    s.flags |= AMPKIT_OPTION_PER_PRECISION;
     return s;
   }
 };
@@ -151,6 +165,23 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 
 }  // namespace detail
 }  // namespace ampkit
+
+// Option specs of ampkit::NanDetector (nan_detector.h), for NaN policies that use it:
+//   AMPKIT_PLUGIN(nan_policy, mine, MyPolicy, "...", AMPKIT_NAN_DETECTOR_OPTIONS, ...)
+#define AMPKIT_NAN_DETECTOR_OPTIONS                                                               \
+  ampkit::OptionSpec::Int("spike_window", "100",                                                  \
+                          "Recent healthy steps whose loss and gradient norm define 'normal' for "\
+                          "spike detection.")                                                     \
+      .min(2)                                                                                     \
+      .max(100000),                                                                               \
+      ampkit::OptionSpec::Float("spike_zscore", "0",                                              \
+                                "A loss or gradient norm this many standard deviations above the "\
+                                "window's mean is a spike; 0 turns spike detection off (6 is a "  \
+                                "cautious starting point).")                                      \
+          .min(0),                                                                                \
+      ampkit::OptionSpec::Int("spike_min_samples", "20",                                          \
+                              "Healthy steps needed in the window before spikes are judged.")     \
+          .min(2)
 
 #ifndef AMPKIT_PLUGIN_VERSION
 #define AMPKIT_PLUGIN_VERSION AMPKIT_VERSION_STRING

@@ -36,6 +36,8 @@ struct TrainConfig {
   std::string config_file;
   std::string metrics_file;
   std::string summary_file;
+  int64_t layer_norms_top_k = 3;  // "top_layers" entries per metrics record; 0: none
+  std::string layer_norms_file;   // per-parameter norms CSV; empty: not written
   std::string data_dir;
   int64_t eval_batches = 0;  // 0: the whole test set
   int64_t synthetic_width = 256;
@@ -47,6 +49,11 @@ struct TrainConfig {
   int64_t gpt_width = 128;
   int64_t gpt_heads = 4;
   int64_t gpt_context = 64;
+  std::string checkpoint_dir;      // empty: no checkpoints
+  int64_t checkpoint_every = 0;    // steps between checkpoints; 0: only at the end and on a signal
+  int keep_checkpoints = 3;        // newest complete checkpoints kept
+  std::string resume;              // empty | "auto" | a checkpoint folder
+  bool weights_only = false;       // resume loads parameters only
   std::string progress = "auto";
   int64_t log_every = 50;
 

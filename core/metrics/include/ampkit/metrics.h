@@ -30,6 +30,23 @@ class MetricsWriter {
 nlohmann::json step_record(const StepOutcome& outcome, int64_t epoch, int64_t skipped_total,
                            double samples_per_second, double elapsed_seconds);
 
+// The k parameters with the largest gradient norms, largest first (non-finite ones before all
+// others, ties in parameter order): [{"name": ..., "grad_norm": ...}, ...]. `norms` is
+// StepStats::tensor_norms, `names` RunInfo::parameter_names (same order).
+nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms, int64_t k);
+
+// Every parameter's gradient norm at every step, as CSV "step,name,grad_norm" (header first,
+// one row per parameter per step, full double precision); flushed every step.
+class LayerNormWriter {
+ public:
+  explicit LayerNormWriter(const std::filesystem::path& file);  // empty path: disabled
+  void write(int64_t step, const std::vector<std::string>& names, const std::vector<double>& norms);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
 // A redrawn line with ETA on a terminal; a plain line every `every` steps otherwise.
 class ProgressLine {
  public:

@@ -2,11 +2,14 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ampkit/options.h>
 #include <ampkit/plugin.h>
+#include <ampkit/step.h>
 
 namespace ampkit {
 
@@ -14,8 +17,12 @@ struct OptionSetting {
   std::string name;
   std::string type;     // "float > 1", "int >= 0", "choice 2|inf", ...
   std::string value;    // effective text value, "" when unset
-  std::string source;   // "default", "command line", "environment AMPKIT_X_Y", "config file F"
-  std::string default_value;
+  std::string source;   // "default", "default for fp16", "command line", "environment AMPKIT_X_Y",
+                        // "config file F", "unset"
+  std::string default_value;  // per-precision defaults in canonical form: "fp16=1;bf16=5;fp32=10"
+  // A per-precision default (AMPKIT_OPTION_PER_PRECISION): precision -> canonical value, in the
+  // spec's order; empty otherwise.
+  std::vector<std::pair<std::string, std::string>> precision_defaults;
   std::string help;
   bool set = false;
 };
@@ -25,6 +32,9 @@ struct OptionInputs {
   std::map<std::string, std::string> config_file;   // from the YAML file
   std::string config_file_name;
   bool read_environment = true;
+  // The run's precision, which picks per-precision defaults; without it such options stay unset
+  // unless a value is given.
+  std::optional<Precision> precision;
 };
 
 struct ResolvedOptions {
@@ -32,7 +42,8 @@ struct ResolvedOptions {
   std::vector<OptionSetting> settings;  // in declaration order
 };
 
-// Highest first: command line, environment AMPKIT_<KIND>_<OPTION>, config file, default.
+// Highest first: command line, environment AMPKIT_<KIND>_<OPTION>, config file, default (for a
+// per-precision default: the one for inputs.precision, source "default for fp16").
 // Throws Error(usage) for an unknown option (with "did you mean") or a bad value (naming the
 // option, the value, where it came from and what is accepted).
 ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionInputs& inputs);
