@@ -16,16 +16,6 @@ namespace ampkit {
 
 namespace {
 
-// Shortest text that round-trips ("10", "0.1", "3e+38"), for messages and --print-config.
-std::string format_number(double v) {
-  // Whole numbers print in full ("100000", not "1e+05"): that is how users type them.
-  if (std::abs(v) < 1e15 && v == static_cast<double>(static_cast<int64_t>(v)))
-    return std::to_string(static_cast<int64_t>(v));
-  char buf[64];
-  const auto result = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, result.ptr);
-}
-
 std::vector<std::string> split_choices(const char* choices) {
   std::vector<std::string> out;
   std::string s = choices ? choices : "";

@@ -5,28 +5,21 @@
 
 namespace {
 
-class AbortNanPolicy final : public ampkit::NanPolicy {
+class AbortNanPolicy final : public ampkit::DetectingNanPolicy {
  public:
   explicit AbortNanPolicy(const ampkit::OptionValues& options)
-      : detector_(options), tolerate_overflow_(options.get_bool("tolerate_overflow")) {}
+      : DetectingNanPolicy(options, 0), tolerate_overflow_(options.get_bool("tolerate_overflow")) {}
 
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
-    const ampkit::Detection d = detector_.detect(stats);
+    const ampkit::Detection d = detect(stats);
     if (!d) return {};
     // With a dynamic scaler, overflowing gradients at a too-large scale are routine, not a bug.
     if (tolerate_overflow_ && d.kind == ampkit::Detection::Kind::nonfinite_gradients)
       return {ampkit::NanAction::skip, d.what + " (tolerated: nan_policy.tolerate_overflow)"};
     return {ampkit::NanAction::abort, d.what};
   }
-  ampkit::State save() const override {
-    ampkit::State s;
-    detector_.save(s);
-    return s;
-  }
-  void load(const ampkit::State& s) override { detector_.load(s); }
 
  private:
-  ampkit::NanDetector detector_;
   bool tolerate_overflow_;
 };
 

@@ -13,24 +13,10 @@ namespace {
 
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 
-// Shortest text that reads back as the same double, for messages a user compares with input.
-std::string number(double v) {
-  // Integers print in full ("1000", not "1e+03"): users type them that way.
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
-    return std::to_string(static_cast<int64_t>(v));
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::ostringstream s;
-    s.precision(precision);
-    s << v;
-    if (std::strtod(s.str().c_str(), nullptr) == v) return s.str();
-  }
-  return std::to_string(v);
-}
+using ampkit::format_number;
 
-std::invalid_argument bad_option(const std::string& option, const std::string& value,
-                                 const std::string& accepted) {
-  return std::invalid_argument("option '" + option + "' of scaler 'dynamic' must be " + accepted + ", got " +
-                               value);
+std::invalid_argument bad_option(const std::string& option, const std::string& value, const std::string& accepted) {
+  return ampkit::option_error("scaler 'dynamic'", option, value, accepted);
 }
 
 class DynamicLossScaler final : public ampkit::LossScaler {
@@ -47,10 +33,10 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     const double min = options.get_float("min_scale");
     const double max = options.get_float("max_scale");
     if (!(growth_factor_ > 1.0) || !std::isfinite(growth_factor_))
-      throw bad_option("growth_factor", number(growth_factor_),
+      throw bad_option("growth_factor", format_number(growth_factor_),
                        "> 1 (a factor <= 1 would never grow the scale)");
     if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
-      throw bad_option("backoff_factor", number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
+      throw bad_option("backoff_factor", format_number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
     if (growth_interval_ < 1) throw bad_option("growth_interval", std::to_string(growth_interval_), ">= 1");
     if (hysteresis_ < 1) throw bad_option("hysteresis", std::to_string(hysteresis_), ">= 1");
     if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
@@ -58,17 +44,17 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     for (const auto& [name, v] :
          {std::pair<const char*, double>{"init_scale", init}, {"min_scale", min}, {"max_scale", max}})
       if (!(v > 0.0 && v <= kFloatMax) || static_cast<float>(v) == 0.0f)
-        throw bad_option(name, number(v), "in (0, " + number(kFloatMax) + "] (a positive float32)");
+        throw bad_option(name, format_number(v), "in (0, " + format_number(kFloatMax) + "] (a positive float32)");
     // The scale is a float32, as GradScaler's is; the bounds are compared in the same type.
     scale_ = static_cast<float>(init);
     min_scale_ = static_cast<float>(min);
     max_scale_ = static_cast<float>(max);
     if (min_scale_ > max_scale_)
-      throw bad_option("min_scale", number(min), "<= max_scale (" + number(max) + ")");
+      throw bad_option("min_scale", format_number(min), "<= max_scale (" + format_number(max) + ")");
     if (scale_ < min_scale_)
-      throw bad_option("min_scale", number(min), "<= init_scale (" + number(init) + ")");
+      throw bad_option("min_scale", format_number(min), "<= init_scale (" + format_number(init) + ")");
     if (scale_ > max_scale_)
-      throw bad_option("max_scale", number(max), ">= init_scale (" + number(init) + ")");
+      throw bad_option("max_scale", format_number(max), ">= init_scale (" + format_number(init) + ")");
     hysteresis_tracker_ = hysteresis_;
   }
 
@@ -115,11 +101,11 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     const int64_t growth = state.get<int64_t>("growth_tracker");
     const int64_t hysteresis = state.get<int64_t>("hysteresis_tracker");
     if (!(scale > 0.0 && scale <= kFloatMax) || static_cast<double>(static_cast<float>(scale)) != scale)
-      throw std::runtime_error("scaler 'dynamic': checkpoint scale " + number(scale) +
+      throw std::runtime_error("scaler 'dynamic': checkpoint scale " + format_number(scale) +
                                " is not a positive finite float32");
     if (static_cast<float>(scale) < min_scale_ || static_cast<float>(scale) > max_scale_)
-      throw std::runtime_error("scaler 'dynamic': checkpoint scale " + number(scale) +
-                               " is outside this run's [" + number(min_scale_) + ", " + number(max_scale_) +
+      throw std::runtime_error("scaler 'dynamic': checkpoint scale " + format_number(scale) +
+                               " is outside this run's [" + format_number(min_scale_) + ", " + format_number(max_scale_) +
                                "] (scaler.min_scale, scaler.max_scale)");
     if (growth < 0 || growth >= growth_interval_)
       throw std::runtime_error("scaler 'dynamic': checkpoint growth_tracker " + std::to_string(growth) +
@@ -140,7 +126,7 @@ class DynamicLossScaler final : public ampkit::LossScaler {
   void back_off() {
     if (scale_ <= min_scale_ && error_at_min_) {
       throw std::runtime_error(
-          "scaler 'dynamic': gradients overflow at the minimum loss scale " + number(min_scale_) +
+          "scaler 'dynamic': gradients overflow at the minimum loss scale " + format_number(min_scale_) +
           " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
           "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");
     }

@@ -16,23 +16,10 @@ namespace {
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 constexpr double kHalfMax = 65504.0;  // largest finite fp16 value
 
-// Shortest text that reads back as the same double; integers in full, as users type them.
-std::string number(double v) {
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
-    return std::to_string(static_cast<int64_t>(v));
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::ostringstream s;
-    s.precision(precision);
-    s << v;
-    if (std::strtod(s.str().c_str(), nullptr) == v) return s.str();
-  }
-  return std::to_string(v);
-}
+using ampkit::format_number;
 
-std::invalid_argument bad_option(const std::string& option, const std::string& value,
-                                 const std::string& accepted) {
-  return std::invalid_argument("option '" + option + "' of scaler 'predictive' must be " + accepted +
-                               ", got " + value);
+std::invalid_argument bad_option(const std::string& option, const std::string& value, const std::string& accepted) {
+  return ampkit::option_error("scaler 'predictive'", option, value, accepted);
 }
 
 bool is_power_of_two(double v) {
@@ -63,14 +50,14 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
     if (capacity_ < 1 || capacity_ > kMaxHistory)
       throw bad_option("history", std::to_string(capacity_), "in [1, " + std::to_string(kMaxHistory) + "]");
     if (!(growth_margin_ >= 1.0) || !std::isfinite(growth_margin_))
-      throw bad_option("growth_margin", number(growth_margin_),
+      throw bad_option("growth_margin", format_number(growth_margin_),
                        ">= 1 (a prediction below the recent maximum)");
     if (!(margin_ >= 1.0) || !(margin_ < kHalfMax))
-      throw bad_option("margin", number(margin_), "in [1, 65504) (a share of fp16's range)");
+      throw bad_option("margin", format_number(margin_), "in [1, 65504) (a share of fp16's range)");
     if (!(max_growth_ >= 2.0) || !std::isfinite(max_growth_))
-      throw bad_option("max_growth", number(max_growth_), ">= 2 (the scale moves by powers of two)");
+      throw bad_option("max_growth", format_number(max_growth_), ">= 2 (the scale moves by powers of two)");
     if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
-      throw bad_option("backoff_factor", number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
+      throw bad_option("backoff_factor", format_number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
     if (cooldown_ < 0) throw bad_option("overflow_cooldown", std::to_string(cooldown_), ">= 0");
     if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
       throw bad_option("on_min_scale", options.get_string("on_min_scale"), "error or clamp");
@@ -80,13 +67,13 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
                                   {"min_scale", min_scale_},
                                   {"max_scale", max_scale_}})
       if (!is_power_of_two(v) || v > kFloatMax)
-        throw bad_option(name, number(v), "a power of two no larger than 2^127 (exact unscaling)");
+        throw bad_option(name, format_number(v), "a power of two no larger than 2^127 (exact unscaling)");
     if (min_scale_ > max_scale_)
-      throw bad_option("min_scale", number(min_scale_), "<= max_scale (" + number(max_scale_) + ")");
+      throw bad_option("min_scale", format_number(min_scale_), "<= max_scale (" + format_number(max_scale_) + ")");
     if (init < min_scale_)
-      throw bad_option("min_scale", number(min_scale_), "<= init_scale (" + number(init) + ")");
+      throw bad_option("min_scale", format_number(min_scale_), "<= init_scale (" + format_number(init) + ")");
     if (init > max_scale_)
-      throw bad_option("max_scale", number(max_scale_), ">= init_scale (" + number(init) + ")");
+      throw bad_option("max_scale", format_number(max_scale_), ">= init_scale (" + format_number(init) + ")");
     scale_ = init;
     ceiling_ = max_scale_;
     history_.reserve(static_cast<size_t>(capacity_));
@@ -137,13 +124,13 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
     const double ceiling = state.get<double>("ceiling");
     const int64_t cooldown_left = state.get<int64_t>("cooldown_left");
     std::vector<double> history = state.get<std::vector<double>>("history");
-    const std::string bounds = "[" + number(min_scale_) + ", " + number(max_scale_) + "]";
+    const std::string bounds = "[" + format_number(min_scale_) + ", " + format_number(max_scale_) + "]";
     if (!is_power_of_two(scale) || scale < min_scale_ || scale > max_scale_)
-      throw std::runtime_error("scaler 'predictive': checkpoint scale " + number(scale) +
+      throw std::runtime_error("scaler 'predictive': checkpoint scale " + format_number(scale) +
                                " is not a power of two in this run's " + bounds +
                                " (scaler.min_scale, scaler.max_scale)");
     if (!is_power_of_two(ceiling) || ceiling < min_scale_ || ceiling > max_scale_)
-      throw std::runtime_error("scaler 'predictive': checkpoint ceiling " + number(ceiling) +
+      throw std::runtime_error("scaler 'predictive': checkpoint ceiling " + format_number(ceiling) +
                                " is not a power of two in " + bounds);
     if (cooldown_left < 0 || cooldown_left > cooldown_)
       throw std::runtime_error("scaler 'predictive': checkpoint cooldown_left " +
@@ -152,7 +139,7 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
                                "] for scaler.overflow_cooldown=" + std::to_string(cooldown_));
     for (double v : history)
       if (!(v >= 0.0) || !std::isfinite(v))
-        throw std::runtime_error("scaler 'predictive': checkpoint history holds " + number(v) +
+        throw std::runtime_error("scaler 'predictive': checkpoint history holds " + format_number(v) +
                                  "; gradient maxima are finite and >= 0");
     // A run resumed with a shorter history keeps the newest entries, as if it had always had it.
     if (static_cast<int64_t>(history.size()) > capacity_)
@@ -173,7 +160,7 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
   void back_off() {
     if (scale_ <= min_scale_ && error_at_min_)
       throw std::runtime_error(
-          "scaler 'predictive': gradients overflow at the minimum loss scale " + number(min_scale_) +
+          "scaler 'predictive': gradients overflow at the minimum loss scale " + format_number(min_scale_) +
           " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
           "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");
     scale_ = std::max(floor_power_of_two(scale_ * backoff_factor_), min_scale_);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <ampkit/nan_policy.h>
 #include <ampkit/options.h>
 #include <ampkit/state.h>
 #include <ampkit/step.h>
@@ -114,6 +115,36 @@ class NanDetector {
   }
   SpikeDetector loss_;
   SpikeDetector grad_;
+};
+
+// Base of the built-in policies: the detector (kept in save()/load()) and the streak limit
+// "abort after max_consecutive bad steps in a row" (0: never).
+class DetectingNanPolicy : public NanPolicy {
+ public:
+  DetectingNanPolicy(const OptionValues& options, int64_t max_consecutive)
+      : detector_(options), max_consecutive_(max_consecutive) {}
+  State save() const override {
+    State s;
+    detector_.save(s);
+    return s;
+  }
+  void load(const State& s) override { detector_.load(s); }
+
+ protected:
+  Detection detect(const StepStats& s) { return detector_.detect(s); }
+  // True (with the abort decision in `out`) when this bad step reaches the streak limit.
+  bool streak_limit_reached(const StepStats& s, const Detection& d, NanDecision& out) const {
+    const int64_t streak = s.consecutive_skips + 1;
+    if (max_consecutive_ <= 0 || streak < max_consecutive_) return false;
+    out = {NanAction::abort, d.what + "; " + std::to_string(streak) +
+                                 " consecutive bad steps (nan_policy.max_consecutive=" +
+                                 std::to_string(max_consecutive_) + "): the loss is probably diverging"};
+    return true;
+  }
+
+ private:
+  NanDetector detector_;
+  int64_t max_consecutive_;
 };
 
 }  // namespace ampkit

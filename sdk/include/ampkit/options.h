@@ -1,6 +1,8 @@
 // Option specs a plugin declares (name, type, default, range, help) and the typed values it gets.
 #pragma once
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -9,6 +11,22 @@
 extern "C" struct ampkit_option_spec;
 
 namespace ampkit {
+
+// Shortest text that reads back as the same double; whole numbers in full ("100000", not
+// "1e+05"), as users type them. For messages that quote an option value.
+inline std::string format_number(double v) {
+  if (std::isfinite(v) && std::fabs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<int64_t>(v));
+  char buf[64];
+  const auto result = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, result.ptr);
+}
+
+// The error a plugin's constructor throws for a bad option value, worded like the host's own:
+// "option 'growth_factor' of scaler 'dynamic' must be > 1, got 0.5".
+inline std::invalid_argument option_error(const std::string& plugin, const std::string& option,
+                                          const std::string& value, const std::string& accepted) {
+  return std::invalid_argument("option '" + option + "' of " + plugin + " must be " + accepted + ", got " + value);
+}
 
 // Values of a plugin's options after the host has merged command line, environment, YAML file
 // and defaults and validated each against its spec. Unset options (no default, not given) are
