@@ -492,3 +492,31 @@ BOOST_AUTO_TEST_CASE(metrics_name_the_layers_with_the_largest_gradients_and_the_
   BOOST_TEST(bad.output.find("--layer-norms-top-k must be in [0, 1000000], got -1") != std::string::npos);
   BOOST_TEST(lines(bad.output) == 1u);
 }
+
+BOOST_AUTO_TEST_CASE(a_resumed_run_keeps_one_metrics_record_per_step) {
+  TempDir tmp;
+  const std::string base = synthetic + " --checkpoint-dir " + (tmp.path / "ckpt").string() + " --metrics " +
+                           (tmp.path / "m.jsonl").string() + " --layer-norms " + (tmp.path / "l.csv").string();
+  BOOST_REQUIRE(run(base + " --steps 20 --checkpoint-every 10").code == 0);
+  // Resume from step 10 as if the run had died after it: steps 10..19 are run again.
+  fs::remove_all(tmp.path / "ckpt" / "step-20");
+  std::ofstream(tmp.path / "ckpt" / "latest", std::ios::trunc) << "step-10";
+  const Result r = run(base + " --steps 30 --resume auto");
+  BOOST_TEST_INFO(r.output);
+  BOOST_REQUIRE(r.code == 0);
+  BOOST_TEST(r.output.find("resumed from") != std::string::npos);
+  std::ifstream metrics(tmp.path / "m.jsonl");
+  std::string line;
+  std::vector<int> steps;
+  while (std::getline(metrics, line)) steps.push_back(nlohmann::json::parse(line)["step"].get<int>());
+  std::vector<int> expected(30);
+  for (int i = 0; i < 30; ++i) expected[i] = i;
+  BOOST_TEST(steps == expected, boost::test_tools::per_element());
+  std::ifstream csv(tmp.path / "l.csv");
+  std::getline(csv, line);
+  BOOST_TEST(line == "step,name,grad_norm");
+  size_t rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  BOOST_TEST(rows % 30 == 0u);
+  BOOST_TEST(rows > 0u);
+}

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <iomanip>
 #include <sstream>
 
@@ -33,11 +35,36 @@ std::string format_duration(double seconds) {
 }
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::filesystem::path& file) {
-  if (file.empty()) return;
+namespace {
+// Opens a per-step log for a run that starts at `first_step`. A resumed run keeps the earlier
+// lines whose step (read by `step_of`, -1 for a header, nullopt for a torn line) is before
+// first_step — the steps after the checkpoint are run again and written again — so the file
+// holds each step exactly once, as an uninterrupted run's would.
+void open_log(std::ofstream& out, const std::filesystem::path& file, int64_t first_step, const char* what,
+              const std::function<std::optional<int64_t>(const std::string&)>& step_of) {
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-  out_.open(file, std::ios::out | std::ios::trunc);
-  if (!out_) throw Error(ExitCode::usage, "cannot write metrics file " + file.string());
+  std::string kept;
+  if (first_step > 0 && std::filesystem::exists(file)) {
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto step = step_of(line);
+      if (step && *step < first_step) kept += line + '\n';
+    }
+  }
+  out.open(file, std::ios::out | std::ios::trunc);
+  if (!out) throw Error(ExitCode::usage, std::string("cannot write ") + what + " file " + file.string());
+  out << kept;
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_step) {
+  if (file.empty()) return;
+  open_log(out_, file, first_step, "metrics", [](const std::string& line) -> std::optional<int64_t> {
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) return std::nullopt;
+    return record["step"].get<int64_t>();
+  });
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
@@ -91,12 +118,21 @@ nlohmann::json top_layers(const std::vector<std::string>& names, const std::vect
   return out;
 }
 
-LayerNormWriter::LayerNormWriter(const std::filesystem::path& file) {
+LayerNormWriter::LayerNormWriter(const std::filesystem::path& file, int64_t first_step) {
   if (file.empty()) return;
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-  out_.open(file, std::ios::out | std::ios::trunc);
-  if (!out_) throw Error(ExitCode::usage, "cannot write layer norms file " + file.string());
-  out_ << "step,name,grad_norm\n";
+  bool header = false;
+  open_log(out_, file, first_step, "layer norms", [&](const std::string& line) -> std::optional<int64_t> {
+    if (line == "step,name,grad_norm") {
+      header = true;
+      return -1;
+    }
+    char* end = nullptr;
+    const long long step = std::strtoll(line.c_str(), &end, 10);
+    if (end == line.c_str() || *end != ',') return std::nullopt;
+    return step;
+  });
+  if (!header) out_ << "step,name,grad_norm\n";
+  out_.flush();
 }
 
 void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names, const std::vector<double>& norms) {

@@ -241,8 +241,6 @@ int run(int argc, const char* const argv[]) {
   info.world_size = comm->world_size();
   trainer.start(info);
 
-  MetricsWriter metrics(cfg.metrics_file);
-  LayerNormWriter layer_norms(cfg.layer_norms_file);
   ProgressLine progress(total_steps, cfg.log_every, cfg.progress != "never");
   const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate * comm->world_size());
   std::deque<double> recent_losses;
@@ -299,6 +297,8 @@ int run(int argc, const char* const argv[]) {
     }
   }
   const int64_t first_step = trainer.steps_attempted();
+  MetricsWriter metrics(cfg.metrics_file, first_step);
+  LayerNormWriter layer_norms(cfg.layer_norms_file, first_step);
   int64_t last_saved = first_step;
   auto save_checkpoint = [&]() {
     CheckpointManifest m;

@@ -18,7 +18,8 @@ namespace ampkit {
 // One JSON object per line per optimizer step; flushed every line so a crash loses nothing.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::filesystem::path& file);  // empty path: disabled
+  // Empty path: disabled. A run resumed at `first_step` keeps the file's records of earlier steps.
+  explicit MetricsWriter(const std::filesystem::path& file, int64_t first_step = 0);
   void write(const nlohmann::json& record);
   bool enabled() const { return out_.is_open(); }
 
@@ -39,7 +40,8 @@ nlohmann::json top_layers(const std::vector<std::string>& names, const std::vect
 // one row per parameter per step, full double precision); flushed every step.
 class LayerNormWriter {
  public:
-  explicit LayerNormWriter(const std::filesystem::path& file);  // empty path: disabled
+  // Empty path: disabled. A run resumed at `first_step` keeps the file's rows of earlier steps.
+  explicit LayerNormWriter(const std::filesystem::path& file, int64_t first_step = 0);
   void write(int64_t step, const std::vector<std::string>& names, const std::vector<double>& norms);
   bool enabled() const { return out_.is_open(); }
 
