@@ -11,6 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include "ampkit/grad_stats.h"
+#include "builtin_plugins.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
@@ -64,24 +65,7 @@ double reference_unscale_and_clip(std::vector<at::Tensor>& grads, double scale, 
   return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
 }
 
-struct Plugins {
-  Registry registry{[] {
-    RegistryOptions o;
-    o.plugin_dirs = {AMPKIT_TEST_PLUGIN_DIR};
-    o.use_environment = false;
-    o.use_default_dirs = false;
-    o.probe = false;
-    return o;
-  }()};
-  std::unique_ptr<Strategy> make(const std::string& kind, const std::string& name,
-                                 std::map<std::string, std::string> options = {}) {
-    const LoadedPlugin& p = registry.load(registry.find(kind, name));
-    OptionInputs in;
-    in.command_line = std::move(options);
-    in.read_environment = false;
-    return p.create(resolve_options(p.descriptor(), in).values);
-  }
-};
+using Plugins = test::BuiltinPlugins;
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include "ampkit/grad_stats.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
+#include "builtin_plugins.h"
 #include "ampkit/trainer.h"
 
 using namespace ampkit;
@@ -116,23 +117,7 @@ StepStats norm_only(double norm, int64_t step) {
   return s;
 }
 
-struct Plugins {
-  Registry registry{[] {
-    RegistryOptions o;
-    o.plugin_dirs = {AMPKIT_TEST_PLUGIN_DIR};
-    o.use_environment = false;
-    o.use_default_dirs = false;
-    o.probe = false;
-    return o;
-  }()};
-  std::unique_ptr<Strategy> make(const std::string& kind, const std::string& name,
-                                 std::map<std::string, std::string> options = {}) {
-    const LoadedPlugin& p = registry.load(registry.find(kind, name));
-    OptionInputs in;
-    in.command_line = std::move(options);
-    in.read_environment = false;
-    return p.create(resolve_options(p.descriptor(), in).values);
-  }
+struct Plugins : ampkit::test::BuiltinPlugins {
   // A clipper plugin object; the library stays loaded for the process (never unloaded).
   std::unique_ptr<Strategy> clipper(const std::string& name,
                                     std::map<std::string, std::string> options = {}) {

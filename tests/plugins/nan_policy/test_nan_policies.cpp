@@ -6,25 +6,15 @@
 
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
+#include "builtin_plugins.h"
 
 using namespace ampkit;
 
 namespace {
 
 std::unique_ptr<NanPolicy> make(const std::string& name, std::map<std::string, std::string> options = {}) {
-  static Registry registry{[] {
-    RegistryOptions o;
-    o.plugin_dirs = {AMPKIT_TEST_PLUGIN_DIR};
-    o.use_environment = false;
-    o.use_default_dirs = false;
-    o.probe = false;
-    return o;
-  }()};
-  const LoadedPlugin& p = registry.load(registry.find("nan_policy", name));
-  OptionInputs in;
-  in.command_line = std::move(options);
-  in.read_environment = false;
-  std::unique_ptr<Strategy> s = p.create(resolve_options(p.descriptor(), in).values);
+  static test::BuiltinPlugins plugins;
+  std::unique_ptr<Strategy> s = plugins.make("nan_policy", name, std::move(options));
   return std::unique_ptr<NanPolicy>(static_cast<NanPolicy*>(s.release()));
 }
 

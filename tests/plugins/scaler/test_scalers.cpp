@@ -25,6 +25,7 @@
 
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
+#include "builtin_plugins.h"
 #include "ampkit/trainer.h"
 
 using namespace ampkit;
@@ -57,28 +58,7 @@ namespace {
 // AMPKIT_TEST_DATA_DIR is the calling folder's data/, so the path is built from the source root.
 const std::string kGoldenFile = std::string(AMPKIT_TEST_SOURCE_DIR) + "/tests/data/gradscaler_sequences.json";
 
-struct Plugins {
-  Registry registry{[] {
-    RegistryOptions o;
-    o.plugin_dirs = {AMPKIT_TEST_PLUGIN_DIR};
-    o.use_environment = false;
-    o.use_default_dirs = false;
-    o.probe = false;
-    return o;
-  }()};
-  const LoadedPlugin& plugin(const std::string& kind, const std::string& name) {
-    return registry.load(registry.find(kind, name));
-  }
-  // Options resolved as the host does (defaults, ranges), then the factory.
-  std::unique_ptr<Strategy> make(const std::string& kind, const std::string& name,
-                                 std::map<std::string, std::string> options = {}) {
-    const LoadedPlugin& p = plugin(kind, name);
-    OptionInputs in;
-    in.command_line = std::move(options);
-    in.read_environment = false;
-    return p.create(resolve_options(p.descriptor(), in).values);
-  }
-};
+using Plugins = ampkit::test::BuiltinPlugins;
 
 LossScaler& as_scaler(const std::unique_ptr<Strategy>& s) {
   return *dynamic_cast<LossScaler*>(s.get());

@@ -1,0 +1,36 @@
+// Test helper: the built-in plugins of the build tree, created with options resolved as the host does.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "ampkit/plugin_options.h"
+#include "ampkit/registry.h"
+
+namespace ampkit::test {
+
+struct BuiltinPlugins {
+  Registry registry{[] {
+    RegistryOptions o;
+    o.plugin_dirs = {AMPKIT_TEST_PLUGIN_DIR};
+    o.use_environment = false;
+    o.use_default_dirs = false;
+    o.probe = false;
+    return o;
+  }()};
+  const LoadedPlugin& plugin(const std::string& kind, const std::string& name) {
+    return registry.load(registry.find(kind, name));
+  }
+  // Defaults and ranges applied exactly as ampkit-train applies them, then the factory.
+  std::unique_ptr<Strategy> make(const std::string& kind, const std::string& name,
+                                 std::map<std::string, std::string> options = {}) {
+    const LoadedPlugin& p = plugin(kind, name);
+    OptionInputs in;
+    in.command_line = std::move(options);
+    in.read_environment = false;
+    return p.create(resolve_options(p.descriptor(), in).values);
+  }
+};
+
+}  // namespace ampkit::test
