@@ -127,7 +127,7 @@ class FashionMnist final : public Workload {
       count += static_cast<double>(len);
     }
     model_->train();
-    return Evaluation{loss_sum / count, correct / count};
+    return Evaluation{loss_sum / count, correct / count, std::nullopt};
   }
 
  private:

@@ -65,7 +65,7 @@ class Synthetic final : public Workload {
       correct += at::eq(logits.argmax(1), y).sum().item<double>();
       count += static_cast<double>(x.size(0));
     }
-    return Evaluation{loss_sum / count, correct / count};
+    return Evaluation{loss_sum / count, correct / count, std::nullopt};
   }
 
  private:
