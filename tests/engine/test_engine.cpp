@@ -1,20 +1,19 @@
 // Engine tests: the fused stats + single multiply against PyTorch's unscale-then-clip sequence,
 // skipped steps, gradient accumulation and autocast.
 #define BOOST_TEST_MODULE engine
-#include <boost/test/unit_test.hpp>
-
-#include <cmath>
-
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
 #include "ampkit/grad_stats.h"
-#include "builtin_plugins.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
+#include "builtin_plugins.h"
 
 using namespace ampkit;
 
@@ -25,7 +24,8 @@ namespace {
 std::vector<at::Tensor> make_grads(int64_t seed, double scale) {
   at::manual_seed(seed);
   std::vector<at::Tensor> grads;
-  const std::vector<std::vector<int64_t>> shapes = {{7}, {64, 33}, {1}, {128}, {3, 5, 7}, {200000}, {513, 129}};
+  const std::vector<std::vector<int64_t>> shapes = {{7},       {64, 33}, {1},       {128},
+                                                    {3, 5, 7}, {200000}, {513, 129}};
   for (const auto& s : shapes) grads.push_back(at::randn(s) * at::exp(at::randn(s) * 2) * scale);
   return grads;
 }
@@ -51,7 +51,8 @@ std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
 // torch.nn.utils.clip_grad_norm_. Run on float64 copies: PyTorch's own fp32 CPU norm is off by
 // ~1e-6 relative on 3e5 normal elements and by 1.5e-5 on heavy-tailed ones (measured against a
 // float64 sum), so an fp32 reference could not tell a 1e-6 error of ours from its own.
-double reference_unscale_and_clip(std::vector<at::Tensor>& grads, double scale, double max_norm, double norm_type) {
+double reference_unscale_and_clip(std::vector<at::Tensor>& grads, double scale, double max_norm,
+                                  double norm_type) {
   for (auto& g : grads) g = g.to(at::kDouble);
   at::Tensor found_inf = at::zeros({1});
   at::Tensor inv_scale = at::full({1}, 1.0 / scale);
@@ -78,7 +79,8 @@ BOOST_AUTO_TEST_CASE(stats_and_single_multiply_match_unscale_then_clip_grad_norm
       std::vector<at::Tensor> ref = clone_all(ours);
       std::vector<at::Tensor> ref32 = clone_all(ours);
 
-      auto clipper = plugins.make("clipper", "norm", {{"max_norm", std::to_string(max_norm)}, {"norm_type", norm_type}});
+      auto clipper =
+          plugins.make("clipper", "norm", {{"max_norm", std::to_string(max_norm)}, {"norm_type", norm_type}});
       const GradStats g = compute_grad_stats(ours);
       StepStats stats;
       stats.scale = scale;
@@ -87,7 +89,8 @@ BOOST_AUTO_TEST_CASE(stats_and_single_multiply_match_unscale_then_clip_grad_norm
       const ClipResult clip = static_cast<GradClipper*>(clipper.get())->clip(stats);
       scale_grads_(ours, clip.coefficient / scale);
 
-      const double ref_norm = reference_unscale_and_clip(ref, scale, max_norm, norm_type == "inf" ? INFINITY : 2.0);
+      const double ref_norm =
+          reference_unscale_and_clip(ref, scale, max_norm, norm_type == "inf" ? INFINITY : 2.0);
       // The fp32 PyTorch sequence, as users run it: same result within its own rounding.
       at::Tensor found_inf = at::zeros({1});
       at::_amp_foreach_non_finite_check_and_unscale_(ref32, found_inf, at::full({1}, 1.0 / scale));
@@ -103,8 +106,10 @@ BOOST_AUTO_TEST_CASE(stats_and_single_multiply_match_unscale_then_clip_grad_norm
         BOOST_TEST(max_rel_error(ours, ref) < 1e-6);
         BOOST_TEST(max_rel_error(ours, ref32) < 5e-5);
         BOOST_TEST(found_inf.item<float>() == 0.0f);
-        if (max_norm < 1) BOOST_TEST(clip.coefficient < 1.0);
-        else BOOST_TEST(clip.coefficient == 1.0);
+        if (max_norm < 1)
+          BOOST_TEST(clip.coefficient < 1.0);
+        else
+          BOOST_TEST(clip.coefficient == 1.0);
       }
     }
   }
@@ -219,7 +224,8 @@ BOOST_AUTO_TEST_CASE(skipped_steps_do_not_advance_the_lr_schedule) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> lrs;
   for (double factor : {1.0, nan, nan, 1.0, nan, 1.0}) {
-    const StepOutcome o = trainer.step([&](int) { return model.layer->forward(batch_x(2)).pow(2).mean() * factor; });
+    const StepOutcome o =
+        trainer.step([&](int) { return model.layer->forward(batch_x(2)).pow(2).mean() * factor; });
     lrs.push_back(o.lr);
   }
   const std::vector<double> expected = {0.25, 0.5, 0.5, 0.5, 0.75, 0.75};

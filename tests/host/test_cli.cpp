@@ -1,23 +1,21 @@
 // ampkit-train and ampkit-plugins as a user runs them: exit codes, one-line errors, config
 // sources, summaries, determinism and NaN handling.
 #define BOOST_TEST_MODULE host
-#include <boost/test/unit_test.hpp>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
@@ -43,7 +41,9 @@ Result run(const std::string& command) {
 const std::string train = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-train";
 const std::string plugins = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-plugins";
 // Small and fast: the synthetic MLP on generated data.
-const std::string small = train + " --synthetic-inputs 16 --synthetic-width 32 --synthetic-depth 2 --batch-size 32 --progress never";
+const std::string small =
+    train +
+    " --synthetic-inputs 16 --synthetic-width 32 --synthetic-depth 2 --batch-size 32 --progress never";
 const std::string synthetic = small + " --workload synthetic";
 
 struct TempDir {
@@ -83,11 +83,15 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
       {"--scaler statc", 3, "unknown scaler 'statc'; did you mean 'static'? (available: "},
       {"--clipper nope", 3, "unknown clipper 'nope'"},
       {"--clipper static", 3, "unknown clipper 'static'; 'static' is a scaler plugin, not a clipper plugin"},
-      {"--opt nan_policy.max_consecutive=+5", 2, "option 'max_consecutive' of nan_policy 'skip' must be an integer, got '+5'"},
+      {"--opt nan_policy.max_consecutive=+5", 2,
+       "option 'max_consecutive' of nan_policy 'skip' must be an integer, got '+5'"},
       {"--opt nan_policy.max_consecutive=2.5", 2, "must be an integer, got '2.5'"},
-      {"--scaler static --opt scaler.sacle=2", 2, "unknown option 'sacle' for scaler 'static' (from command line); did you mean 'scale'?"},
-      {"--scaler static --opt scaler.scale=abc", 2, "option 'scale' of scaler 'static' must be a finite number, got 'abc'"},
-      {"--scaler static --opt scaler.scale=0", 2, "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '0'"},
+      {"--scaler static --opt scaler.sacle=2", 2,
+       "unknown option 'sacle' for scaler 'static' (from command line); did you mean 'scale'?"},
+      {"--scaler static --opt scaler.scale=abc", 2,
+       "option 'scale' of scaler 'static' must be a finite number, got 'abc'"},
+      {"--scaler static --opt scaler.scale=0", 2,
+       "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '0'"},
       {"--clipper norm --opt clipper.norm_type=3", 2, "must be one of 2|inf, got '3'"},
       {"--opt scalar.scale=2", 2, "unknown plugin kind 'scalar'; did you mean 'scaler'?"},
       {"--opt scaler", 2, "--opt must be KIND.OPTION=VALUE"},
@@ -98,13 +102,17 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
       {"--lr -1", 2, "--lr must be a finite number > 0"},
       {"--config /nonexistent.yaml", 2, "config file /nonexistent.yaml does not exist"},
       {"--config " + (tmp.path / "bad.yaml").string(), 2, "is not valid YAML"},
-      {"--config " + (tmp.path / "unknown.yaml").string(), 2, "unknown key 'precison' in config file " + (tmp.path / "unknown.yaml").string() + "; did you mean 'precision'?"},
+      {"--config " + (tmp.path / "unknown.yaml").string(), 2,
+       "unknown key 'precison' in config file " + (tmp.path / "unknown.yaml").string() +
+           "; did you mean 'precision'?"},
       {"--plugin-dir /nonexistent", 2, "--plugin-dir /nonexistent is not a folder"},
-      {"--data-dir " + tmp.path.string() + " --workload=fashion-mnist", 4, "install the Debian package dataset-fashion-mnist"},
+      {"--data-dir " + tmp.path.string() + " --workload=fashion-mnist", 4,
+       "install the Debian package dataset-fashion-mnist"},
       {"--scaler /nonexistent/libx.so", 3, "plugin file /nonexistent/libx.so: does not exist"},
   };
   for (const auto& c : cases) {
-    const std::string workload = c.args.find("--workload") == std::string::npos ? " --workload synthetic" : "";
+    const std::string workload =
+        c.args.find("--workload") == std::string::npos ? " --workload synthetic" : "";
     const Result r = run(small + workload + " --steps 2 " + c.args);
     BOOST_TEST_CONTEXT(c.args << " ->\n" << r.output) {
       BOOST_TEST(r.code == c.code);
@@ -116,14 +124,16 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
   // Unknown plugin option from the environment is an error too, never silently ignored.
   const Result env = run("AMPKIT_SCALER_SCLAE=4 " + synthetic + " --steps 2 --scaler static");
   BOOST_TEST(env.code == 2);
-  BOOST_TEST(env.output.find("unknown option 'sclae' for scaler 'static' (from environment AMPKIT_SCALER_SCLAE); did you mean 'scale'?") != std::string::npos);
+  BOOST_TEST(env.output.find("unknown option 'sclae' for scaler 'static' (from environment "
+                             "AMPKIT_SCALER_SCLAE); did you mean 'scale'?") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(print_config_shows_each_value_and_its_source) {
   TempDir tmp;
   const fs::path cfg = tmp.path / "run.yaml";
-  std::ofstream(cfg) << "precision: bf16\nbatch-size: 16\nscaler: static\nclipper: norm\n"
-                        "opt:\n  scaler:\n    scale: 128\n  clipper:\n    max_norm: 2.5\n    norm_type: inf\n";
+  std::ofstream(cfg)
+      << "precision: bf16\nbatch-size: 16\nscaler: static\nclipper: norm\n"
+         "opt:\n  scaler:\n    scale: 128\n  clipper:\n    max_norm: 2.5\n    norm_type: inf\n";
   const Result r = run("AMPKIT_CLIPPER_MAX_NORM=3 " + train + " --config " + cfg.string() +
                        " --batch-size 8 --opt clipper.norm_type=2 --print-config");
   BOOST_TEST_INFO(r.output);
@@ -151,16 +161,21 @@ BOOST_AUTO_TEST_CASE(help_lists_host_options_and_the_selected_plugins_options) {
 BOOST_AUTO_TEST_CASE(training_writes_metrics_and_summary_and_is_deterministic) {
   TempDir tmp;
   const std::string common = synthetic + " --steps 40 --seed 5 --clipper norm --opt clipper.max_norm=0.05 ";
-  const Result a = run(common + "--metrics " + (tmp.path / "a.jsonl").string() + " --summary " + (tmp.path / "a.json").string());
+  const Result a = run(common + "--metrics " + (tmp.path / "a.jsonl").string() + " --summary " +
+                       (tmp.path / "a.json").string());
   BOOST_TEST_INFO(a.output);
   BOOST_REQUIRE(a.code == 0);
   const Result b = run(common + "--summary " + (tmp.path / "b.json").string());
-  const Result c = run(synthetic + " --steps 40 --seed 6 --clipper norm --opt clipper.max_norm=0.05 --summary " + (tmp.path / "c.json").string());
+  const Result c =
+      run(synthetic + " --steps 40 --seed 6 --clipper norm --opt clipper.max_norm=0.05 --summary " +
+          (tmp.path / "c.json").string());
   BOOST_REQUIRE(b.code == 0);
   BOOST_REQUIRE(c.code == 0);
-  const auto sa = read_json(tmp.path / "a.json"), sb = read_json(tmp.path / "b.json"), sc = read_json(tmp.path / "c.json");
-  for (const char* key : {"workload", "precision", "plugins", "steps", "skipped_steps", "nan_events", "final_loss",
-                          "test_accuracy", "samples_per_second", "wall_seconds", "param_sha256"})
+  const auto sa = read_json(tmp.path / "a.json"), sb = read_json(tmp.path / "b.json"),
+             sc = read_json(tmp.path / "c.json");
+  for (const char* key :
+       {"workload", "precision", "plugins", "steps", "skipped_steps", "nan_events", "final_loss",
+        "test_accuracy", "samples_per_second", "wall_seconds", "param_sha256"})
     BOOST_TEST(sa.contains(key), key);
   BOOST_TEST(sa["steps"].get<int>() == 40);
   BOOST_TEST(sa["plugins"]["clipper"]["name"].get<std::string>() == "norm");
@@ -187,20 +202,26 @@ BOOST_AUTO_TEST_CASE(training_writes_metrics_and_summary_and_is_deterministic) {
 BOOST_AUTO_TEST_CASE(overflowing_fp16_steps_are_skipped_then_the_policy_aborts) {
   TempDir tmp;
   // A scale of 1e38 overflows every fp16 backward: every step is skipped, none applied.
-  const Result skip = run(synthetic + " --precision fp16 --steps 6 --scaler static --opt scaler.scale=1e38 "
-                          "--opt nan_policy.max_consecutive=0 --summary " + (tmp.path / "s.json").string());
+  const Result skip = run(synthetic +
+                          " --precision fp16 --steps 6 --scaler static --opt scaler.scale=1e38 "
+                          "--opt nan_policy.max_consecutive=0 --summary " +
+                          (tmp.path / "s.json").string());
   BOOST_TEST_INFO(skip.output);
   BOOST_REQUIRE(skip.code == 0);
   const auto s = read_json(tmp.path / "s.json");
   BOOST_TEST(s["skipped_steps"].get<int>() == 6);
   BOOST_TEST(s["nan_events"].get<int>() == 6);
   BOOST_TEST(s["steps_taken"].get<int>() == 0);
-  const Result abort = run(synthetic + " --precision fp16 --steps 20 --scaler static --opt scaler.scale=1e38 "
-                           "--opt nan_policy.max_consecutive=3 --summary " + (tmp.path / "a.json").string());
+  const Result abort = run(synthetic +
+                           " --precision fp16 --steps 20 --scaler static --opt scaler.scale=1e38 "
+                           "--opt nan_policy.max_consecutive=3 --summary " +
+                           (tmp.path / "a.json").string());
   BOOST_TEST_INFO(abort.output);
   BOOST_TEST(abort.code == 5);
-  BOOST_TEST(abort.output.find("training aborted by nan_policy 'skip' at step 2: non-finite gradients at loss scale 1e+38; "
-                                 "3 consecutive bad steps (nan_policy.max_consecutive=3): the loss is probably diverging") != std::string::npos);
+  BOOST_TEST(abort.output.find(
+                 "training aborted by nan_policy 'skip' at step 2: non-finite gradients at loss scale 1e+38; "
+                 "3 consecutive bad steps (nan_policy.max_consecutive=3): the loss is probably diverging") !=
+             std::string::npos);
   const auto a = read_json(tmp.path / "a.json");
   BOOST_TEST(a["status"].get<std::string>() == "aborted");
   BOOST_TEST(a["steps"].get<int>() == 3);
@@ -209,7 +230,8 @@ BOOST_AUTO_TEST_CASE(overflowing_fp16_steps_are_skipped_then_the_policy_aborts) 
 BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
   const Result list = run(plugins + " list");
   BOOST_TEST(list.code == 0);
-  for (const char* s : {"scaler      none", "scaler      static", "clipper     norm", "nan_policy  skip", "comm        local"})
+  for (const char* s : {"scaler      none", "scaler      static", "clipper     norm", "nan_policy  skip",
+                        "comm        local"})
     BOOST_TEST(list.output.find(s) != std::string::npos, s);
   const auto json = nlohmann::json::parse(run(plugins + " list --json").output);
   const size_t installed = json["plugins"].size();
@@ -241,11 +263,15 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
        "was built for ampkit ABI 2 / torch 2.11.0, host has ABI 1 / torch 2.11.0"},
       {"--scaler " + broken + "/torch_mismatch/libampkit-scaler-torch_mismatch.so", "torch 2.10.0"},
       {"--clipper " + broken + "/wrong_kind/libampkit-scaler-wrong_kind.so", "not a clipper plugin"},
-      {"--scaler " + broken + "/throwing_factory/libampkit-scaler-throwing_factory.so", "could not be created"},
-      {"--scaler " + broken + "/static_init_crash/libampkit-scaler-static_init_crash.so", "crashed while loading (signal 11"},
-      {"--plugin-dir " + broken + "/duplicate/first --plugin-dir " + broken + "/duplicate/second --scaler duplicate",
-       "two plugins offer scaler 'duplicate': " + broken + "/duplicate/first/libampkit-scaler-duplicate.so and " +
-           broken + "/duplicate/second/libampkit-scaler-duplicate.so"},
+      {"--scaler " + broken + "/throwing_factory/libampkit-scaler-throwing_factory.so",
+       "could not be created"},
+      {"--scaler " + broken + "/static_init_crash/libampkit-scaler-static_init_crash.so",
+       "crashed while loading (signal 11"},
+      {"--plugin-dir " + broken + "/duplicate/first --plugin-dir " + broken +
+           "/duplicate/second --scaler duplicate",
+       "two plugins offer scaler 'duplicate': " + broken +
+           "/duplicate/first/libampkit-scaler-duplicate.so and " + broken +
+           "/duplicate/second/libampkit-scaler-duplicate.so"},
   };
   for (const auto& c : cases) {
     const Result r = run(synthetic + " --steps 2 " + c.selector);
@@ -259,9 +285,11 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
   const Result named = run(synthetic + " --steps 2 --plugin-dir " + broken + "/not_elf --scaler notelf");
   BOOST_TEST(named.code == 3);
   BOOST_TEST(named.output.find("unknown scaler 'notelf'; plugin file " + broken +
-                               "/not_elf/libampkit-scaler-notelf.so: is not an ELF shared library") != std::string::npos);
+                               "/not_elf/libampkit-scaler-notelf.so: is not an ELF shared library") !=
+             std::string::npos);
   // A stripped plugin is still a plugin.
-  const Result stripped = run(synthetic + " --steps 2 --scaler " + broken + "/stripped/libampkit-scaler-stripped.so");
+  const Result stripped =
+      run(synthetic + " --steps 2 --scaler " + broken + "/stripped/libampkit-scaler-stripped.so");
   BOOST_TEST_INFO(stripped.output);
   BOOST_TEST(stripped.code == 0);
   // check survives a crashing plugin and reports it; list does not run it at all.
@@ -277,17 +305,22 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
 
 BOOST_AUTO_TEST_CASE(precision_mismatches_are_reported_once_each) {
   TempDir tmp;
-  const Result fp16 = run(synthetic + " --precision fp16 --steps 2 --clipper norm --opt clipper.max_norm=10 --summary " +
-                          (tmp.path / "s.json").string());
+  const Result fp16 =
+      run(synthetic + " --precision fp16 --steps 2 --clipper norm --opt clipper.max_norm=10 --summary " +
+          (tmp.path / "s.json").string());
   BOOST_TEST_INFO(fp16.output);
   BOOST_REQUIRE(fp16.code == 0);
-  BOOST_TEST(fp16.output.find("ampkit-train: warning: --precision fp16 with scaler 'none' (scale 1): gradients below 6e-8 underflow") != std::string::npos);
-  BOOST_TEST(fp16.output.find("ampkit-train: note: clipper.max_norm=10 is the usual fp32 starting point") != std::string::npos);
+  BOOST_TEST(fp16.output.find("ampkit-train: warning: --precision fp16 with scaler 'none' (scale 1): "
+                              "gradients below 6e-8 underflow") != std::string::npos);
+  BOOST_TEST(fp16.output.find("ampkit-train: note: clipper.max_norm=10 is the usual fp32 starting point") !=
+             std::string::npos);
   BOOST_TEST(fp16.output.find("ampkit-train: warning: measured at step 0: ") != std::string::npos);
   const auto s = read_json(tmp.path / "s.json");
   BOOST_TEST(s["warnings"].size() == 3u);
   // A static scale in fp16, and bf16 without a scaler, are what users should do: no warnings.
-  for (const std::string args : {"--precision fp16 --scaler static", "--precision bf16", "--precision fp16 --scaler static --clipper norm --opt clipper.max_norm=1"}) {
+  for (const std::string args :
+       {"--precision fp16 --scaler static", "--precision bf16",
+        "--precision fp16 --scaler static --clipper norm --opt clipper.max_norm=1"}) {
     const Result quiet = run(synthetic + " --steps 2 " + args);
     BOOST_TEST_CONTEXT(args << "\n" << quiet.output) {
       BOOST_TEST(quiet.code == 0);
@@ -300,7 +333,8 @@ BOOST_AUTO_TEST_CASE(precision_mismatches_are_reported_once_each) {
 
 BOOST_AUTO_TEST_CASE(char_gpt_trains_on_the_fortunes_corpus_and_reports_perplexity) {
   TempDir tmp;
-  const Result r = run(train + " --workload char-gpt --gpt-width 32 --gpt-layers 1 --gpt-heads 2 --gpt-context 16 "
+  const Result r = run(train +
+                       " --workload char-gpt --gpt-width 32 --gpt-layers 1 --gpt-heads 2 --gpt-context 16 "
                        "--batch-size 8 --steps 40 --lr 3e-3 --eval-batches 2 --progress never --summary " +
                        (tmp.path / "g.json").string());
   BOOST_TEST_INFO(r.output);
@@ -308,7 +342,8 @@ BOOST_AUTO_TEST_CASE(char_gpt_trains_on_the_fortunes_corpus_and_reports_perplexi
   const auto s = read_json(tmp.path / "g.json");
   // Uniform guessing over 256 bytes is perplexity 256; 40 steps must already beat it clearly.
   BOOST_TEST(s["test_perplexity"].get<double>() < 60.0);
-  BOOST_TEST(s["test_perplexity"].get<double>() == std::exp(s["test_loss"].get<double>()), boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(s["test_perplexity"].get<double>() == std::exp(s["test_loss"].get<double>()),
+             boost::test_tools::tolerance(1e-9));
   const Result bad = run(train + " --workload char-gpt --gpt-width 30 --gpt-heads 4");
   BOOST_TEST(bad.code == 2);
   BOOST_TEST(bad.output.find("--gpt-width must be a multiple of --gpt-heads") != std::string::npos);
@@ -321,12 +356,16 @@ BOOST_AUTO_TEST_CASE(a_collapsing_dynamic_scale_stops_the_run_like_a_nan_abort) 
   TempDir tmp;
   // A scale of 1e38 overflows every fp16 step; with min_scale=init_scale the first backoff is
   // already below the floor, and on_min_scale=error stops the run.
-  const Result r = run(synthetic + " --precision fp16 --steps 20 --scaler dynamic --opt scaler.init_scale=1e38 "
-                       "--opt scaler.min_scale=1e38 --opt scaler.on_min_scale=error --opt nan_policy.max_consecutive=0 "
-                       "--summary " + (tmp.path / "s.json").string());
+  const Result r =
+      run(synthetic +
+          " --precision fp16 --steps 20 --scaler dynamic --opt scaler.init_scale=1e38 "
+          "--opt scaler.min_scale=1e38 --opt scaler.on_min_scale=error --opt nan_policy.max_consecutive=0 "
+          "--summary " +
+          (tmp.path / "s.json").string());
   BOOST_TEST_INFO(r.output);
   BOOST_TEST(r.code == 5);
-  BOOST_TEST(r.output.find("ampkit-train: training aborted by scaler 'dynamic' at step 0: ") != std::string::npos);
+  BOOST_TEST(r.output.find("ampkit-train: training aborted by scaler 'dynamic' at step 0: ") !=
+             std::string::npos);
   BOOST_TEST(r.output.find("loss is probably exploding") != std::string::npos);
   const auto s = read_json(tmp.path / "s.json");
   BOOST_TEST(s["status"].get<std::string>() == "aborted");
@@ -366,8 +405,8 @@ std::vector<std::string> words_of_line(const std::string& text, const std::strin
 
 BOOST_AUTO_TEST_CASE(max_norm_default_follows_the_precision_and_is_printed_with_its_source) {
   // --print-config: "    max_norm  float > 0  1  default for fp16  help..."
-  for (const auto& [precision, value] : std::vector<std::pair<std::string, std::string>>{
-           {"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}}) {
+  for (const auto& [precision, value] :
+       std::vector<std::pair<std::string, std::string>>{{"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}}) {
     const Result r = run(train + " --precision " + precision + " --clipper norm --print-config");
     BOOST_TEST_CONTEXT(precision << "\n" << r.output) {
       BOOST_TEST(r.code == 0);
@@ -379,13 +418,15 @@ BOOST_AUTO_TEST_CASE(max_norm_default_follows_the_precision_and_is_printed_with_
     }
   }
   // An explicit value wins over the precision's default, from any source.
-  const Result cli = run(train + " --precision fp16 --clipper norm --opt clipper.max_norm=2.5 --print-config");
+  const Result cli =
+      run(train + " --precision fp16 --clipper norm --opt clipper.max_norm=2.5 --print-config");
   BOOST_TEST_INFO(cli.output);
   const auto w = words_of_line(cli.output, "    max_norm ");
   BOOST_TEST_REQUIRE(w.size() >= 7u);
   BOOST_TEST(w[4] == "2.5");
   BOOST_TEST(w[5] + " " + w[6] == "command line");
-  const Result env = run("AMPKIT_CLIPPER_MAX_NORM=7 " + train + " --precision bf16 --clipper norm --print-config");
+  const Result env =
+      run("AMPKIT_CLIPPER_MAX_NORM=7 " + train + " --precision bf16 --clipper norm --print-config");
   BOOST_TEST(words_of_line(env.output, "    max_norm ").at(4) == "7");
   BOOST_TEST(env.output.find("environment AMPKIT_CLIPPER_MAX_NORM") != std::string::npos);
   // show and --help list all three defaults; --json maps precision -> value.
@@ -413,12 +454,13 @@ BOOST_AUTO_TEST_CASE(max_norm_default_follows_the_precision_and_is_printed_with_
 BOOST_AUTO_TEST_CASE(metrics_name_the_layers_with_the_largest_gradients_and_the_csv_has_them_all) {
   TempDir tmp;
   const int steps = 6;
-  const Result r = run(synthetic + " --steps " + std::to_string(steps) + " --metrics " + (tmp.path / "m.jsonl").string() +
-                       " --layer-norms " + (tmp.path / "layers" / "norms.csv").string());
+  const Result r =
+      run(synthetic + " --steps " + std::to_string(steps) + " --metrics " + (tmp.path / "m.jsonl").string() +
+          " --layer-norms " + (tmp.path / "layers" / "norms.csv").string());
   BOOST_TEST_INFO(r.output);
   BOOST_REQUIRE(r.code == 0);
   // --synthetic-depth 2: three Linear layers.
-  const std::vector<std::string> names = {"layers.0.weight", "layers.0.bias", "layers.1.weight",
+  const std::vector<std::string> names = {"layers.0.weight", "layers.0.bias",   "layers.1.weight",
                                           "layers.1.bias",   "layers.2.weight", "layers.2.bias"};
   // CSV: header, then one row per parameter per step, parameters in model order.
   std::ifstream csv(tmp.path / "layers" / "norms.csv");
@@ -450,7 +492,8 @@ BOOST_AUTO_TEST_CASE(metrics_name_the_layers_with_the_largest_gradients_and_the_
     const auto rec = nlohmann::json::parse(line);
     const int step = rec["step"].get<int>();
     BOOST_TEST_CONTEXT("step " << step) {
-      BOOST_TEST(std::sqrt(sum_squares[step]) == rec["grad_norm"].get<double>(), boost::test_tools::tolerance(1e-6));
+      BOOST_TEST(std::sqrt(sum_squares[step]) == rec["grad_norm"].get<double>(),
+                 boost::test_tools::tolerance(1e-6));
       const auto& top = rec["top_layers"];
       BOOST_TEST_REQUIRE(top.size() == 3u);
       double previous = INFINITY;
@@ -473,14 +516,16 @@ BOOST_AUTO_TEST_CASE(metrics_name_the_layers_with_the_largest_gradients_and_the_
   }
   BOOST_TEST(n == steps);
   // K is adjustable, 0 turns the field off, and a bad K is a usage error.
-  const Result k5 = run(synthetic + " --steps 1 --layer-norms-top-k 5 --metrics " + (tmp.path / "k5.jsonl").string());
+  const Result k5 =
+      run(synthetic + " --steps 1 --layer-norms-top-k 5 --metrics " + (tmp.path / "k5.jsonl").string());
   BOOST_REQUIRE(k5.code == 0);
   {
     std::ifstream in(tmp.path / "k5.jsonl");
     std::getline(in, line);
   }
   BOOST_TEST(nlohmann::json::parse(line)["top_layers"].size() == 5u);
-  const Result k0 = run(synthetic + " --steps 1 --layer-norms-top-k 0 --metrics " + (tmp.path / "k0.jsonl").string());
+  const Result k0 =
+      run(synthetic + " --steps 1 --layer-norms-top-k 0 --metrics " + (tmp.path / "k0.jsonl").string());
   BOOST_REQUIRE(k0.code == 0);
   {
     std::ifstream in(tmp.path / "k0.jsonl");
@@ -496,7 +541,8 @@ BOOST_AUTO_TEST_CASE(metrics_name_the_layers_with_the_largest_gradients_and_the_
 BOOST_AUTO_TEST_CASE(a_resumed_run_keeps_one_metrics_record_per_step) {
   TempDir tmp;
   const std::string base = synthetic + " --checkpoint-dir " + (tmp.path / "ckpt").string() + " --metrics " +
-                           (tmp.path / "m.jsonl").string() + " --layer-norms " + (tmp.path / "l.csv").string();
+                           (tmp.path / "m.jsonl").string() + " --layer-norms " +
+                           (tmp.path / "l.csv").string();
   BOOST_REQUIRE(run(base + " --steps 20 --checkpoint-every 10").code == 0);
   // Resume from step 10 as if the run had died after it: steps 10..19 are run again.
   fs::remove_all(tmp.path / "ckpt" / "step-20");

@@ -71,10 +71,9 @@ inline bool contains(const std::string& text, const std::string& part) {
   BOOST_CHECK_MESSAGE(!::ampkit_test::contains((text), (part)), \
                       "did not expect \"" << (part) << "\" in: \"" << (text) << "\"")
 // Checks that `caught` is an ampkit::Error with `exit_code`, printing the message otherwise.
-#define AMPKIT_REQUIRE_ERROR(caught, exit_code)                                                  \
-  do {                                                                                           \
-    BOOST_REQUIRE_MESSAGE((caught).thrown, "expected ampkit::Error, got " << (caught).message);  \
-    BOOST_CHECK_MESSAGE(                                                                         \
-        (caught).code == (exit_code),                                                            \
-        "exit code " << (caught).code << " != " << (exit_code) << " for: " << (caught).message); \
+#define AMPKIT_REQUIRE_ERROR(caught, exit_code)                                                              \
+  do {                                                                                                       \
+    BOOST_REQUIRE_MESSAGE((caught).thrown, "expected ampkit::Error, got " << (caught).message);              \
+    BOOST_CHECK_MESSAGE((caught).code == (exit_code), "exit code " << (caught).code << " != " << (exit_code) \
+                                                                   << " for: " << (caught).message);         \
   } while (0)

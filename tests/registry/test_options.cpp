@@ -122,8 +122,7 @@ BOOST_AUTO_TEST_CASE(command_line_beats_environment_beats_config_file_beats_defa
 }
 
 BOOST_AUTO_TEST_CASE(float_values_are_stored_in_shortest_form) {
-  const auto r =
-      ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "6.5536e4"}}));
+  const auto r = ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "6.5536e4"}}));
   BOOST_TEST(setting(r, "scale").value == "65536");
   BOOST_TEST(r.values.get_float("scale") == 65536.0);
 }
@@ -132,15 +131,13 @@ BOOST_AUTO_TEST_CASE(unknown_option_suggests_the_right_one) {
   const auto& d = descriptor("scaler", "static");
   Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({{"scael", "2"}})); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message,
-                        "unknown option 'scael' for scaler 'static' (from command line)");
+  AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'scael' for scaler 'static' (from command line)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
   AMPKIT_CHECK_CONTAINS(e.message, "options: scale");
 
   e = catch_error([&] { ampkit::resolve_options(d, inputs({}, {{"scales", "2"}})); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-  AMPKIT_CHECK_CONTAINS(e.message,
-                        "unknown option 'scales' for scaler 'static' (from config file run.yaml)");
+  AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'scales' for scaler 'static' (from config file run.yaml)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
 }
 
@@ -184,9 +181,7 @@ BOOST_AUTO_TEST_CASE(value_outside_the_range_is_refused_with_the_range) {
 
 BOOST_AUTO_TEST_CASE(value_outside_the_choices_is_refused_with_the_choices) {
   const auto& d = descriptor("clipper", "norm");
-  const Caught e = catch_error([&] {
-    ampkit::resolve_options(d, inputs({}, {{"norm_type", "3"}}));
-  });
+  const Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({}, {{"norm_type", "3"}})); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "option 'norm_type' of clipper 'norm' must be one of 2|inf, got '3' "
@@ -197,8 +192,8 @@ BOOST_AUTO_TEST_CASE(value_outside_the_choices_is_refused_with_the_choices) {
 
 BOOST_AUTO_TEST_CASE(misspelt_environment_variable_is_an_error) {
   const ScopedEnv env("AMPKIT_SCALER_SCLAE", "2");
-  const Caught e = catch_error(
-      [&] { ampkit::resolve_options(descriptor("scaler", "static"), inputs({}, {}, true)); });
+  const Caught e =
+      catch_error([&] { ampkit::resolve_options(descriptor("scaler", "static"), inputs({}, {}, true)); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "unknown option 'sclae' for scaler 'static' "
@@ -211,8 +206,8 @@ BOOST_AUTO_TEST_CASE(misspelt_environment_variable_is_an_error) {
 
 BOOST_AUTO_TEST_CASE(bad_value_from_the_environment_names_the_variable) {
   const ScopedEnv env("AMPKIT_CLIPPER_MAX_NORM", "-1");
-  const Caught e = catch_error(
-      [&] { ampkit::resolve_options(descriptor("clipper", "norm"), inputs({}, {}, true)); });
+  const Caught e =
+      catch_error([&] { ampkit::resolve_options(descriptor("clipper", "norm"), inputs({}, {}, true)); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "option 'max_norm' of clipper 'norm' must be float > 0, got '-1' "
@@ -256,8 +251,8 @@ BOOST_AUTO_TEST_CASE(per_precision_default_follows_the_run_precision) {
 
 BOOST_AUTO_TEST_CASE(an_explicit_value_beats_the_per_precision_default) {
   const auto& d = descriptor("clipper", "norm");
-  auto r = ampkit::resolve_options(d, inputs({{"max_norm", "2.5"}}, {{"max_norm", "7"}}, false,
-                                             ampkit::Precision::fp16));
+  auto r = ampkit::resolve_options(
+      d, inputs({{"max_norm", "2.5"}}, {{"max_norm", "7"}}, false, ampkit::Precision::fp16));
   BOOST_TEST(setting(r, "max_norm").value == "2.5");
   BOOST_TEST(setting(r, "max_norm").source == "command line");
   r = ampkit::resolve_options(d, inputs({}, {{"max_norm", "7"}}, false, ampkit::Precision::bf16));
@@ -287,25 +282,28 @@ BOOST_AUTO_TEST_CASE(every_per_precision_default_is_validated_whatever_the_run_p
   for (const auto& in : {inputs({}, {}, false, ampkit::Precision::fp32), inputs({{"limit", "3"}})}) {
     const Caught e = catch_error([&] { ampkit::resolve_options(bad_value.descriptor, in); });
     AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
-    AMPKIT_CHECK_CONTAINS(e.message, "option 'limit' of clipper 'fake' must be float > 0, got '-5' (from default for bf16)");
+    AMPKIT_CHECK_CONTAINS(
+        e.message, "option 'limit' of clipper 'fake' must be float > 0, got '-5' (from default for bf16)");
   }
   const PerPrecisionPlugin not_a_number("fp16=1;bf16=abc");
   Caught e = catch_error([&] { ampkit::resolve_options(not_a_number.descriptor, inputs({})); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
   AMPKIT_CHECK_CONTAINS(e.message, "must be a finite number, got 'abc' (from default for bf16)");
   // A malformed list is the plugin's fault: a plugin error naming the option and the text.
-  for (const auto& [text, why] : std::vector<std::pair<const char*, std::string>>{
-           {"fp16=1;fp8=2", "names an unknown precision 'fp8'"},
-           {"fp16=1;fp16=2", "names fp16 twice"},
-           {"fp16=1;5", "has '5' without '='"},
-           {"fp16=1;", "has '' without '='"},
-           {"", "is empty"}}) {
+  for (const auto& [text, why] :
+       std::vector<std::pair<const char*, std::string>>{{"fp16=1;fp8=2", "names an unknown precision 'fp8'"},
+                                                        {"fp16=1;fp16=2", "names fp16 twice"},
+                                                        {"fp16=1;5", "has '5' without '='"},
+                                                        {"fp16=1;", "has '' without '='"},
+                                                        {"", "is empty"}}) {
     BOOST_TEST_CONTEXT(text) {
       const PerPrecisionPlugin p(text);
-      e = catch_error([&] { ampkit::resolve_options(p.descriptor, inputs({}, {}, false, ampkit::Precision::fp16)); });
+      e = catch_error(
+          [&] { ampkit::resolve_options(p.descriptor, inputs({}, {}, false, ampkit::Precision::fp16)); });
       AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
-      AMPKIT_CHECK_CONTAINS(e.message, "clipper 'fake' declares option 'limit' with a per-precision default '" +
-                                           std::string(text) + "' that " + why);
+      AMPKIT_CHECK_CONTAINS(e.message,
+                            "clipper 'fake' declares option 'limit' with a per-precision default '" +
+                                std::string(text) + "' that " + why);
     }
   }
 }

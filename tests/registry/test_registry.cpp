@@ -31,10 +31,14 @@ using ampkit::Registry;
 
 namespace {
 
-fs::path broken(const std::string& case_dir) { return kBrokenDir / case_dir; }
+fs::path broken(const std::string& case_dir) {
+  return kBrokenDir / case_dir;
+}
 
 // The path a registry reports for `file`: search-path folders are canonicalised.
-std::string reported(const fs::path& file) { return fs::weakly_canonical(file).string(); }
+std::string reported(const fs::path& file) {
+  return fs::weakly_canonical(file).string();
+}
 
 std::unique_ptr<ampkit::Strategy> create(const ampkit::LoadedPlugin& plugin,
                                          std::map<std::string, std::string> command_line = {}) {
@@ -86,12 +90,10 @@ struct DefaultCrashSignals {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    for (size_t i = 0; i < std::size(kCrashSignals); ++i)
-      ::sigaction(kCrashSignals[i], &dfl, &saved[i]);
+    for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &dfl, &saved[i]);
   }
   ~DefaultCrashSignals() {
-    for (size_t i = 0; i < std::size(kCrashSignals); ++i)
-      ::sigaction(kCrashSignals[i], &saved[i], nullptr);
+    for (size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &saved[i], nullptr);
   }
 };
 
@@ -169,8 +171,8 @@ BOOST_AUTO_TEST_CASE(scan_lists_the_builtin_plugins_from_elf) {
     BOOST_TEST(p.path.filename().string() == "libampkit-" + p.kind + "-" + p.name + ".so");
     BOOST_TEST(!p.summary.empty());
   }
-  for (const char* expected : {"scaler/none", "scaler/static", "clipper/none", "clipper/norm",
-                               "nan_policy/skip", "comm/local"})
+  for (const char* expected :
+       {"scaler/none", "scaler/static", "clipper/none", "clipper/norm", "nan_policy/skip", "comm/local"})
     BOOST_CHECK_MESSAGE(found.count(expected) == 1, expected << " not listed");
 }
 
@@ -474,8 +476,8 @@ BOOST_AUTO_TEST_CASE(group_writable_file_is_refused) {
   const Caught e = catch_error([&] { registry.load(info); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "refusing untrusted plugin " + info.path.string());
-  AMPKIT_CHECK_CONTAINS(
-      e.message, "the file " + info.path.string() + " is writable by group or others (mode 0664");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "the file " + info.path.string() + " is writable by group or others (mode 0664");
   AMPKIT_CHECK_CONTAINS(e.message, "chmod go-w " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "--allow-untrusted-plugins");
 }

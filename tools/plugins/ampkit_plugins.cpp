@@ -1,10 +1,9 @@
 // ampkit-plugins: lists, shows and checks the plugins ampkit would find (ompi_info for ampkit).
+#include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
-#include <sstream>
-
-#include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
@@ -53,7 +52,8 @@ int list(const Registry& registry, bool json) {
     out["plugins"] = ordered_json::array();
     for (const auto& p : scan.plugins) out["plugins"].push_back(info_json(p));
     out["problems"] = ordered_json::array();
-    for (const auto& [file, why] : scan.problems) out["problems"].push_back({{"path", file.string()}, {"error", why}});
+    for (const auto& [file, why] : scan.problems)
+      out["problems"].push_back({{"path", file.string()}, {"error", why}});
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -79,7 +79,8 @@ int list(const Registry& registry, bool json) {
   std::printf("\nsearch path:");
   for (const auto& d : registry.search_path()) std::printf(" %s", d.c_str());
   std::printf("\n");
-  for (const auto& [file, why] : scan.problems) std::fprintf(stderr, "ampkit-plugins: warning: %s\n", why.c_str());
+  for (const auto& [file, why] : scan.problems)
+    std::fprintf(stderr, "ampkit-plugins: warning: %s\n", why.c_str());
   return 0;
 }
 
@@ -87,7 +88,8 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
   std::vector<PluginInfo> matches;
   if (!kind.empty()) {
     matches.push_back(registry.find(kind, name));
-  } else if (name.find('/') != std::string::npos || name.size() > 3 && name.substr(name.size() - 3) == ".so") {
+  } else if (name.find('/') != std::string::npos ||
+             name.size() > 3 && name.substr(name.size() - 3) == ".so") {
     matches.push_back(inspect_plugin_file(name));
   } else {
     for (const auto& k : kPluginKinds)
@@ -107,7 +109,8 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
   if (matches.size() > 1) {
     std::string kinds;
     for (const auto& m : matches) kinds += (kinds.empty() ? "" : ", ") + m.kind;
-    throw Error(ExitCode::usage, "'" + name + "' names plugins of several kinds (" + kinds + "); add --kind KIND");
+    throw Error(ExitCode::usage,
+                "'" + name + "' names plugins of several kinds (" + kinds + "); add --kind KIND");
   }
   const LoadedPlugin& p = registry.load(matches.front());
   OptionInputs defaults;
@@ -119,16 +122,18 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
     for (uint32_t i = 0; i < p.descriptor().option_count; ++i) {
       const auto& spec = p.descriptor().options[i];
       const OptionSetting& setting = options.settings[i];
-      ordered_json option = {{"name", spec.name},
-                             {"type", describe_option_type(spec)},
-                             {"default", spec.default_value ? ordered_json(spec.default_value) : ordered_json(nullptr)},
-                             {"environment", option_environment_name(p.info().kind, spec.name)},
-                             {"help", spec.help}};
+      ordered_json option = {
+          {"name", spec.name},
+          {"type", describe_option_type(spec)},
+          {"default", spec.default_value ? ordered_json(spec.default_value) : ordered_json(nullptr)},
+          {"environment", option_environment_name(p.info().kind, spec.name)},
+          {"help", spec.help}};
       if (!setting.precision_defaults.empty()) {
         // One default per precision: "default" is null and this maps precision -> value.
         option["default"] = nullptr;
         option["default_per_precision"] = ordered_json::object();
-        for (const auto& [precision, value] : setting.precision_defaults) option["default_per_precision"][precision] = value;
+        for (const auto& [precision, value] : setting.precision_defaults)
+          option["default_per_precision"][precision] = value;
       }
       out["options"].push_back(option);
     }
@@ -136,12 +141,14 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
     return 0;
   }
   const PluginInfo& i = p.info();
-  std::printf("%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
-              i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
-              i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
-              i.compiler.c_str(), i.kind == "nan_policy" ? "nan-policy" : i.kind.c_str(), i.name.c_str());
+  std::printf(
+      "%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
+      i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
+      i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
+      i.compiler.c_str(), i.kind == "nan_policy" ? "nan-policy" : i.kind.c_str(), i.name.c_str());
   std::printf("  options:  --opt %s.NAME=VALUE or environment %s\n%s", i.kind.c_str(),
-              option_environment_name(i.kind, "NAME").c_str(), format_option_table(options.settings, false).c_str());
+              option_environment_name(i.kind, "NAME").c_str(),
+              format_option_table(options.settings, false).c_str());
   return 0;
 }
 
@@ -149,11 +156,17 @@ int check(const Registry& registry, bool json) {
   const ScanResult scan = registry.scan();
   ordered_json results = ordered_json::array();
   int failures = 0;
-  auto report = [&](const std::string& path, const std::string& what, bool ok, bool crashed, const std::string& message) {
+  auto report = [&](const std::string& path, const std::string& what, bool ok, bool crashed,
+                    const std::string& message) {
     failures += ok ? 0 : 1;
-    results.push_back({{"path", path}, {"plugin", what}, {"ok", ok}, {"crashed", crashed}, {"message", message}});
-    if (!json) std::printf("%-6s %-26s %s%s%s\n", ok ? "ok" : crashed ? "CRASH" : "FAIL", what.c_str(), path.c_str(),
-                           message.empty() ? "" : "\n       ", message.c_str());
+    results.push_back(
+        {{"path", path}, {"plugin", what}, {"ok", ok}, {"crashed", crashed}, {"message", message}});
+    if (!json)
+      std::printf("%-6s %-26s %s%s%s\n",
+                  ok        ? "ok"
+                  : crashed ? "CRASH"
+                            : "FAIL",
+                  what.c_str(), path.c_str(), message.empty() ? "" : "\n       ", message.c_str());
   };
   for (const auto& p : scan.plugins) {
     const std::string what = p.kind + " '" + p.name + "'";
@@ -172,8 +185,10 @@ int check(const Registry& registry, bool json) {
     report(p.path.string(), what, r.ok, r.crashed, r.message);
   }
   for (const auto& [file, why] : scan.problems) report(file.string(), "(not a plugin)", false, false, why);
-  if (json) std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2).c_str());
-  else std::printf("\n%zu checked, %d failed\n", results.size(), failures);
+  if (json)
+    std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2).c_str());
+  else
+    std::printf("\n%zu checked, %d failed\n", results.size(), failures);
   return failures ? static_cast<int>(ExitCode::check_failed) : 0;
 }
 
@@ -181,9 +196,11 @@ int run(int argc, char** argv) {
   po::options_description o("options");
   o.add_options()("help,h", "Show usage.")("json", po::bool_switch(), "Machine-readable output.")(
       "kind", po::value<std::string>()->default_value(""), "show: the plugin kind when a name is ambiguous.")(
-      "plugin-dir", po::value<std::vector<std::string>>()->composing(), "Folder searched first (repeatable).")(
-      "allow-untrusted-plugins", po::bool_switch(), "Accept plugin files writable by others (loudly).")(
-      "command", po::value<std::string>(), "list | show | check")("name", po::value<std::string>(), "plugin name or path for show");
+      "plugin-dir", po::value<std::vector<std::string>>()->composing(),
+      "Folder searched first (repeatable).")("allow-untrusted-plugins", po::bool_switch(),
+                                             "Accept plugin files writable by others (loudly).")(
+      "command", po::value<std::string>(), "list | show | check")("name", po::value<std::string>(),
+                                                                  "plugin name or path for show");
   po::positional_options_description pos;
   pos.add("command", 1).add("name", 1);
   po::variables_map vm;
@@ -194,7 +211,13 @@ int run(int argc, char** argv) {
     throw Error(ExitCode::usage, std::string(e.what()) + "\n" + kUsage);
   }
   if (vm.count("help")) {
-    std::printf("%s\n%s", kUsage, [&] { std::ostringstream s; s << o; return s.str(); }().c_str());
+    std::printf("%s\n%s", kUsage,
+                [&] {
+                  std::ostringstream s;
+                  s << o;
+                  return s.str();
+                }()
+                    .c_str());
     return 0;
   }
   if (!vm.count("command")) throw Error(ExitCode::usage, std::string("no command given\n") + kUsage);
@@ -206,7 +229,8 @@ int run(int argc, char** argv) {
   Registry registry(ro);
   const bool json = vm["json"].as<bool>();
   const std::string kind = vm["kind"].as<std::string>();
-  if (command != "show" && vm.count("name")) throw Error(ExitCode::usage, command + " takes no argument\n" + kUsage);
+  if (command != "show" && vm.count("name"))
+    throw Error(ExitCode::usage, command + " takes no argument\n" + kUsage);
   if (command == "list") return list(registry, json);
   if (command == "check") return check(registry, json);
   if (command == "show") {
@@ -214,7 +238,8 @@ int run(int argc, char** argv) {
     return show(registry, vm["name"].as<std::string>(), kind, json);
   }
   const std::string hint = did_you_mean(command, {"list", "show", "check"});
-  throw Error(ExitCode::usage, "unknown command '" + command + "'" + (hint.empty() ? "" : "; " + hint) + "\n" + kUsage);
+  throw Error(ExitCode::usage,
+              "unknown command '" + command + "'" + (hint.empty() ? "" : "; " + hint) + "\n" + kUsage);
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
 // Command line and YAML parsing for ampkit-train, on Boost.Program_options and yaml-cpp.
 #include "ampkit/train_config.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
-
-#include <boost/program_options.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "ampkit/error.h"
 
@@ -93,7 +93,8 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
     throw Error(ExitCode::usage, "config file " + file + " is not valid YAML: " + e.what());
   }
   if (root.IsNull()) return {};
-  if (!root.IsMap()) throw Error(ExitCode::usage, "config file " + file + " must be a mapping of option: value");
+  if (!root.IsMap())
+    throw Error(ExitCode::usage, "config file " + file + " must be a mapping of option: value");
   const auto known = option_names(host_options());
   std::vector<std::string> words;
   for (const auto& item : root) {
@@ -101,19 +102,22 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
     const std::string where = "key '" + key + "' in config file " + file;
     if (key == "opt") {
       if (!item.second.IsMap())
-        throw Error(ExitCode::usage, where + " must map plugin kinds to options, e.g. opt: {scaler: {scale: 512}}");
+        throw Error(ExitCode::usage,
+                    where + " must map plugin kinds to options, e.g. opt: {scaler: {scale: 512}}");
       for (const auto& kind_item : item.second) {
         const std::string kind = kind_item.first.as<std::string>();
         if (std::find(kKinds.begin(), kKinds.end(), kind) == kKinds.end()) {
           const std::string hint = did_you_mean(kind, kKinds);
-          throw Error(ExitCode::usage, "unknown plugin kind '" + kind + "' under opt: in config file " + file +
-                                           (hint.empty() ? "" : "; " + hint) + " (kinds: scaler, clipper, nan_policy, comm)");
+          throw Error(ExitCode::usage, "unknown plugin kind '" + kind + "' under opt: in config file " +
+                                           file + (hint.empty() ? "" : "; " + hint) +
+                                           " (kinds: scaler, clipper, nan_policy, comm)");
         }
         if (!kind_item.second.IsMap())
-          throw Error(ExitCode::usage, "opt." + kind + " in config file " + file + " must map option names to values");
+          throw Error(ExitCode::usage,
+                      "opt." + kind + " in config file " + file + " must map option names to values");
         for (const auto& o : kind_item.second)
-          cfg.plugin_options_file[kind][o.first.as<std::string>()] =
-              scalar_text(o.second, "opt." + kind + "." + o.first.as<std::string>() + " in config file " + file);
+          cfg.plugin_options_file[kind][o.first.as<std::string>()] = scalar_text(
+              o.second, "opt." + kind + "." + o.first.as<std::string>() + " in config file " + file);
       }
       continue;
     }
@@ -127,8 +131,10 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
       for (const auto& v : item.second) words.push_back("--" + key + "=" + scalar_text(v, where));
     } else if (key == "allow-untrusted-plugins" || key == "weights-only") {
       const std::string v = scalar_text(item.second, where);
-      if (v == "true") words.push_back("--" + key);
-      else if (v != "false") throw Error(ExitCode::usage, where + " must be true or false, got '" + v + "'");
+      if (v == "true")
+        words.push_back("--" + key);
+      else if (v != "false")
+        throw Error(ExitCode::usage, where + " must be true or false, got '" + v + "'");
     } else {
       words.push_back("--" + key + "=" + scalar_text(item.second, where));
     }
@@ -174,8 +180,10 @@ void require(bool ok, const std::string& message) {
 std::string train_options_help() {
   std::ostringstream s;
   s << "usage: ampkit-train [options]\n\n" << host_options();
-  s << "\nEnvironment: AMPKIT_PLUGIN_PATH (plugin folders, colon-separated), AMPKIT_<KIND>_<OPTION> (plugin options).\n"
-       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 6 checkpoint, 130 interrupted/preempted "
+  s << "\nEnvironment: AMPKIT_PLUGIN_PATH (plugin folders, colon-separated), AMPKIT_<KIND>_<OPTION> (plugin "
+       "options).\n"
+       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 6 checkpoint, 130 "
+       "interrupted/preempted "
        "(docs/configuration.md).\n";
   return s.str();
 }
@@ -199,7 +207,8 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
     std::string name = e.get_option_name();
     while (!name.empty() && name.front() == '-') name.erase(0, 1);
     const std::string hint = did_you_mean(name, option_names(options));
-    throw Error(ExitCode::usage, std::string(e.what()) + (hint.empty() ? "" : "; " + hint) + " (see ampkit-train --help)");
+    throw Error(ExitCode::usage,
+                std::string(e.what()) + (hint.empty() ? "" : "; " + hint) + " (see ampkit-train --help)");
   } catch (const po::error& e) {
     throw Error(ExitCode::usage, std::string(e.what()) + " (see ampkit-train --help)");
   }
@@ -210,7 +219,9 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   for (const auto& opt : options.options()) {
     const std::string name = opt->long_name();
     if (name == "help" || name == "print-config" || name == "opt" || !vm.count(name)) continue;
-    const std::string source = mentions(cli, name) ? "command line" : mentions(file, name) ? file_source : "default";
+    const std::string source = mentions(cli, name)    ? "command line"
+                               : mentions(file, name) ? file_source
+                                                      : "default";
     cfg.settings.push_back({name, value_text(vm[name]), source});
   }
 
@@ -218,10 +229,14 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   require(cfg.workload == "fashion-mnist" || cfg.workload == "char-gpt" || cfg.workload == "synthetic",
           "--workload must be fashion-mnist, char-gpt or synthetic, got '" + cfg.workload + "'");
   const std::string precision = vm["precision"].as<std::string>();
-  if (precision == "fp32") cfg.precision = Precision::fp32;
-  else if (precision == "bf16") cfg.precision = Precision::bf16;
-  else if (precision == "fp16") cfg.precision = Precision::fp16;
-  else throw Error(ExitCode::usage, "--precision must be fp32, bf16 or fp16, got '" + precision + "'");
+  if (precision == "fp32")
+    cfg.precision = Precision::fp32;
+  else if (precision == "bf16")
+    cfg.precision = Precision::bf16;
+  else if (precision == "fp16")
+    cfg.precision = Precision::fp16;
+  else
+    throw Error(ExitCode::usage, "--precision must be fp32, bf16 or fp16, got '" + precision + "'");
   require(!(vm.count("epochs") && vm.count("steps")), "give --epochs or --steps, not both");
   if (vm.count("epochs")) cfg.epochs = vm["epochs"].as<int64_t>();
   if (vm.count("steps")) cfg.steps = vm["steps"].as<int64_t>();
@@ -231,22 +246,27 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   }
   require(vm.count("steps") ? cfg.steps >= 1 : cfg.epochs >= 1, "--epochs and --steps must be >= 1");
   cfg.batch_size = vm["batch-size"].as<int64_t>();
-  require(cfg.batch_size >= 1 && cfg.batch_size <= (1 << 20), "--batch-size must be in [1, 1048576], got " + std::to_string(cfg.batch_size));
+  require(cfg.batch_size >= 1 && cfg.batch_size <= (1 << 20),
+          "--batch-size must be in [1, 1048576], got " + std::to_string(cfg.batch_size));
   cfg.accumulate = vm["accumulate"].as<int>();
-  require(cfg.accumulate >= 1 && cfg.accumulate <= 4096, "--accumulate must be in [1, 4096], got " + std::to_string(cfg.accumulate));
+  require(cfg.accumulate >= 1 && cfg.accumulate <= 4096,
+          "--accumulate must be in [1, 4096], got " + std::to_string(cfg.accumulate));
   cfg.lr = vm["lr"].as<double>();
   require(std::isfinite(cfg.lr) && cfg.lr > 0, "--lr must be a finite number > 0");
   cfg.seed = vm["seed"].as<uint64_t>();
   cfg.optimizer = vm["optimizer"].as<std::string>();
-  require(cfg.optimizer == "adamw" || cfg.optimizer == "sgd", "--optimizer must be adamw or sgd, got '" + cfg.optimizer + "'");
+  require(cfg.optimizer == "adamw" || cfg.optimizer == "sgd",
+          "--optimizer must be adamw or sgd, got '" + cfg.optimizer + "'");
   cfg.weight_decay = vm["weight-decay"].as<double>();
   require(std::isfinite(cfg.weight_decay) && cfg.weight_decay >= 0, "--weight-decay must be >= 0");
   cfg.lr_schedule = vm["lr-schedule"].as<std::string>();
-  require(cfg.lr_schedule == "constant" || cfg.lr_schedule == "cosine", "--lr-schedule must be constant or cosine, got '" + cfg.lr_schedule + "'");
+  require(cfg.lr_schedule == "constant" || cfg.lr_schedule == "cosine",
+          "--lr-schedule must be constant or cosine, got '" + cfg.lr_schedule + "'");
   cfg.warmup_steps = vm["warmup-steps"].as<int64_t>();
   require(cfg.warmup_steps >= 0, "--warmup-steps must be >= 0");
   cfg.device = vm["device"].as<std::string>();
-  require(cfg.device == "cpu" || cfg.device == "cuda", "--device must be cpu or cuda, got '" + cfg.device + "'");
+  require(cfg.device == "cpu" || cfg.device == "cuda",
+          "--device must be cpu or cuda, got '" + cfg.device + "'");
   cfg.threads = vm["threads"].as<int>();
   require(cfg.threads >= 0 && cfg.threads <= 1024, "--threads must be in [0, 1024]");
 
@@ -263,7 +283,8 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
       if (std::find(kKinds.begin(), kKinds.end(), kind) == kKinds.end()) {
         const std::string hint = did_you_mean(kind, kKinds);
         throw Error(ExitCode::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
-                                         (hint.empty() ? "" : "; " + hint) + " (kinds: scaler, clipper, nan_policy, comm)");
+                                         (hint.empty() ? "" : "; " + hint) +
+                                         " (kinds: scaler, clipper, nan_policy, comm)");
       }
       // From a config file, --opt words would arrive here too; they are command line only.
       cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
@@ -284,10 +305,13 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   cfg.synthetic_depth = vm["synthetic-depth"].as<int64_t>();
   cfg.synthetic_inputs = vm["synthetic-inputs"].as<int64_t>();
   cfg.synthetic_classes = vm["synthetic-classes"].as<int64_t>();
-  require(cfg.synthetic_width >= 1 && cfg.synthetic_width <= 65536, "--synthetic-width must be in [1, 65536]");
+  require(cfg.synthetic_width >= 1 && cfg.synthetic_width <= 65536,
+          "--synthetic-width must be in [1, 65536]");
   require(cfg.synthetic_depth >= 0 && cfg.synthetic_depth <= 256, "--synthetic-depth must be in [0, 256]");
-  require(cfg.synthetic_inputs >= 1 && cfg.synthetic_inputs <= 65536, "--synthetic-inputs must be in [1, 65536]");
-  require(cfg.synthetic_classes >= 2 && cfg.synthetic_classes <= 65536, "--synthetic-classes must be in [2, 65536]");
+  require(cfg.synthetic_inputs >= 1 && cfg.synthetic_inputs <= 65536,
+          "--synthetic-inputs must be in [1, 65536]");
+  require(cfg.synthetic_classes >= 2 && cfg.synthetic_classes <= 65536,
+          "--synthetic-classes must be in [2, 65536]");
   cfg.text_dir = vm["text-dir"].as<std::string>();
   cfg.gpt_layers = vm["gpt-layers"].as<int64_t>();
   cfg.gpt_width = vm["gpt-width"].as<int64_t>();
@@ -295,14 +319,16 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   cfg.gpt_context = vm["gpt-context"].as<int64_t>();
   require(cfg.gpt_layers >= 1 && cfg.gpt_layers <= 64, "--gpt-layers must be in [1, 64]");
   require(cfg.gpt_heads >= 1 && cfg.gpt_heads <= 64, "--gpt-heads must be in [1, 64]");
-  require(cfg.gpt_width >= cfg.gpt_heads && cfg.gpt_width <= 8192 && cfg.gpt_width % cfg.gpt_heads == 0,
-          "--gpt-width must be a multiple of --gpt-heads in [heads, 8192], got " + std::to_string(cfg.gpt_width));
+  require(
+      cfg.gpt_width >= cfg.gpt_heads && cfg.gpt_width <= 8192 && cfg.gpt_width % cfg.gpt_heads == 0,
+      "--gpt-width must be a multiple of --gpt-heads in [heads, 8192], got " + std::to_string(cfg.gpt_width));
   require(cfg.gpt_context >= 2 && cfg.gpt_context <= 4096, "--gpt-context must be in [2, 4096]");
   cfg.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
   cfg.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
   require(cfg.checkpoint_every >= 0, "--checkpoint-every must be >= 0");
   cfg.keep_checkpoints = vm["keep-checkpoints"].as<int>();
-  require(cfg.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1, got " + std::to_string(cfg.keep_checkpoints));
+  require(cfg.keep_checkpoints >= 1,
+          "--keep-checkpoints must be >= 1, got " + std::to_string(cfg.keep_checkpoints));
   cfg.resume = vm["resume"].as<std::string>();
   require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
   cfg.weights_only = vm["weights-only"].as<bool>();

@@ -1,12 +1,12 @@
 // Fused gradient statistics (sum of squares, max-abs, zeros) in one read pass, and the scaling.
 #include "ampkit/grad_stats.h"
 
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
-
-#include <ATen/Functions.h>
-#include <ATen/Parallel.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -63,7 +63,8 @@ Partial scan_floats_scalar(const float* p, int64_t n) {
 // that are squared and added with FMA into double accumulators (the scalar loop's accuracy, one
 // rounding fewer). Exact for every input; limited by float->double conversions (one port).
 __attribute__((target("avx2,fma"))) Partial scan_floats_avx2_wide(const float* p, int64_t n) {
-  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(),
+          s3 = _mm256_setzero_pd();
   __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 zero = _mm256_setzero_ps();
@@ -75,8 +76,10 @@ __attribute__((target("avx2,fma"))) Partial scan_floats_avx2_wide(const float* p
     __m256i z0 = _mm256_setzero_si256(), z1 = _mm256_setzero_si256();
     for (; i < stop; i += 16) {
       const __m256 a = _mm256_loadu_ps(p + i), b = _mm256_loadu_ps(p + i + 8);
-      const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(a)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
-      const __m256d b0 = _mm256_cvtps_pd(_mm256_castps256_ps128(b)), b1 = _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1));
+      const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(a)),
+                    a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
+      const __m256d b0 = _mm256_cvtps_pd(_mm256_castps256_ps128(b)),
+                    b1 = _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1));
       s0 = _mm256_fmadd_pd(a0, a0, s0);
       s1 = _mm256_fmadd_pd(a1, a1, s1);
       s2 = _mm256_fmadd_pd(b0, b0, s2);
@@ -123,7 +126,8 @@ __attribute__((target("avx2,fma"))) Partial scan_floats_avx2_blocked(const float
     const int64_t stop = i + std::min<int64_t>((n - i) / kBlock, int64_t(1) << 22) * kBlock;
     __m256i z = _mm256_setzero_si256();
     for (; i < stop; i += kBlock) {
-      __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps(), f2 = _mm256_setzero_ps(), f3 = _mm256_setzero_ps();
+      __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps(), f2 = _mm256_setzero_ps(),
+             f3 = _mm256_setzero_ps();
       for (int64_t r = 0; r < kBlock; r += 32) {
         const float* q = p + i + r;
         const __m256 a = _mm256_loadu_ps(q), b = _mm256_loadu_ps(q + 8);
@@ -204,7 +208,9 @@ Partial scan_generic(const at::Tensor& g) {
 
 }  // namespace
 
-bool GradStats::finite() const { return std::isfinite(sum_squares); }
+bool GradStats::finite() const {
+  return std::isfinite(sum_squares);
+}
 
 GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> contiguous(grads.size());
@@ -214,7 +220,8 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
     contiguous[t] = grads[t].is_contiguous() ? grads[t] : grads[t].contiguous();
     const float* data = contiguous[t].data_ptr<float>();
     const int64_t n = contiguous[t].numel();
-    for (int64_t begin = 0; begin < n; begin += kChunk) chunks.push_back({t, data + begin, std::min(kChunk, n - begin)});
+    for (int64_t begin = 0; begin < n; begin += kChunk)
+      chunks.push_back({t, data + begin, std::min(kChunk, n - begin)});
   }
   std::vector<Partial> parts(chunks.size());
   const auto scan = [&](int64_t begin, int64_t end) {
@@ -223,8 +230,10 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
       parts[static_cast<size_t>(k)] = scan_floats(c.data, c.size);
     }
   };
-  if (chunks.size() > 1) at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, scan);
-  else scan(0, static_cast<int64_t>(chunks.size()));
+  if (chunks.size() > 1)
+    at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, scan);
+  else
+    scan(0, static_cast<int64_t>(chunks.size()));
 
   GradStats stats;
   stats.tensor_sum_squares.reserve(grads.size());
@@ -237,7 +246,8 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
     }
     Partial p;
     if (scanned_as_cpu_float(g)) {
-      for (; next_chunk < chunks.size() && chunks[next_chunk].tensor == t; ++next_chunk) p.merge(parts[next_chunk]);
+      for (; next_chunk < chunks.size() && chunks[next_chunk].tensor == t; ++next_chunk)
+        p.merge(parts[next_chunk]);
     } else {
       p = scan_generic(g);
     }

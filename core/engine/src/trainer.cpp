@@ -1,10 +1,10 @@
 // The AMP step pipeline (docs/architecture.md, "One optimizer step").
 #include "ampkit/trainer.h"
 
-#include <cmath>
-
 #include <ATen/autocast_mode.h>
 #include <torch/optim/optimizer.h>
+
+#include <cmath>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
@@ -42,8 +42,8 @@ double LrSchedule::at(int64_t k) const {
 }
 
 Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Tensor> parameters,
-                 std::vector<std::string> names, torch::optim::Optimizer& optimizer,
-                 Strategies strategies, LrSchedule schedule)
+                 std::vector<std::string> names, torch::optim::Optimizer& optimizer, Strategies strategies,
+                 LrSchedule schedule)
     : precision_(precision),
       accumulation_steps_(accumulation_steps),
       parameters_(std::move(parameters)),
@@ -52,7 +52,8 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
       strategies_(strategies),
       schedule_(schedule) {
   if (accumulation_steps_ < 1)
-    throw Error(ExitCode::usage, "accumulation steps must be >= 1, got " + std::to_string(accumulation_steps_));
+    throw Error(ExitCode::usage,
+                "accumulation steps must be >= 1, got " + std::to_string(accumulation_steps_));
   if (!strategies_.scaler || !strategies_.clipper || !strategies_.nan_policy || !strategies_.comm)
     throw Error(ExitCode::internal, "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
   if (names_.size() != parameters_.size())
@@ -188,7 +189,8 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
     if (action == NanAction::rollback) {
       if (!rollback_)
-        throw Error(ExitCode::usage, "the NaN policy asked for a rollback, but this run has no snapshot to roll back to");
+        throw Error(ExitCode::usage,
+                    "the NaN policy asked for a rollback, but this run has no snapshot to roll back to");
       rollback_();
     }
   }
@@ -200,7 +202,8 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     strategies_.scaler->update(stats);
   } catch (const std::exception& e) {
     action = NanAction::abort;
-    out.decision.reason = (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
+    out.decision.reason =
+        (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
   }
   out.scale_next = strategies_.scaler->scale();
   out.decision.action = action;

@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <optional>
 #include <iomanip>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 #include "ampkit/error.h"
 #include "ampkit/sha256.h"
@@ -28,9 +27,12 @@ std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   std::ostringstream o;
-  if (s >= 3600) o << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
-  else if (s >= 60) o << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
-  else o << s << "s";
+  if (s >= 3600)
+    o << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60)
+    o << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else
+    o << s << "s";
   return o.str();
 }
 }  // namespace
@@ -62,7 +64,8 @@ MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_st
   if (file.empty()) return;
   open_log(out_, file, first_step, "metrics", [](const std::string& line) -> std::optional<int64_t> {
     const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) return std::nullopt;
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer())
+      return std::nullopt;
     return record["step"].get<int64_t>();
   });
 }
@@ -98,7 +101,8 @@ nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_
   return r;
 }
 
-nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms, int64_t k) {
+nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
+                          int64_t k) {
   if (names.size() != norms.size())
     throw Error(ExitCode::internal, "top_layers: " + std::to_string(names.size()) + " parameter names for " +
                                         std::to_string(norms.size()) + " gradient norms");
@@ -114,7 +118,8 @@ nlohmann::json top_layers(const std::vector<std::string>& names, const std::vect
                       return a < b;
                     });
   nlohmann::json out = nlohmann::json::array();
-  for (size_t i = 0; i < n; ++i) out.push_back({{"name", names[order[i]]}, {"grad_norm", number(norms[order[i]])}});
+  for (size_t i = 0; i < n; ++i)
+    out.push_back({{"name", names[order[i]]}, {"grad_norm", number(norms[order[i]])}});
   return out;
 }
 
@@ -135,7 +140,8 @@ LayerNormWriter::LayerNormWriter(const std::filesystem::path& file, int64_t firs
   out_.flush();
 }
 
-void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names, const std::vector<double>& norms) {
+void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names,
+                            const std::vector<double>& norms) {
   if (!out_.is_open()) return;
   if (names.size() != norms.size())
     throw Error(ExitCode::internal, "layer norms: " + std::to_string(names.size()) + " parameter names for " +
@@ -148,29 +154,38 @@ void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names,
       name = quoted + "\"";
     }
     char value[40];
-    if (std::isfinite(norms[i])) std::snprintf(value, sizeof value, "%.17g", norms[i]);
-    else std::snprintf(value, sizeof value, "%s", std::isnan(norms[i]) ? "nan" : "inf");
+    if (std::isfinite(norms[i]))
+      std::snprintf(value, sizeof value, "%.17g", norms[i]);
+    else
+      std::snprintf(value, sizeof value, "%s", std::isnan(norms[i]) ? "nan" : "inf");
     out_ << step << ',' << name << ',' << value << '\n';
   }
   out_.flush();
 }
 
 ProgressLine::ProgressLine(int64_t total_steps, int64_t every, bool enabled)
-    : total_(total_steps), every_(every > 0 ? every : 50), enabled_(enabled),
-      tty_(::isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
+    : total_(total_steps),
+      every_(every > 0 ? every : 50),
+      enabled_(enabled),
+      tty_(::isatty(STDERR_FILENO) != 0),
+      start_(std::chrono::steady_clock::now()) {}
 
 void ProgressLine::update(int64_t done, const StepOutcome& last, double samples_per_second) {
   if (!enabled_) return;
   if (!tty_ && done % every_ != 0 && done != total_) return;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - done) : NAN;
+  const double eta =
+      done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - done) : NAN;
   char line[256];
-  std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  scale %g  gnorm %.3g  %s  %.0f samples/s  ETA %s",
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld  loss %.4f  scale %g  gnorm %.3g  %s  %.0f samples/s  ETA %s",
                 static_cast<long long>(done), static_cast<long long>(total_), last.stats.loss,
-                last.stats.scale, last.stats.grad_norm, to_string(last.decision.action),
-                samples_per_second, format_duration(eta).c_str());
-  if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
-  else std::fprintf(stderr, "%s\n", line);
+                last.stats.scale, last.stats.grad_norm, to_string(last.decision.action), samples_per_second,
+                format_duration(eta).c_str());
+  if (tty_)
+    std::fprintf(stderr, "\r\033[K%s", line);
+  else
+    std::fprintf(stderr, "%s\n", line);
 }
 
 void ProgressLine::finish() {

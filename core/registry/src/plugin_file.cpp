@@ -3,13 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
-
-#include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "ampkit/registry.h"
@@ -121,7 +120,9 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
     std::ifstream in(file, std::ios::binary);
     if (!in) fail(file, "cannot be opened (permission denied?)");
     in.read(magic, 5);
-    if (in.gcount() < 5 || std::string(magic, 4) != "\x7f" "ELF")
+    if (in.gcount() < 5 || std::string(magic, 4) !=
+                               "\x7f"
+                               "ELF")
       fail(file, "is not an ELF shared library");
     if (magic[4] != ELFCLASS64) fail(file, "is a 32-bit ELF file; ampkit plugins are 64-bit");
   }
@@ -147,17 +148,20 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
   for (const auto& s : symbols)
     if (s.rfind("ampkit_v", 0) == 0) entries.push_back(s);
   if (entries.empty())
-    fail(file, "has no ampkit plugin entry (no ampkit_v<abi>_<kind>_<name> symbol in ELF section "
-               "'ampkit'); it was not built with AMPKIT_PLUGIN");
-  if (entries.size() > 1) fail(file, "exports " + std::to_string(entries.size()) + " ampkit entries; a plugin file holds one");
+    fail(file,
+         "has no ampkit plugin entry (no ampkit_v<abi>_<kind>_<name> symbol in ELF section "
+         "'ampkit'); it was not built with AMPKIT_PLUGIN");
+  if (entries.size() > 1)
+    fail(file, "exports " + std::to_string(entries.size()) + " ampkit entries; a plugin file holds one");
 
   PluginInfo info;
   info.path = file;
   info.entry = entries.front();
   const auto meta = elf.section(AMPKIT_PLUGIN_META_SECTION);
   if (!meta)
-    fail(file, "has the entry " + info.entry + " but no '" AMPKIT_PLUGIN_META_SECTION
-               "' metadata section; it was not built with AMPKIT_PLUGIN");
+    fail(file, "has the entry " + info.entry +
+                   " but no '" AMPKIT_PLUGIN_META_SECTION
+                   "' metadata section; it was not built with AMPKIT_PLUGIN");
   std::map<std::string, std::string> fields;
   std::istringstream lines(meta->substr(0, meta->find('\0')));
   std::string line;
@@ -192,21 +196,20 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
 void check_compatible(const PluginInfo& info) {
   const std::string host_abi = std::to_string(AMPKIT_ABI_VERSION);
   if (info.abi_version != AMPKIT_ABI_VERSION || info.torch_version != AMPKIT_TORCH_VERSION)
-    throw Error(ExitCode::plugin,
-                "plugin file " + info.path.string() + " was built for ampkit ABI " +
-                    std::to_string(info.abi_version) + " / torch " + info.torch_version +
-                    ", host has ABI " + host_abi + " / torch " AMPKIT_TORCH_VERSION
-                    "; rebuild the plugin against this ampkit SDK");
+    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " was built for ampkit ABI " +
+                                      std::to_string(info.abi_version) + " / torch " + info.torch_version +
+                                      ", host has ABI " + host_abi +
+                                      " / torch " AMPKIT_TORCH_VERSION
+                                      "; rebuild the plugin against this ampkit SDK");
   if (info.cxx11_abi != AMPKIT_CXX11_ABI)
-    throw Error(ExitCode::plugin, "plugin file " + info.path.string() +
-                                      " was built with _GLIBCXX_USE_CXX11_ABI=" +
-                                      std::to_string(info.cxx11_abi) + ", host uses " +
-                                      std::to_string(AMPKIT_CXX11_ABI));
+    throw Error(ExitCode::plugin,
+                "plugin file " + info.path.string() + " was built with _GLIBCXX_USE_CXX11_ABI=" +
+                    std::to_string(info.cxx11_abi) + ", host uses " + std::to_string(AMPKIT_CXX11_ABI));
   bool known = false;
   for (const auto& k : kPluginKinds) known = known || k == info.kind;
   if (!known)
-    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " is of unknown kind '" +
-                                      info.kind + "' (kinds: scaler, clipper, nan_policy, comm)");
+    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " is of unknown kind '" + info.kind +
+                                      "' (kinds: scaler, clipper, nan_policy, comm)");
 }
 
 void check_trusted(const fs::path& file, bool allow_untrusted) {

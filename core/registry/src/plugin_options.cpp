@@ -1,14 +1,15 @@
 // Option merging and validation: every value is checked against the plugin's declared spec.
+#include "ampkit/plugin_options.h"
+
 #include <algorithm>
-#include <charconv>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
 
 #include "ampkit/error.h"
-#include "ampkit/plugin_options.h"
 
 extern char** environ;
 
@@ -44,15 +45,18 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
     case AMPKIT_OPTION_BOOL: {
       static const char* truthy[] = {"true", "1", "yes", "on"};
       static const char* falsy[] = {"false", "0", "no", "off"};
-      for (const char* t : truthy) if (text == t) return "true";
-      for (const char* f : falsy) if (text == f) return "false";
+      for (const char* t : truthy)
+        if (text == t) return "true";
+      for (const char* f : falsy)
+        if (text == f) return "false";
       throw bad("must be true or false");
     }
     case AMPKIT_OPTION_STRING:
       return text;
     case AMPKIT_OPTION_CHOICE: {
       const auto choices = split_choices(spec.choices);
-      for (const auto& c : choices) if (c == text) return text;
+      for (const auto& c : choices)
+        if (c == text) return text;
       throw bad("must be one of " + std::string(spec.choices));
     }
     case AMPKIT_OPTION_INT:
@@ -84,8 +88,8 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
       return integer ? std::to_string(as_integer) : format_number(v);
     }
     default:
-      throw Error(ExitCode::plugin, std::string(d.kind) + " '" + d.name + "' declares option '" +
-                                        spec.name + "' of unknown type " + std::to_string(spec.type));
+      throw Error(ExitCode::plugin, std::string(d.kind) + " '" + d.name + "' declares option '" + spec.name +
+                                        "' of unknown type " + std::to_string(spec.type));
   }
 }
 
@@ -96,8 +100,8 @@ std::vector<std::pair<std::string, std::string>> precision_defaults(const ampkit
   const std::string who = std::string(d.kind) + " '" + d.name + "'";
   const std::string text = spec.default_value ? spec.default_value : "";
   auto malformed = [&](const std::string& why) {
-    return Error(ExitCode::plugin, who + " declares option '" + spec.name + "' with a per-precision default '" +
-                                       text + "' that " + why +
+    return Error(ExitCode::plugin, who + " declares option '" + spec.name +
+                                       "' with a per-precision default '" + text + "' that " + why +
                                        " (expected PRECISION=VALUE;... with PRECISION fp32|bf16|fp16)");
   };
   std::vector<std::pair<std::string, std::string>> out;
@@ -128,15 +132,24 @@ std::string option_environment_name(const std::string& kind, const std::string& 
 std::string describe_option_type(const ampkit_option_spec& spec) {
   std::string base;
   switch (spec.type) {
-    case AMPKIT_OPTION_BOOL: return "bool";
-    case AMPKIT_OPTION_STRING: return "string";
-    case AMPKIT_OPTION_CHOICE: return std::string("choice ") + (spec.choices ? spec.choices : "");
-    case AMPKIT_OPTION_INT: base = "int"; break;
-    case AMPKIT_OPTION_FLOAT: base = "float"; break;
-    default: return "unknown";
+    case AMPKIT_OPTION_BOOL:
+      return "bool";
+    case AMPKIT_OPTION_STRING:
+      return "string";
+    case AMPKIT_OPTION_CHOICE:
+      return std::string("choice ") + (spec.choices ? spec.choices : "");
+    case AMPKIT_OPTION_INT:
+      base = "int";
+      break;
+    case AMPKIT_OPTION_FLOAT:
+      base = "float";
+      break;
+    default:
+      return "unknown";
   }
   const bool has_min = spec.flags & AMPKIT_OPTION_HAS_MIN, has_max = spec.flags & AMPKIT_OPTION_HAS_MAX;
-  const bool min_x = spec.flags & AMPKIT_OPTION_MIN_EXCLUSIVE, max_x = spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE;
+  const bool min_x = spec.flags & AMPKIT_OPTION_MIN_EXCLUSIVE,
+             max_x = spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE;
   if (has_min && has_max)
     return base + " in " + (min_x ? "(" : "[") + format_number(spec.min_value) + ", " +
            format_number(spec.max_value) + (max_x ? ")" : "]");
@@ -254,10 +267,12 @@ std::string format_option_table(const std::vector<OptionSetting>& settings, bool
     w_source = std::max(w_source, s.source.size());
   }
   std::ostringstream out;
-  auto pad = [](const std::string& s, size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
+  auto pad = [](const std::string& s, size_t w) {
+    return s + std::string(w > s.size() ? w - s.size() : 0, ' ');
+  };
   out << "    " << pad("name", w_name) << "  " << pad("type", w_type) << "  "
-      << pad(with_source ? "value" : "default", w_value) << "  " << (with_source ? pad("source", w_source) + "  " : "")
-      << "help\n";
+      << pad(with_source ? "value" : "default", w_value) << "  "
+      << (with_source ? pad("source", w_source) + "  " : "") << "help\n";
   for (const auto& s : settings) {
     const std::string value = shown(s);
     out << "    " << pad(s.name, w_name) << "  " << pad(s.type, w_type) << "  " << pad(value, w_value) << "  "

@@ -1,20 +1,20 @@
 // The plugin search path, selection by name or path, loading (never unloading) and probing.
+#include "ampkit/registry.h"
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <set>
 
-#include <boost/dll/runtime_symbol_info.hpp>
-#include <boost/dll/shared_library.hpp>
-
 #include "ampkit/plugin_options.h"
-#include "ampkit/registry.h"
 
 namespace fs = std::filesystem;
 
@@ -35,8 +35,7 @@ std::vector<boost::dll::shared_library>& loaded_libraries() {
 }
 
 bool looks_like_path(const std::string& s) {
-  return s.find('/') != std::string::npos ||
-         (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
+  return s.find('/') != std::string::npos || (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
 }
 
 bool is_candidate(const fs::path& p) {
@@ -57,8 +56,8 @@ void validate_descriptor(const PluginInfo& info, const ampkit_plugin_descriptor*
     throw Error(ExitCode::plugin, file + ": descriptor is smaller than ABI " +
                                       std::to_string(AMPKIT_ABI_VERSION) + " requires");
   if (!d->kind || !d->name || info.kind != d->kind || info.name != d->name)
-    throw Error(ExitCode::plugin, file + ": descriptor (" + std::string(d->kind ? d->kind : "?") +
-                                      " '" + (d->name ? d->name : "?") + "') disagrees with its metadata (" +
+    throw Error(ExitCode::plugin, file + ": descriptor (" + std::string(d->kind ? d->kind : "?") + " '" +
+                                      (d->name ? d->name : "?") + "') disagrees with its metadata (" +
                                       info.kind + " '" + info.name + "')");
   if (d->create == nullptr) throw Error(ExitCode::plugin, file + ": descriptor has no factory");
   if (d->option_count > 0 && d->options == nullptr)
@@ -122,8 +121,7 @@ std::unique_ptr<Strategy> LoadedPlugin::create(const OptionValues& values) const
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
   std::vector<fs::path> dirs;
   for (const auto& d : options_.plugin_dirs) {
-    if (!fs::is_directory(d))
-      throw Error(ExitCode::usage, "--plugin-dir " + d.string() + " is not a folder");
+    if (!fs::is_directory(d)) throw Error(ExitCode::usage, "--plugin-dir " + d.string() + " is not a folder");
     dirs.push_back(d);
   }
   if (options_.use_environment) {
@@ -184,7 +182,8 @@ ScanResult Registry::scan() const {
 
 PluginInfo Registry::find(const std::string& kind, const std::string& name_or_path) const {
   if (std::find(kPluginKinds.begin(), kPluginKinds.end(), kind) == kPluginKinds.end())
-    throw Error(ExitCode::usage, "unknown plugin kind '" + kind + "' (kinds: scaler, clipper, nan_policy, comm)");
+    throw Error(ExitCode::usage,
+                "unknown plugin kind '" + kind + "' (kinds: scaler, clipper, nan_policy, comm)");
   if (name_or_path.empty()) throw Error(ExitCode::usage, "empty " + kind + " name");
   if (looks_like_path(name_or_path)) {
     PluginInfo info = inspect_plugin_file(name_or_path);
@@ -221,14 +220,14 @@ PluginInfo Registry::find(const std::string& kind, const std::string& name_or_pa
   for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
   std::string hint = did_you_mean(name_or_path, names);
   throw Error(ExitCode::plugin, "unknown " + kind + " '" + name_or_path + "'" + why +
-                                    (hint.empty() ? "" : "; " + hint) + " (available: " +
-                                    (available.empty() ? "none found" : available) +
+                                    (hint.empty() ? "" : "; " + hint) +
+                                    " (available: " + (available.empty() ? "none found" : available) +
                                     "; see ampkit-plugins list)");
 }
 
 const LoadedPlugin& Registry::load(const PluginInfo& info) {
-  const std::string key = info.is_static ? "static:" + info.kind + ":" + info.name
-                                         : fs::weakly_canonical(info.path).string();
+  const std::string key =
+      info.is_static ? "static:" + info.kind + ":" + info.name : fs::weakly_canonical(info.path).string();
   auto it = loaded_.find(key);
   if (it != loaded_.end()) return *it->second;
   const ampkit_plugin_descriptor* descriptor = nullptr;
@@ -293,7 +292,9 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
   bool timed_out = false;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count();
     if (left <= 0) {
       timed_out = true;
       break;

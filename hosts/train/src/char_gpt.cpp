@@ -1,11 +1,4 @@
 // Workload char-gpt: a small GPT (causal self-attention) over the bytes of the fortunes corpus.
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -13,6 +6,13 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "ampkit/error.h"
 #include "workload.h"
@@ -39,8 +39,9 @@ struct BlockImpl : torch::nn::Module {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
     auto parts = qkv->forward(ln1->forward(x)).split(C, 2);
     auto heads = [&](const at::Tensor& t) { return t.reshape({B, T, heads_, C / heads_}).transpose(1, 2); };
-    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
-                                                    /*is_causal=*/true);
+    at::Tensor y =
+        at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
+                                         /*is_causal=*/true);
     at::Tensor h = x + proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));
     return h + out->forward(F::gelu(fc->forward(ln2->forward(h))));
   }
@@ -105,7 +106,8 @@ at::Tensor read_corpus(const fs::path& dir) {
 class CharGpt final : public Workload {
  public:
   CharGpt(const TrainConfig& cfg, const at::Device& device)
-      : cfg_(cfg), device_(device),
+      : cfg_(cfg),
+        device_(device),
         model_(std::make_shared<GptImpl>(cfg.gpt_layers, cfg.gpt_width, cfg.gpt_heads, cfg.gpt_context)) {
     const at::Tensor corpus = read_corpus(cfg.text_dir);
     const int64_t split = corpus.size(0) * 9 / 10;
@@ -119,9 +121,10 @@ class CharGpt final : public Workload {
   }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
   at::Tensor loss(int64_t index) override {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 +
-                                                        static_cast<uint64_t>(index));
-    const at::Tensor offsets = at::randint(train_.size(0) - cfg_.gpt_context - 1, {cfg_.batch_size}, gen, at::kLong);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(
+        cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
+    const at::Tensor offsets =
+        at::randint(train_.size(0) - cfg_.gpt_context - 1, {cfg_.batch_size}, gen, at::kLong);
     return window_loss(train_, offsets);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
@@ -132,11 +135,13 @@ class CharGpt final : public Workload {
     if (max_batches > 0) batches = std::min(batches, max_batches);
     double loss_sum = 0, correct = 0, count = 0;
     for (int64_t b = 0; b < batches; ++b) {
-      const at::Tensor offsets = at::arange(b * stride, (b + 1) * stride, T, at::kLong).clamp_max(test_.size(0) - T - 1);
+      const at::Tensor offsets =
+          at::arange(b * stride, (b + 1) * stride, T, at::kLong).clamp_max(test_.size(0) - T - 1);
       auto [x, y] = windows(test_, offsets);
       const at::Tensor logits = model_->forward(x).to(at::kFloat).view({-1, kVocab});
       const at::Tensor targets = y.reshape({-1});
-      loss_sum += F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      loss_sum += F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum))
+                      .item<double>();
       correct += at::eq(logits.argmax(1), targets).sum().item<double>();
       count += static_cast<double>(targets.numel());
     }

@@ -1,16 +1,15 @@
 // Workload fashion-mnist: a 2-conv CNN on Fashion-MNIST read from the Debian package's IDX.gz files.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 #include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
 #include <vector>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/nn/functional/loss.h>
-#include <torch/nn/modules/conv.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/functional/activation.h>
-#include <torch/nn/functional/pooling.h>
 
 #include "ampkit/error.h"
 #include "workload.h"
@@ -45,7 +44,8 @@ uint32_t be32(const std::vector<uint8_t>& b, size_t at) {
 // IDX format: magic 2051 (images: count, rows, cols, then bytes) or 2049 (labels: count, bytes).
 at::Tensor read_images(const std::filesystem::path& file) {
   const auto b = read_gz(file);
-  if (b.size() < 16 || be32(b, 0) != 2051) throw Error(ExitCode::data, file.string() + " is not an IDX image file");
+  if (b.size() < 16 || be32(b, 0) != 2051)
+    throw Error(ExitCode::data, file.string() + " is not an IDX image file");
   const int64_t n = be32(b, 4), rows = be32(b, 8), cols = be32(b, 12);
   if (rows != 28 || cols != 28 || b.size() != size_t(16 + n * rows * cols))
     throw Error(ExitCode::data, file.string() + " has an unexpected size (expected 28x28 images)");
@@ -57,7 +57,8 @@ at::Tensor read_images(const std::filesystem::path& file) {
 
 at::Tensor read_labels(const std::filesystem::path& file) {
   const auto b = read_gz(file);
-  if (b.size() < 8 || be32(b, 0) != 2049) throw Error(ExitCode::data, file.string() + " is not an IDX label file");
+  if (b.size() < 8 || be32(b, 0) != 2049)
+    throw Error(ExitCode::data, file.string() + " is not an IDX label file");
   const int64_t n = be32(b, 4);
   if (b.size() != size_t(8 + n)) throw Error(ExitCode::data, file.string() + " is truncated");
   at::Tensor bytes = at::empty({n}, at::kByte);
@@ -122,7 +123,8 @@ class FashionMnist final : public Workload {
       const at::Tensor x = test_x_.narrow(0, b * bs, len).to(device_);
       const at::Tensor y = test_y_.narrow(0, b * bs, len).to(device_);
       const at::Tensor logits = model_->forward(x).to(at::kFloat);
-      loss_sum += F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      loss_sum +=
+          F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
       correct += at::eq(logits.argmax(1), y).sum().item<double>();
       count += static_cast<double>(len);
     }

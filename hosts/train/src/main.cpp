@@ -1,5 +1,12 @@
 // ampkit-train: the reference host; trains a workload with plugins chosen by name at run time.
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <signal.h>
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -7,24 +14,16 @@
 #include <cstdio>
 #include <deque>
 #include <iostream>
-#include <numeric>
-
-#include <ATen/Context.h>
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
-#include <torch/cuda.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-#include <torch/utils.h>
+#include <numeric>
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/device_support.h"
 #include "ampkit/metrics.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
-#include "ampkit/trainer.h"
 #include "ampkit/train_config.h"
+#include "ampkit/trainer.h"
 #include "workload.h"
 
 namespace ampkit::train {
@@ -69,18 +68,20 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module&
 
 // Loads a verified checkpoint into the run: model always; with `full`, also optimizer, plugin
 // states, counters and RNG after checking that the same plugins and optimizer are selected.
-void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const std::vector<SelectedPlugin>& plugins) {
+void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg,
+                     const std::vector<SelectedPlugin>& plugins) {
   const std::string where = "checkpoint " + ckpt.folder.string();
   for (const auto& p : plugins) {
     const PluginInfo& info = p.plugin->info();
     const PluginStateRecord* saved = nullptr;
     for (const auto& r : ckpt.manifest.plugins)
       if (r.kind == p.kind) saved = &r;
-    if (saved == nullptr) throw Error(ExitCode::checkpoint, where + " has no state for a " + p.kind + " plugin");
+    if (saved == nullptr)
+      throw Error(ExitCode::checkpoint, where + " has no state for a " + p.kind + " plugin");
     if (saved->name != info.name || saved->version != info.version)
       throw Error(ExitCode::checkpoint,
-                  where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version + ", this run selects " +
-                      p.kind + " '" + info.name + "' " + info.version +
+                  where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version +
+                      ", this run selects " + p.kind + " '" + info.name + "' " + info.version +
                       "; select the same plugin, or pass --weights-only to load only the parameters");
   }
   for (const auto& s : ckpt.manifest.config) {
@@ -110,7 +111,8 @@ void print_config(const TrainConfig& cfg, const std::vector<SelectedPlugin>& plu
   size_t w = 0;
   for (const auto& s : cfg.settings) w = std::max(w, s.name.size());
   for (const auto& s : cfg.settings)
-    std::printf("  %-*s  %-28s  (%s)\n", static_cast<int>(w), s.name.c_str(), s.value.c_str(), s.source.c_str());
+    std::printf("  %-*s  %-28s  (%s)\n", static_cast<int>(w), s.name.c_str(), s.value.c_str(),
+                s.source.c_str());
   for (const auto& p : plugins) {
     const PluginInfo& info = p.plugin->info();
     std::printf("\n%s '%s' %s  [%s]\n", p.kind.c_str(), info.name.c_str(), info.version.c_str(),
@@ -121,23 +123,26 @@ void print_config(const TrainConfig& cfg, const std::vector<SelectedPlugin>& plu
 
 // Mismatches between precision and strategies that silently waste work or lose gradients
 // (the class of mistake behind misaligned amp/fp16/mixed_precision settings): one line each.
-std::vector<std::string> precision_warnings(const TrainConfig& cfg, const std::vector<SelectedPlugin>& plugins,
+std::vector<std::string> precision_warnings(const TrainConfig& cfg,
+                                            const std::vector<SelectedPlugin>& plugins,
                                             const LossScaler& scaler) {
   std::vector<std::string> out;
   const std::string precision = to_string(cfg.precision);
   const std::string scaler_name = plugins[0].plugin->info().name;
   if (cfg.precision != Precision::fp16 && scaler.is_dynamic())
-    out.push_back("--precision " + precision + " with the dynamic loss scaler '" + scaler_name + "': " + precision +
-                  " has fp32's exponent range, so scaling only costs work; use --scaler none");
+    out.push_back("--precision " + precision + " with the dynamic loss scaler '" + scaler_name + "': " +
+                  precision + " has fp32's exponent range, so scaling only costs work; use --scaler none");
   if (cfg.precision == Precision::fp16 && !scaler.is_dynamic() && scaler.scale() == 1.0)
     out.push_back("--precision fp16 with scaler '" + scaler_name +
-                  "' (scale 1): gradients below 6e-8 underflow to zero in fp16; use a dynamic scaler or --scaler static");
+                  "' (scale 1): gradients below 6e-8 underflow to zero in fp16; use a dynamic scaler or "
+                  "--scaler static");
   if (cfg.precision == Precision::fp16) {
     for (const auto& setting : plugins[1].options.settings) {
       if (setting.name != "max_norm" || !setting.set || setting.source.rfind("default", 0) == 0) continue;
       const double v = std::strtod(setting.value.c_str(), nullptr);
       if (v == 5.0 || v == 10.0)
-        out.push_back("note: clipper.max_norm=" + setting.value + " is the usual " + (v == 5.0 ? "bf16" : "fp32") +
+        out.push_back("note: clipper.max_norm=" + setting.value + " is the usual " +
+                      (v == 5.0 ? "bf16" : "fp32") +
                       " starting point; fp16 runs usually start at 1.0 (docs/gradient-clipping.md)");
     }
   }
@@ -198,7 +203,8 @@ int run(int argc, const char* const argv[]) {
   std::vector<std::string> warnings = precision_warnings(cfg, plugins, *scaler);
   for (const auto& w : warnings)
     std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
-  const bool report_underflow = cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
+  const bool report_underflow =
+      cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
 
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   if (cfg.device == "cuda" && !torch::cuda::is_available())
@@ -222,9 +228,11 @@ int run(int argc, const char* const argv[]) {
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (cfg.optimizer == "adamw")
-    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
   else
-    optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(cfg.lr).momentum(0.9).weight_decay(cfg.weight_decay));
+    optimizer = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(cfg.lr).momentum(0.9).weight_decay(cfg.weight_decay));
 
   const int64_t steps_per_epoch = workload->batches_per_epoch() / cfg.accumulate;
   if (steps_per_epoch < 1)
@@ -235,7 +243,8 @@ int run(int argc, const char* const argv[]) {
   schedule.base_lr = cfg.lr;
   schedule.warmup_steps = cfg.warmup_steps;
   schedule.total_steps = total_steps;
-  Trainer trainer(cfg.precision, cfg.accumulate, params, names, *optimizer, {scaler, clipper, nan_policy, comm}, schedule);
+  Trainer trainer(cfg.precision, cfg.accumulate, params, names, *optimizer,
+                  {scaler, clipper, nan_policy, comm}, schedule);
   RunInfo info;
   info.rank = comm->rank();
   info.world_size = comm->world_size();
@@ -256,21 +265,27 @@ int run(int argc, const char* const argv[]) {
       std::vector<std::string> skipped;
       const auto folder = find_resume_checkpoint(cfg.checkpoint_dir, &skipped);
       for (const auto& w : skipped) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
-      if (folder) ckpt = read_checkpoint(*folder);
-      else std::fprintf(stderr, "ampkit-train: note: --resume auto: no valid checkpoint in %s; starting fresh\n", cfg.checkpoint_dir.c_str());
+      if (folder)
+        ckpt = read_checkpoint(*folder);
+      else
+        std::fprintf(stderr, "ampkit-train: note: --resume auto: no valid checkpoint in %s; starting fresh\n",
+                     cfg.checkpoint_dir.c_str());
     } else {
       const std::filesystem::path given(cfg.resume);
       if (std::filesystem::exists(given / "latest") && !std::filesystem::exists(given / "manifest.json"))
-        throw Error(ExitCode::usage, "--resume " + cfg.resume + " holds checkpoints; name one of its step-N folders, or use --checkpoint-dir " +
-                                         cfg.resume + " --resume auto");
+        throw Error(ExitCode::usage,
+                    "--resume " + cfg.resume +
+                        " holds checkpoints; name one of its step-N folders, or use --checkpoint-dir " +
+                        cfg.resume + " --resume auto");
       ckpt = read_checkpoint(given);
     }
     if (ckpt) {
       if (!cfg.weights_only) check_resumable(*ckpt, cfg, plugins);
       restore_tensors(*ckpt, model_tensors(workload->module()));
       if (parameter_sha256(params) != ckpt->manifest.param_sha256)
-        throw Error(ExitCode::checkpoint, "checkpoint " + ckpt->folder.string() +
-                                              ": the restored parameters do not hash to the manifest's param_sha256");
+        throw Error(ExitCode::checkpoint,
+                    "checkpoint " + ckpt->folder.string() +
+                        ": the restored parameters do not hash to the manifest's param_sha256");
       if (!cfg.weights_only) {
         restore_optimizer(*ckpt, *optimizer);
         for (auto& p : plugins) {
@@ -279,8 +294,8 @@ int run(int argc, const char* const argv[]) {
             try {
               p.strategy->load(r.state);
             } catch (const std::exception& e) {
-              throw Error(ExitCode::checkpoint, "checkpoint " + ckpt->folder.string() + ": " + p.kind + " '" + r.name +
-                                                    "' cannot load its saved state: " + e.what());
+              throw Error(ExitCode::checkpoint, "checkpoint " + ckpt->folder.string() + ": " + p.kind + " '" +
+                                                    r.name + "' cannot load its saved state: " + e.what());
             }
           }
         }
@@ -293,7 +308,8 @@ int run(int argc, const char* const argv[]) {
       }
       resumed_from = ckpt->folder.string();
       std::fprintf(stderr, "ampkit-train: resumed from %s at step %lld%s\n", resumed_from.c_str(),
-                   static_cast<long long>(trainer.steps_attempted()), cfg.weights_only ? " (weights only)" : "");
+                   static_cast<long long>(trainer.steps_attempted()),
+                   cfg.weights_only ? " (weights only)" : "");
     }
   }
   const int64_t first_step = trainer.steps_attempted();
@@ -306,7 +322,8 @@ int run(int argc, const char* const argv[]) {
     m.steps_taken = trainer.steps_taken();
     m.consecutive_skips = trainer.consecutive_skips();
     m.epoch = trainer.steps_attempted() / steps_per_epoch;
-    for (const auto& s : cfg.settings) m.config.push_back({{"name", s.name}, {"value", s.value}, {"source", s.source}});
+    for (const auto& s : cfg.settings)
+      m.config.push_back({{"name", s.name}, {"value", s.value}, {"source", s.source}});
     for (const auto& p : plugins)
       m.plugins.push_back({p.kind, p.plugin->info().name, p.plugin->info().version, p.strategy->save()});
     m.cpu_rng_state = cpu_rng_state();
@@ -314,8 +331,8 @@ int run(int argc, const char* const argv[]) {
     m.host = {{"nan_events", nan_events},
               {"clipped_steps", clipped_steps},
               {"recent_losses", std::vector<double>(recent_losses.begin(), recent_losses.end())}};
-    last_checkpoint = write_checkpoint(cfg.checkpoint_dir, std::move(m), model_tensors(workload->module()), *optimizer,
-                                       cfg.keep_checkpoints)
+    last_checkpoint = write_checkpoint(cfg.checkpoint_dir, std::move(m), model_tensors(workload->module()),
+                                       *optimizer, cfg.keep_checkpoints)
                           .string();
     last_saved = trainer.steps_attempted();
   };
@@ -338,9 +355,10 @@ int run(int argc, const char* const argv[]) {
     if (out.stats.found_inf) ++nan_events;
     if (report_underflow && step == 0 && !out.stats.found_inf) {
       char line[200];
-      std::snprintf(line, sizeof line,
-                    "measured at step 0: %.2f%% of gradient elements are exactly zero (fp16 underflow without scaling)",
-                    100.0 * out.stats.zero_fraction);
+      std::snprintf(
+          line, sizeof line,
+          "measured at step 0: %.2f%% of gradient elements are exactly zero (fp16 underflow without scaling)",
+          100.0 * out.stats.zero_fraction);
       warnings.emplace_back(line);
       std::fprintf(stderr, "ampkit-train: warning: %s\n", line);
     }
@@ -350,7 +368,8 @@ int run(int argc, const char* const argv[]) {
       if (recent_losses.size() > 20) recent_losses.pop_front();
     }
     nlohmann::json record = step_record(out, epoch, trainer.steps_skipped(), sps, now);
-    if (cfg.layer_norms_top_k > 0) record["top_layers"] = top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
+    if (cfg.layer_norms_top_k > 0)
+      record["top_layers"] = top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
     metrics.write(record);
     layer_norms.write(out.stats.step, names, out.stats.tensor_norms);
     progress.update(step + 1, out, sps);
@@ -358,15 +377,18 @@ int run(int argc, const char* const argv[]) {
       abort_reason = out.decision.reason;
       break;
     }
-    if (writes_checkpoints && cfg.checkpoint_every > 0 && trainer.steps_attempted() % cfg.checkpoint_every == 0)
+    if (writes_checkpoints && cfg.checkpoint_every > 0 &&
+        trainer.steps_attempted() % cfg.checkpoint_every == 0)
       save_checkpoint();
   }
   progress.finish();
   const int stop_signal = g_stop_signal;
-  if (writes_checkpoints && abort_reason.empty() && last_saved != trainer.steps_attempted()) save_checkpoint();
+  if (writes_checkpoints && abort_reason.empty() && last_saved != trainer.steps_attempted())
+    save_checkpoint();
   if (!last_checkpoint.empty() && (stop_signal != 0 || cfg.checkpoint_every == 0))
     std::fprintf(stderr, "ampkit-train: checkpoint written: %s\n", last_checkpoint.c_str());
-  const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
+  const double train_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
 
   nlohmann::json summary;
   summary["status"] = !abort_reason.empty() ? "aborted" : stop_signal != 0 ? "interrupted" : "completed";
@@ -382,9 +404,12 @@ int run(int argc, const char* const argv[]) {
   summary["steps_taken"] = trainer.steps_taken();
   summary["skipped_steps"] = trainer.steps_skipped();
   summary["nan_events"] = nan_events;
-  summary["clip_rate"] = trainer.steps_taken() ? static_cast<double>(clipped_steps) / trainer.steps_taken() : 0.0;
-  summary["final_loss"] = recent_losses.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                                : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) / recent_losses.size();
+  summary["clip_rate"] =
+      trainer.steps_taken() ? static_cast<double>(clipped_steps) / trainer.steps_taken() : 0.0;
+  summary["final_loss"] =
+      recent_losses.empty()
+          ? std::numeric_limits<double>::quiet_NaN()
+          : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) / recent_losses.size();
   if (abort_reason.empty() && stop_signal == 0) {  // a preempted run has no time to evaluate
     if (auto eval = workload->evaluate(cfg.eval_batches)) {
       summary["test_loss"] = eval->loss;
@@ -392,11 +417,14 @@ int run(int argc, const char* const argv[]) {
       if (eval->perplexity) summary["test_perplexity"] = *eval->perplexity;
     }
   }
-  summary["samples_per_second"] = train_seconds > 0 ? samples_per_step * (trainer.steps_attempted() - first_step) / train_seconds : 0.0;
-  summary["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  summary["samples_per_second"] =
+      train_seconds > 0 ? samples_per_step * (trainer.steps_attempted() - first_step) / train_seconds : 0.0;
+  summary["wall_seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   summary["param_sha256"] = parameter_sha256(params);
   summary["warnings"] = warnings;
-  if (summary["final_loss"].is_number_float() && !std::isfinite(summary["final_loss"].get<double>())) summary["final_loss"] = "nan";
+  if (summary["final_loss"].is_number_float() && !std::isfinite(summary["final_loss"].get<double>()))
+    summary["final_loss"] = "nan";
   if (!cfg.summary_file.empty()) write_json_file(cfg.summary_file, summary);
   print_summary_table(stdout, summary);
   if (!abort_reason.empty()) {
@@ -407,9 +435,10 @@ int run(int argc, const char* const argv[]) {
     return static_cast<int>(ExitCode::nan_abort);
   }
   if (stop_signal != 0) {
-    std::fprintf(stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
-                 static_cast<long long>(trainer.steps_attempted()),
-                 last_checkpoint.empty() ? " (no --checkpoint-dir: nothing saved)" : "; resume with --resume auto");
+    std::fprintf(
+        stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
+        static_cast<long long>(trainer.steps_attempted()),
+        last_checkpoint.empty() ? " (no --checkpoint-dir: nothing saved)" : "; resume with --resume auto");
     return static_cast<int>(ExitCode::interrupted);
   }
   return 0;

@@ -39,7 +39,8 @@ struct MlpImpl : torch::nn::Module {
 class Synthetic final : public Workload {
  public:
   Synthetic(const TrainConfig& cfg, const at::Device& device)
-      : cfg_(cfg), device_(device),
+      : cfg_(cfg),
+        device_(device),
         model_(std::make_shared<MlpImpl>(cfg.synthetic_inputs, cfg.synthetic_width, cfg.synthetic_depth,
                                          cfg.synthetic_classes)) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg.seed ^ 0x7e4c4e5ULL);
@@ -51,7 +52,8 @@ class Synthetic final : public Workload {
   int64_t batches_per_epoch() const override { return 1000; }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
   at::Tensor loss(int64_t index) override {
-    auto [x, y] = batch(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
+    auto [x, y] =
+        batch(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
     return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
@@ -61,7 +63,8 @@ class Synthetic final : public Workload {
     for (int64_t b = 0; b < batches; ++b) {
       auto [x, y] = batch(0xE7A1ULL + cfg_.seed * 31 + static_cast<uint64_t>(b) + (1ULL << 40));
       const at::Tensor logits = model_->forward(x).to(at::kFloat);
-      loss_sum += F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      loss_sum +=
+          F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
       correct += at::eq(logits.argmax(1), y).sum().item<double>();
       count += static_cast<double>(x.size(0));
     }

@@ -1,14 +1,13 @@
 // A reference workload: a model, its training batches, its loss and (optionally) a test metric.
 #pragma once
 
+#include <ampkit/train_config.h>
+#include <torch/nn/module.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <torch/nn/module.h>
-
-#include <ampkit/train_config.h>
 
 namespace ampkit::train {
 

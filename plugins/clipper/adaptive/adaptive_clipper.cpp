@@ -12,14 +12,14 @@
 // mean + z_thresh * std / (z / z_thresh), and the EMA is updated with the clipped norm.
 //
 // Both give one coefficient for all gradients, so they stay in the engine's single multiply.
+#include <ampkit/plugin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <ampkit/plugin.h>
 
 namespace {
 

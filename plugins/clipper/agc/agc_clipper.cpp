@@ -1,13 +1,12 @@
 // Clipper "agc": unit-wise adaptive gradient clipping (NFNets, Brock et al. 2021), timm's semantics.
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ampkit/plugin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
-
-#include <ATen/Functions.h>
-#include <ATen/TensorOperators.h>
-
-#include <ampkit/plugin.h>
 
 namespace {
 

@@ -1,9 +1,9 @@
 // Clipper "norm": torch.nn.utils.clip_grad_norm_ semantics on the unscaled total norm.
+#include <ampkit/plugin.h>
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
-
-#include <ampkit/plugin.h>
 
 namespace {
 

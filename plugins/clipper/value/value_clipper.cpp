@@ -1,10 +1,9 @@
 // Clipper "value": clip_grad_value_ semantics, an element-wise clamp of the unscaled gradients.
+#include <ATen/Functions.h>
+#include <ampkit/plugin.h>
+
 #include <cmath>
 #include <vector>
-
-#include <ATen/Functions.h>
-
-#include <ampkit/plugin.h>
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Comm "local": one process, no communication; the collectives are identities.
-#include <stdexcept>
-
 #include <ampkit/plugin.h>
+
+#include <stdexcept>
 
 namespace {
 

@@ -25,8 +25,10 @@ class AbortNanPolicy final : public ampkit::DetectingNanPolicy {
 
 }  // namespace
 
-AMPKIT_PLUGIN(nan_policy, abort, AbortNanPolicy, "Stop the run with a report at the first bad step",
-              ampkit::OptionSpec::Bool("tolerate_overflow", "true",
-                                       "Skip (do not abort) steps whose loss is finite but whose "
-                                       "gradients overflowed (routine for a dynamic loss scaler); a non-finite loss always aborts."),
-              AMPKIT_NAN_DETECTOR_OPTIONS)
+AMPKIT_PLUGIN(
+    nan_policy, abort, AbortNanPolicy, "Stop the run with a report at the first bad step",
+    ampkit::OptionSpec::Bool(
+        "tolerate_overflow", "true",
+        "Skip (do not abort) steps whose loss is finite but whose "
+        "gradients overflowed (routine for a dynamic loss scaler); a non-finite loss always aborts."),
+    AMPKIT_NAN_DETECTOR_OPTIONS)

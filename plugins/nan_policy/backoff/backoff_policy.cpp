@@ -14,9 +14,9 @@ class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
     const ampkit::Detection d = detect(stats);
     if (!d) return {};
     // A spike is not an overflow: a smaller scale would not have prevented it.
-    ampkit::NanDecision out = d.non_finite()
-                                  ? ampkit::NanDecision{ampkit::NanAction::skip_backoff, d.what + "; extra scaler backoff"}
-                                  : ampkit::NanDecision{ampkit::NanAction::skip, d.what};
+    ampkit::NanDecision out = d.non_finite() ? ampkit::NanDecision{ampkit::NanAction::skip_backoff,
+                                                                   d.what + "; extra scaler backoff"}
+                                             : ampkit::NanDecision{ampkit::NanAction::skip, d.what};
     streak_limit_reached(stats, d, out);
     return out;
   }

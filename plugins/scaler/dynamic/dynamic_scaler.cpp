@@ -1,4 +1,6 @@
 // Scaler "dynamic": torch.amp.GradScaler's loss scale, bit for bit, plus Megatron's hysteresis and bounds.
+#include <ampkit/plugin.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -7,15 +9,14 @@
 #include <stdexcept>
 #include <string>
 
-#include <ampkit/plugin.h>
-
 namespace {
 
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 
 using ampkit::format_number;
 
-std::invalid_argument bad_option(const std::string& option, const std::string& value, const std::string& accepted) {
+std::invalid_argument bad_option(const std::string& option, const std::string& value,
+                                 const std::string& accepted) {
   return ampkit::option_error("scaler 'dynamic'", option, value, accepted);
 }
 
@@ -36,7 +37,8 @@ class DynamicLossScaler final : public ampkit::LossScaler {
       throw bad_option("growth_factor", format_number(growth_factor_),
                        "> 1 (a factor <= 1 would never grow the scale)");
     if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
-      throw bad_option("backoff_factor", format_number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
+      throw bad_option("backoff_factor", format_number(backoff_factor_),
+                       "in (0, 1) (it must shrink the scale)");
     if (growth_interval_ < 1) throw bad_option("growth_interval", std::to_string(growth_interval_), ">= 1");
     if (hysteresis_ < 1) throw bad_option("hysteresis", std::to_string(hysteresis_), ">= 1");
     if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
@@ -44,7 +46,8 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     for (const auto& [name, v] :
          {std::pair<const char*, double>{"init_scale", init}, {"min_scale", min}, {"max_scale", max}})
       if (!(v > 0.0 && v <= kFloatMax) || static_cast<float>(v) == 0.0f)
-        throw bad_option(name, format_number(v), "in (0, " + format_number(kFloatMax) + "] (a positive float32)");
+        throw bad_option(name, format_number(v),
+                         "in (0, " + format_number(kFloatMax) + "] (a positive float32)");
     // The scale is a float32, as GradScaler's is; the bounds are compared in the same type.
     scale_ = static_cast<float>(init);
     min_scale_ = static_cast<float>(min);
@@ -105,8 +108,8 @@ class DynamicLossScaler final : public ampkit::LossScaler {
                                " is not a positive finite float32");
     if (static_cast<float>(scale) < min_scale_ || static_cast<float>(scale) > max_scale_)
       throw std::runtime_error("scaler 'dynamic': checkpoint scale " + format_number(scale) +
-                               " is outside this run's [" + format_number(min_scale_) + ", " + format_number(max_scale_) +
-                               "] (scaler.min_scale, scaler.max_scale)");
+                               " is outside this run's [" + format_number(min_scale_) + ", " +
+                               format_number(max_scale_) + "] (scaler.min_scale, scaler.max_scale)");
     if (growth < 0 || growth >= growth_interval_)
       throw std::runtime_error("scaler 'dynamic': checkpoint growth_tracker " + std::to_string(growth) +
                                " is outside [0, " + std::to_string(growth_interval_ - 1) +
@@ -172,9 +175,10 @@ AMPKIT_PLUGIN(
                             "Overflows tolerated before the scale backs off (Megatron-LM); the count is "
                             "restored only when growth_interval clean steps pass; 1 is GradScaler.")
         .min(1),
-    ampkit::OptionSpec::Float("min_scale", "1",
-                              "Floor of the scale: a scale below 1 is needed only when the unscaled gradients "
-                              "overflow fp16, which scaling cannot cure (Megatron and DeepSpeed use 1).")
+    ampkit::OptionSpec::Float(
+        "min_scale", "1",
+        "Floor of the scale: a scale below 1 is needed only when the unscaled gradients "
+        "overflow fp16, which scaling cannot cure (Megatron and DeepSpeed use 1).")
         .min(0.0, true)
         .max(kFloatMax),
     ampkit::OptionSpec::Float("max_scale", "3.4028234663852886e+38",

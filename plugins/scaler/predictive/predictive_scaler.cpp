@@ -1,4 +1,6 @@
 // Scaler "predictive": a power-of-two scale that keeps the predicted largest gradient under fp16's limit.
+#include <ampkit/plugin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,8 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <ampkit/plugin.h>
-
 namespace {
 
 constexpr double kFloatMax = std::numeric_limits<float>::max();
@@ -18,7 +18,8 @@ constexpr double kHalfMax = 65504.0;  // largest finite fp16 value
 
 using ampkit::format_number;
 
-std::invalid_argument bad_option(const std::string& option, const std::string& value, const std::string& accepted) {
+std::invalid_argument bad_option(const std::string& option, const std::string& value,
+                                 const std::string& accepted) {
   return ampkit::option_error("scaler 'predictive'", option, value, accepted);
 }
 
@@ -57,7 +58,8 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
     if (!(max_growth_ >= 2.0) || !std::isfinite(max_growth_))
       throw bad_option("max_growth", format_number(max_growth_), ">= 2 (the scale moves by powers of two)");
     if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
-      throw bad_option("backoff_factor", format_number(backoff_factor_), "in (0, 1) (it must shrink the scale)");
+      throw bad_option("backoff_factor", format_number(backoff_factor_),
+                       "in (0, 1) (it must shrink the scale)");
     if (cooldown_ < 0) throw bad_option("overflow_cooldown", std::to_string(cooldown_), ">= 0");
     if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
       throw bad_option("on_min_scale", options.get_string("on_min_scale"), "error or clamp");
@@ -69,7 +71,8 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
       if (!is_power_of_two(v) || v > kFloatMax)
         throw bad_option(name, format_number(v), "a power of two no larger than 2^127 (exact unscaling)");
     if (min_scale_ > max_scale_)
-      throw bad_option("min_scale", format_number(min_scale_), "<= max_scale (" + format_number(max_scale_) + ")");
+      throw bad_option("min_scale", format_number(min_scale_),
+                       "<= max_scale (" + format_number(max_scale_) + ")");
     if (init < min_scale_)
       throw bad_option("min_scale", format_number(min_scale_), "<= init_scale (" + format_number(init) + ")");
     if (init > max_scale_)

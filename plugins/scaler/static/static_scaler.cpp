@@ -1,15 +1,14 @@
 // Scaler "static": one constant loss scale for the whole run (Apex/DeepSpeed static_loss_scale).
+#include <ampkit/plugin.h>
+
 #include <cmath>
 #include <stdexcept>
-
-#include <ampkit/plugin.h>
 
 namespace {
 
 class StaticLossScaler final : public ampkit::LossScaler {
  public:
-  explicit StaticLossScaler(const ampkit::OptionValues& options)
-      : scale_(options.get_float("scale")) {}
+  explicit StaticLossScaler(const ampkit::OptionValues& options) : scale_(options.get_float("scale")) {}
   double scale() const override { return scale_; }
   // Overflowing steps are skipped by the NaN policy; a static scale never adapts.
   void update(const ampkit::StepStats&) override {}

@@ -1,12 +1,11 @@
 // Interface of communication backend plugins: the collectives data-parallel training needs.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <ampkit/strategy.h>
+
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-
-#include <ampkit/strategy.h>
 
 namespace ampkit {
 

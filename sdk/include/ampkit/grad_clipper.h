@@ -1,11 +1,10 @@
 // Interface of gradient clipper plugins: a coefficient from statistics of UNSCALED gradients.
 #pragma once
 
-#include <vector>
-
 #include <ATen/core/Tensor.h>
-
 #include <ampkit/strategy.h>
+
+#include <vector>
 
 namespace ampkit {
 

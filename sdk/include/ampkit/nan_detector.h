@@ -2,16 +2,16 @@
 // non-finite loss or gradients, and loss / gradient-norm spikes by a rolling z-score.
 #pragma once
 
+#include <ampkit/nan_policy.h>
+#include <ampkit/options.h>
+#include <ampkit/state.h>
+#include <ampkit/step.h>
+
 #include <cmath>
 #include <cstdint>
 #include <deque>
 #include <string>
 #include <vector>
-
-#include <ampkit/nan_policy.h>
-#include <ampkit/options.h>
-#include <ampkit/state.h>
-#include <ampkit/step.h>
 
 namespace ampkit {
 
@@ -85,8 +85,9 @@ class NanDetector {
     } else if (s.found_inf) {
       d = {Detection::Kind::nonfinite_gradients, "non-finite gradients at loss scale " + number(s.scale)};
     } else if (loss_.is_spike(s.loss)) {
-      d = {Detection::Kind::loss_spike,
-           "loss spike: " + number(s.loss) + " is " + number(loss_.zscore_of(s.loss)) + " standard deviations above the recent mean"};
+      d = {Detection::Kind::loss_spike, "loss spike: " + number(s.loss) + " is " +
+                                            number(loss_.zscore_of(s.loss)) +
+                                            " standard deviations above the recent mean"};
     } else if (grad_.is_spike(s.grad_norm)) {
       d = {Detection::Kind::grad_norm_spike, "gradient-norm spike: " + number(s.grad_norm) + " is " +
                                                  number(grad_.zscore_of(s.grad_norm)) +

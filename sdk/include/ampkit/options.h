@@ -15,7 +15,8 @@ namespace ampkit {
 // Shortest text that reads back as the same double; whole numbers in full ("100000", not
 // "1e+05"), as users type them. For messages that quote an option value.
 inline std::string format_number(double v) {
-  if (std::isfinite(v) && std::fabs(v) < 1e15 && v == std::floor(v)) return std::to_string(static_cast<int64_t>(v));
+  if (std::isfinite(v) && std::fabs(v) < 1e15 && v == std::floor(v))
+    return std::to_string(static_cast<int64_t>(v));
   char buf[64];
   const auto result = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, result.ptr);
@@ -25,7 +26,8 @@ inline std::string format_number(double v) {
 // "option 'growth_factor' of scaler 'dynamic' must be > 1, got 0.5".
 inline std::invalid_argument option_error(const std::string& plugin, const std::string& option,
                                           const std::string& value, const std::string& accepted) {
-  return std::invalid_argument("option '" + option + "' of " + plugin + " must be " + accepted + ", got " + value);
+  return std::invalid_argument("option '" + option + "' of " + plugin + " must be " + accepted + ", got " +
+                               value);
 }
 
 // Values of a plugin's options after the host has merged command line, environment, YAML file

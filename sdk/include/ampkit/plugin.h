@@ -7,11 +7,10 @@
 // and only then loads the library and calls the entry.
 #pragma once
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include <ampkit/options.h>
 #include <ampkit/version.h>
+#include <stddef.h>
+#include <stdint.h>
 
 extern "C" {
 
@@ -128,7 +127,6 @@ struct OptionSpec : ampkit_option_spec {
 #include <ampkit/nan_policy.h>
 
 #include <boost/dll/alias.hpp>
-
 #include <cstring>
 #include <exception>
 
@@ -168,19 +166,19 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 
 // Option specs of ampkit::NanDetector (nan_detector.h), for NaN policies that use it:
 //   AMPKIT_PLUGIN(nan_policy, mine, MyPolicy, "...", AMPKIT_NAN_DETECTOR_OPTIONS, ...)
-#define AMPKIT_NAN_DETECTOR_OPTIONS                                                               \
-  ampkit::OptionSpec::Int("spike_window", "100",                                                  \
-                          "Recent healthy steps whose loss and gradient norm define 'normal' for "\
-                          "spike detection.")                                                     \
-      .min(2)                                                                                     \
-      .max(100000),                                                                               \
-      ampkit::OptionSpec::Float("spike_zscore", "0",                                              \
-                                "A loss or gradient norm this many standard deviations above the "\
-                                "window's mean is a spike; 0 turns spike detection off (6 is a "  \
-                                "cautious starting point).")                                      \
-          .min(0),                                                                                \
-      ampkit::OptionSpec::Int("spike_min_samples", "20",                                          \
-                              "Healthy steps needed in the window before spikes are judged.")     \
+#define AMPKIT_NAN_DETECTOR_OPTIONS                                                                \
+  ampkit::OptionSpec::Int("spike_window", "100",                                                   \
+                          "Recent healthy steps whose loss and gradient norm define 'normal' for " \
+                          "spike detection.")                                                      \
+      .min(2)                                                                                      \
+      .max(100000),                                                                                \
+      ampkit::OptionSpec::Float("spike_zscore", "0",                                               \
+                                "A loss or gradient norm this many standard deviations above the " \
+                                "window's mean is a spike; 0 turns spike detection off (6 is a "   \
+                                "cautious starting point).")                                       \
+          .min(0),                                                                                 \
+      ampkit::OptionSpec::Int("spike_min_samples", "20",                                           \
+                              "Healthy steps needed in the window before spikes are judged.")      \
           .min(2)
 
 #ifndef AMPKIT_PLUGIN_VERSION
@@ -196,31 +194,33 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 // Declares the plugin in a library: kind is scaler|clipper|nan_policy|comm, name an identifier,
 // Class a subclass of the kind's interface constructible from `const ampkit::OptionValues&`,
 // summary one line, then the option specs (ampkit::option::Float(...), ...), possibly none.
-#define AMPKIT_PLUGIN(kind, name, Class, summary, ...)                                            \
-  namespace {                                                                                     \
-  const ampkit_option_spec ampkit_plugin_options_[] = {ampkit_option_spec{}, __VA_ARGS__};        \
-  static_assert(sizeof(summary) > 1, "a plugin needs a one-line summary");                       \
-  void* ampkit_plugin_create_(const void* values, char* error, size_t error_size) {               \
-    return ::ampkit::detail::create_strategy<Class, ::ampkit::Kind_##kind>(values, error,         \
-                                                                           error_size);           \
-  }                                                                                               \
-  const ampkit_plugin_descriptor ampkit_plugin_descriptor_ = {                                    \
-      AMPKIT_ABI_VERSION,                                                                         \
-      sizeof(ampkit_plugin_descriptor),                                                           \
-      #kind,                                                                                      \
-      #name,                                                                                      \
-      AMPKIT_PLUGIN_VERSION,                                                                      \
-      summary,                                                                                    \
-      AMPKIT_TORCH_VERSION,                                                                       \
-      AMPKIT_COMPILER,                                                                            \
-      AMPKIT_CXX11_ABI,                                                                           \
-      static_cast<uint32_t>(sizeof(ampkit_plugin_options_) / sizeof(ampkit_option_spec) - 1),   \
-      ampkit_plugin_options_ + 1,                                                                 \
-      &ampkit_plugin_create_};                                                                    \
-  const ampkit_plugin_descriptor* ampkit_plugin_entry_() { return &ampkit_plugin_descriptor_; }  \
-  __attribute__((section(AMPKIT_PLUGIN_META_SECTION), used)) const char ampkit_plugin_meta_[] =  \
-      "ampkit-plugin\nabi=" AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) "\nkind=" #kind "\nname=" #name  \
-      "\nversion=" AMPKIT_PLUGIN_VERSION "\nsummary=" summary "\ntorch=" AMPKIT_TORCH_VERSION     \
-      "\ncompiler=" AMPKIT_COMPILER "\ncxx11_abi=" AMPKIT_STRINGIFY(AMPKIT_CXX11_ABI) "\n";       \
-  }                                                                                               \
+#define AMPKIT_PLUGIN(kind, name, Class, summary, ...)                                                       \
+  namespace {                                                                                                \
+  const ampkit_option_spec ampkit_plugin_options_[] = {ampkit_option_spec{}, __VA_ARGS__};                   \
+  static_assert(sizeof(summary) > 1, "a plugin needs a one-line summary");                                   \
+  void* ampkit_plugin_create_(const void* values, char* error, size_t error_size) {                          \
+    return ::ampkit::detail::create_strategy<Class, ::ampkit::Kind_##kind>(values, error, error_size);       \
+  }                                                                                                          \
+  const ampkit_plugin_descriptor ampkit_plugin_descriptor_ = {                                               \
+      AMPKIT_ABI_VERSION,                                                                                    \
+      sizeof(ampkit_plugin_descriptor),                                                                      \
+      #kind,                                                                                                 \
+      #name,                                                                                                 \
+      AMPKIT_PLUGIN_VERSION,                                                                                 \
+      summary,                                                                                               \
+      AMPKIT_TORCH_VERSION,                                                                                  \
+      AMPKIT_COMPILER,                                                                                       \
+      AMPKIT_CXX11_ABI,                                                                                      \
+      static_cast<uint32_t>(sizeof(ampkit_plugin_options_) / sizeof(ampkit_option_spec) - 1),                \
+      ampkit_plugin_options_ + 1,                                                                            \
+      &ampkit_plugin_create_};                                                                               \
+  const ampkit_plugin_descriptor* ampkit_plugin_entry_() {                                                   \
+    return &ampkit_plugin_descriptor_;                                                                       \
+  }                                                                                                          \
+  __attribute__((section(AMPKIT_PLUGIN_META_SECTION), used))                                                 \
+  const char ampkit_plugin_meta_[] = "ampkit-plugin\nabi=" AMPKIT_STRINGIFY(                                 \
+      AMPKIT_ABI_VERSION) "\nkind=" #kind "\nname=" #name "\nversion=" AMPKIT_PLUGIN_VERSION                 \
+                          "\nsummary=" summary "\ntorch=" AMPKIT_TORCH_VERSION "\ncompiler=" AMPKIT_COMPILER \
+                          "\ncxx11_abi=" AMPKIT_STRINGIFY(AMPKIT_CXX11_ABI) "\n";                            \
+  }                                                                                                          \
   AMPKIT_PLUGIN_ALIAS(ampkit_plugin_entry_, AMPKIT_PLUGIN_ENTRY_NAME(kind, name))

@@ -1,11 +1,11 @@
 // Plain data the engine hands to strategies: the run's context and one step's statistics.
 #pragma once
 
+#include <ampkit/state.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <ampkit/state.h>
 
 namespace ampkit {
 
@@ -13,9 +13,12 @@ enum class Precision { fp32, bf16, fp16 };
 
 inline const char* to_string(Precision p) {
   switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
+    case Precision::fp32:
+      return "fp32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
   }
   return "?";
 }
@@ -23,7 +26,7 @@ inline const char* to_string(Precision p) {
 // What every strategy learns once, before the first step.
 struct RunInfo {
   Precision precision = Precision::fp32;
-  bool cuda = false;          // parameters and gradients live on a CUDA device
+  bool cuda = false;  // parameters and gradients live on a CUDA device
   int rank = 0;
   int world_size = 1;
   int accumulation_steps = 1;
@@ -33,37 +36,42 @@ struct RunInfo {
 // Statistics of one optimizer step, from the engine's single pass over the (scaled) gradients,
 // taken after the gradients were averaged across ranks: every rank sees the same numbers.
 struct StepStats {
-  int64_t step = 0;            // index of the optimizer step being attempted, from 0
-  double loss = 0.0;           // mean fp32 loss over the micro-batches (not scaled)
+  int64_t step = 0;   // index of the optimizer step being attempted, from 0
+  double loss = 0.0;  // mean fp32 loss over the micro-batches (not scaled)
   bool loss_finite = true;
-  double scale = 1.0;          // loss scale the backward used
-  double grad_norm_scaled = 0; // L2 norm of all scaled gradients together
-  double grad_norm = 0;        // the same, unscaled: grad_norm_scaled / scale
-  double grad_max_abs = 0;     // largest |g| of the unscaled gradients (the inf-norm)
+  double scale = 1.0;           // loss scale the backward used
+  double grad_norm_scaled = 0;  // L2 norm of all scaled gradients together
+  double grad_norm = 0;         // the same, unscaled: grad_norm_scaled / scale
+  double grad_max_abs = 0;      // largest |g| of the unscaled gradients (the inf-norm)
   double grad_max_abs_scaled = 0;
-  double zero_fraction = 0;    // fraction of gradient elements exactly 0 (underflow indicator)
+  double zero_fraction = 0;  // fraction of gradient elements exactly 0 (underflow indicator)
   int64_t grad_elements = 0;
-  bool found_inf = false;      // the loss or some gradient is inf/NaN
+  bool found_inf = false;            // the loss or some gradient is inf/NaN
   std::vector<double> tensor_norms;  // per-parameter L2 of the unscaled gradients
   int64_t consecutive_skips = 0;     // skipped steps in a row before this one
 };
 
 // What a NaN policy tells the engine to do with the step.
 enum class NanAction {
-  proceed,        // step normally
-  skip,           // drop the gradients, do not step the optimizer or the scheduler
-  skip_backoff,   // skip, and ask the scaler for one extra backoff
-  rollback,       // skip, restore the last good snapshot (needs a snapshot handle)
-  abort,          // stop the run with a report
+  proceed,       // step normally
+  skip,          // drop the gradients, do not step the optimizer or the scheduler
+  skip_backoff,  // skip, and ask the scaler for one extra backoff
+  rollback,      // skip, restore the last good snapshot (needs a snapshot handle)
+  abort,         // stop the run with a report
 };
 
 inline const char* to_string(NanAction a) {
   switch (a) {
-    case NanAction::proceed: return "proceed";
-    case NanAction::skip: return "skip";
-    case NanAction::skip_backoff: return "skip_backoff";
-    case NanAction::rollback: return "rollback";
-    case NanAction::abort: return "abort";
+    case NanAction::proceed:
+      return "proceed";
+    case NanAction::skip:
+      return "skip";
+    case NanAction::skip_backoff:
+      return "skip_backoff";
+    case NanAction::rollback:
+      return "rollback";
+    case NanAction::abort:
+      return "abort";
   }
   return "?";
 }

@@ -25,9 +25,9 @@
 #define AMPKIT_TORCH_VERSION AMPKIT_TORCH_VERSION_OVERRIDE
 #else
 #include <torch/headeronly/version.h>
-#define AMPKIT_TORCH_VERSION                                                                   \
-  AMPKIT_STRINGIFY(TORCH_VERSION_MAJOR) "." AMPKIT_STRINGIFY(TORCH_VERSION_MINOR) "." AMPKIT_STRINGIFY( \
-      TORCH_VERSION_PATCH)
+#define AMPKIT_TORCH_VERSION            \
+  AMPKIT_STRINGIFY(TORCH_VERSION_MAJOR) \
+  "." AMPKIT_STRINGIFY(TORCH_VERSION_MINOR) "." AMPKIT_STRINGIFY(TORCH_VERSION_PATCH)
 #endif
 
 #if defined(__clang__)

@@ -12,5 +12,4 @@ CrashOnLoad crash_on_load;
 
 }  // namespace
 
-AMPKIT_PLUGIN(scaler, static_init_crash, broken::ConstantScaler,
-              "Test plugin that crashes when loaded")
+AMPKIT_PLUGIN(scaler, static_init_crash, broken::ConstantScaler, "Test plugin that crashes when loaded")

@@ -2,23 +2,22 @@
 // (tools/golden/clipper_goldens.py -> tests/data/clipper_goldens.json), and through the Trainer
 // with a loss scale of 65536, where clipping must act on the unscaled gradients.
 #define BOOST_TEST_MODULE clippers
-#include <boost/test/unit_test.hpp>
+#include <ATen/ATen.h>
+#include <torch/optim/sgd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
-
-#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
-#include <torch/optim/sgd.h>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
-#include "builtin_plugins.h"
 #include "ampkit/trainer.h"
+#include "builtin_plugins.h"
 
 using namespace ampkit;
 using nlohmann::json;

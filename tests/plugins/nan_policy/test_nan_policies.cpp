@@ -1,7 +1,6 @@
 // NaN policies: decisions on scripted step statistics, escalation, spike detection, state.
 #define BOOST_TEST_MODULE nan_policies
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 
 #include "ampkit/plugin_options.h"
@@ -57,11 +56,13 @@ std::vector<std::string> actions(NanPolicy& p, const std::vector<StepStats>& ste
 
 BOOST_AUTO_TEST_CASE(skip_skips_bad_steps_and_aborts_after_the_streak_limit) {
   auto p = make("skip", {{"max_consecutive", "3"}});
-  const auto a = actions(*p, {healthy(1, 1), overflow(0), overflow(0), healthy(1, 1), nan_loss(0), overflow(0), overflow(0)});
+  const auto a = actions(
+      *p, {healthy(1, 1), overflow(0), overflow(0), healthy(1, 1), nan_loss(0), overflow(0), overflow(0)});
   const std::vector<std::string> expected = {"proceed", "skip", "skip", "proceed", "skip", "skip", "abort"};
   BOOST_TEST(a == expected, boost::test_tools::per_element());
   const NanDecision d = p->decide(nan_loss(2));
-  BOOST_TEST(d.reason.find("non-finite loss (nan); 3 consecutive bad steps (nan_policy.max_consecutive=3)") == 0u);
+  BOOST_TEST(d.reason.find("non-finite loss (nan); 3 consecutive bad steps (nan_policy.max_consecutive=3)") ==
+             0u);
   auto never = make("skip", {{"max_consecutive", "0"}});
   BOOST_TEST(to_string(never->decide(overflow(100000)).action) == std::string("skip"));
 }
@@ -116,11 +117,13 @@ BOOST_AUTO_TEST_CASE(spikes_are_judged_by_a_rolling_zscore_of_healthy_steps) {
 }
 
 BOOST_AUTO_TEST_CASE(saved_detector_state_continues_identically) {
-  const std::map<std::string, std::string> o = {{"spike_window", "16"}, {"spike_zscore", "3"}, {"spike_min_samples", "4"}};
+  const std::map<std::string, std::string> o = {
+      {"spike_window", "16"}, {"spike_zscore", "3"}, {"spike_min_samples", "4"}};
   auto a = make("skip", o);
   std::vector<StepStats> first, second;
   for (int i = 0; i < 12; ++i) first.push_back(healthy(1.0 + 0.05 * std::sin(i), 2.0 + 0.1 * std::cos(i)));
-  for (int i = 0; i < 12; ++i) second.push_back(healthy(1.0 + 0.3 * std::sin(3 * i), 2.0 + 0.5 * std::cos(2 * i)));
+  for (int i = 0; i < 12; ++i)
+    second.push_back(healthy(1.0 + 0.3 * std::sin(3 * i), 2.0 + 0.5 * std::cos(2 * i)));
   actions(*a, first);
   const State saved = a->save();
   BOOST_TEST(saved.get<std::vector<double>>("loss_window").size() == 12u);

@@ -1,32 +1,31 @@
 // Scaler tests: `dynamic` against torch.amp.GradScaler's golden sequences and Megatron's hysteresis,
 // `predictive` on scripted gradient maxima, save/load, option checks, and the scale in the Trainer.
 #define BOOST_TEST_MODULE scalers
-#include <boost/test/unit_test.hpp>
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
-#include <ostream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
 #include <set>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <variant>
-#include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
-#include <torch/nn/modules/linear.h>
-#include <torch/optim/sgd.h>
 
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
-#include "builtin_plugins.h"
 #include "ampkit/trainer.h"
+#include "builtin_plugins.h"
 
 using namespace ampkit;
 

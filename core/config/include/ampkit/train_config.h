@@ -1,12 +1,12 @@
 // ampkit-train's configuration: command line > YAML file > defaults, validated, with sources.
 #pragma once
 
+#include <ampkit/step.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <ampkit/step.h>
 
 namespace ampkit {
 
@@ -49,11 +49,11 @@ struct TrainConfig {
   int64_t gpt_width = 128;
   int64_t gpt_heads = 4;
   int64_t gpt_context = 64;
-  std::string checkpoint_dir;      // empty: no checkpoints
-  int64_t checkpoint_every = 0;    // steps between checkpoints; 0: only at the end and on a signal
-  int keep_checkpoints = 3;        // newest complete checkpoints kept
-  std::string resume;              // empty | "auto" | a checkpoint folder
-  bool weights_only = false;       // resume loads parameters only
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a signal
+  int keep_checkpoints = 3;      // newest complete checkpoints kept
+  std::string resume;            // empty | "auto" | a checkpoint folder
+  bool weights_only = false;     // resume loads parameters only
   std::string progress = "auto";
   int64_t log_every = 50;
 

@@ -1,10 +1,10 @@
 // What the device can do for a precision, checked before training instead of failing mid-run.
 #pragma once
 
+#include <ampkit/step.h>
+
 #include <optional>
 #include <string>
-
-#include <ampkit/step.h>
 
 namespace ampkit {
 

@@ -1,10 +1,10 @@
 // The engine's two passes over gradient bytes: one read pass for statistics, one multiply.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 namespace ampkit {
 

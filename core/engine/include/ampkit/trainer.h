@@ -1,18 +1,17 @@
 // The AMP step pipeline: autocast forward, scaled backward, one stats pass, policy, one multiply.
 #pragma once
 
-#include <functional>
-#include <memory>
-#include <string>
-#include <vector>
-
 #include <ATen/core/Tensor.h>
-
 #include <ampkit/comm_backend.h>
 #include <ampkit/grad_clipper.h>
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
 #include <ampkit/step.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace torch::optim {
 class Optimizer;
@@ -59,9 +58,9 @@ struct StepOutcome {
   bool stepped = false;           // the optimizer (and the LR schedule) stepped
   double clip_coefficient = 1.0;  // 1 when not clipped (or not stepped)
   double clip_threshold = 0.0;
-  double grad_norm_clipped = 0.0; // unscaled total norm after clipping
-  double scale_next = 1.0;        // the scale after the scaler's update
-  double lr = 0.0;                // learning rate used by this step
+  double grad_norm_clipped = 0.0;  // unscaled total norm after clipping
+  double scale_next = 1.0;         // the scale after the scaler's update
+  double lr = 0.0;                 // learning rate used by this step
 };
 
 class Trainer {

@@ -1,17 +1,16 @@
 // Per-step metrics (JSONL), the terminal progress line and the end-of-run summary.
 #pragma once
 
+#include <ampkit/trainer.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
-
-#include <ampkit/trainer.h>
 
 namespace ampkit {
 

@@ -1,24 +1,24 @@
 // Merges a plugin's option values from command line, environment, config file and defaults.
 #pragma once
 
+#include <ampkit/options.h>
+#include <ampkit/plugin.h>
+#include <ampkit/step.h>
+
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <ampkit/options.h>
-#include <ampkit/plugin.h>
-#include <ampkit/step.h>
-
 namespace ampkit {
 
 struct OptionSetting {
   std::string name;
-  std::string type;     // "float > 1", "int >= 0", "choice 2|inf", ...
-  std::string value;    // effective text value, "" when unset
-  std::string source;   // "default", "default for fp16", "command line", "environment AMPKIT_X_Y",
-                        // "config file F", "unset"
+  std::string type;           // "float > 1", "int >= 0", "choice 2|inf", ...
+  std::string value;          // effective text value, "" when unset
+  std::string source;         // "default", "default for fp16", "command line", "environment AMPKIT_X_Y",
+                              // "config file F", "unset"
   std::string default_value;  // per-precision defaults in canonical form: "fp16=1;bf16=5;fp32=10"
   // A per-precision default (AMPKIT_OPTION_PER_PRECISION): precision -> canonical value, in the
   // spec's order; empty otherwise.

@@ -1,15 +1,15 @@
 // Finds plugin files, reads what they are from ELF without running them, checks and loads them.
 #pragma once
 
+#include <ampkit/error.h>
+#include <ampkit/plugin.h>
+
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <ampkit/error.h>
-#include <ampkit/plugin.h>
 
 namespace ampkit {
 
