@@ -4,6 +4,8 @@
 # these defaults (e.g. tools/run.sh --epochs 3, tools/run.sh --workload char-gpt --steps 500).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Paths under the checkout hash as relative, so clones in other folders (CI's) share the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 tools/setup.sh
 BUILD_DIR=${AMPKIT_BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -3,6 +3,8 @@
 # Extra arguments go to ctest (e.g. tools/test.sh -L fast, tools/test.sh -R registry).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Paths under the checkout hash as relative, so clones in other folders (CI's) share the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 tools/setup.sh
 BUILD_DIR=${AMPKIT_BUILD_DIR:-build}
 JOBS=${AMPKIT_JOBS:-$(nproc)}
