@@ -14,6 +14,7 @@
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "tensor_compare.h"
 
 using namespace ampkit;
 
@@ -30,16 +31,7 @@ std::vector<at::Tensor> make_grads(int64_t seed, double scale) {
   return grads;
 }
 
-double max_rel_error(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const at::Tensor da = a[i].to(at::kDouble), db = b[i].to(at::kDouble);
-    const double num = (da - db).abs().max().item<double>();
-    const double den = db.abs().max().item<double>();
-    worst = std::max(worst, den > 0 ? num / den : num);
-  }
-  return worst;
-}
+using ampkit::test::max_rel_error;
 
 std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
   std::vector<at::Tensor> out;

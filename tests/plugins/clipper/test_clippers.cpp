@@ -18,6 +18,7 @@
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "tensor_compare.h"
 
 using namespace ampkit;
 using nlohmann::json;
@@ -68,17 +69,7 @@ std::vector<at::Tensor> detach_all(const std::vector<at::Tensor>& v) {
   return out;
 }
 
-// Largest |a - b| of a tensor relative to the largest |b| of that tensor, worst over tensors.
-double max_rel_error(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const at::Tensor da = a[i].to(at::kDouble), db = b[i].to(at::kDouble);
-    const double num = (da - db).abs().max().item<double>();
-    const double den = db.abs().max().item<double>();
-    worst = std::max(worst, den > 0 ? num / den : num);
-  }
-  return worst;
-}
+using ampkit::test::max_rel_error;
 
 bool all_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   if (a.size() != b.size()) return false;

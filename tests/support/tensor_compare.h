@@ -1,0 +1,23 @@
+// Test helper: how far two lists of tensors are apart, relative to the reference's magnitude.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace ampkit::test {
+
+// Largest |a - b| of a tensor relative to the largest |b| of that tensor, worst over tensors.
+inline double max_rel_error(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const at::Tensor da = a[i].to(at::kDouble), db = b[i].to(at::kDouble);
+    const double num = (da - db).abs().max().item<double>();
+    const double den = db.abs().max().item<double>();
+    worst = std::max(worst, den > 0 ? num / den : num);
+  }
+  return worst;
+}
+
+}  // namespace ampkit::test
