@@ -8,9 +8,9 @@
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/error.h"
-#include "checkpoint_test_util.h"
+#include "train_process.h"
 
-using namespace ckpt_test;
+using namespace train_test;
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "ampkit/checkpoint.h"
-#include "checkpoint_test_util.h"
+#include "train_process.h"
 
-using namespace ckpt_test;
+using namespace train_test;
 
 BOOST_AUTO_TEST_CASE(sigkill_at_random_moments_never_leaves_a_corrupt_latest_checkpoint) {
   TempDir tmp;

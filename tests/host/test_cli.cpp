@@ -1,6 +1,7 @@
 // ampkit-train and ampkit-plugins as a user runs them: exit codes, one-line errors, config
 // sources, summaries, determinism and NaN handling.
 #define BOOST_TEST_MODULE host
+#include <ampkit/version.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -260,7 +261,10 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
       {"--scaler " + broken + "/not_elf/libampkit-scaler-notelf.so", "is not an ELF shared library"},
       {"--scaler " + broken + "/no_entry/libampkit-scaler-noentry.so", "has no ampkit plugin entry"},
       {"--scaler " + broken + "/abi_mismatch/libampkit-scaler-abi_mismatch.so",
-       "was built for ampkit ABI 2 / torch 2.11.0, host has ABI 1 / torch 2.11.0"},
+       "was built for ampkit ABI " AMPKIT_STRINGIFY(AMPKIT_TEST_NEWER_ABI) " / torch 2.11.0, host has "
+                                                                           "ABI " AMPKIT_STRINGIFY(
+                                                                               AMPKIT_ABI_VERSION) " / torch "
+                                                                                                   "2.11.0"},
       {"--scaler " + broken + "/torch_mismatch/libampkit-scaler-torch_mismatch.so", "torch 2.10.0"},
       {"--clipper " + broken + "/wrong_kind/libampkit-scaler-wrong_kind.so", "not a clipper plugin"},
       {"--scaler " + broken + "/throwing_factory/libampkit-scaler-throwing_factory.so",

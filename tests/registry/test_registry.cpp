@@ -167,7 +167,7 @@ BOOST_AUTO_TEST_CASE(scan_lists_the_builtin_plugins_from_elf) {
     found.insert(p.kind + "/" + p.name);
     BOOST_TEST(p.abi_version == AMPKIT_ABI_VERSION);
     BOOST_TEST(p.torch_version == AMPKIT_TORCH_VERSION);
-    BOOST_TEST(p.entry == "ampkit_v1_" + p.kind + "_" + p.name);
+    BOOST_TEST(p.entry == "ampkit_v" AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) "_" + p.kind + "_" + p.name);
     BOOST_TEST(p.path.filename().string() == "libampkit-" + p.kind + "-" + p.name + ".so");
     BOOST_TEST(!p.summary.empty());
   }
@@ -338,13 +338,13 @@ BOOST_AUTO_TEST_CASE(corrupt_section_name_offset_is_refused_without_crashing) {
 BOOST_AUTO_TEST_CASE(plugin_for_another_abi_is_refused_before_loading) {
   Registry registry(only({broken("abi_mismatch")}));
   const ampkit::PluginInfo info = registry.find("scaler", "abi_mismatch");  // read from ELF only
-  BOOST_TEST(info.abi_version == 2);
-  BOOST_TEST(info.entry == "ampkit_v2_scaler_abi_mismatch");
+  BOOST_TEST(info.abi_version == AMPKIT_TEST_NEWER_ABI);
+  BOOST_TEST(info.entry == "ampkit_v" AMPKIT_STRINGIFY(AMPKIT_TEST_NEWER_ABI) "_scaler_abi_mismatch");
   const Caught e = catch_error([&] { registry.load(info); });
   AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string());
-  AMPKIT_CHECK_CONTAINS(e.message, "built for ampkit ABI 2");
-  AMPKIT_CHECK_CONTAINS(e.message, "host has ABI 1");
+  AMPKIT_CHECK_CONTAINS(e.message, "built for ampkit ABI " AMPKIT_STRINGIFY(AMPKIT_TEST_NEWER_ABI));
+  AMPKIT_CHECK_CONTAINS(e.message, "host has ABI " AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION));
   AMPKIT_CHECK_CONTAINS(e.message, "rebuild the plugin");
 }
 
@@ -356,7 +356,8 @@ BOOST_AUTO_TEST_CASE(plugin_for_another_torch_is_refused_before_loading) {
   AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "torch 2.10.0");
-  AMPKIT_CHECK_CONTAINS(e.message, "host has ABI 1 / torch " AMPKIT_TORCH_VERSION);
+  AMPKIT_CHECK_CONTAINS(
+      e.message, "host has ABI " AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) " / torch " AMPKIT_TORCH_VERSION);
 }
 
 BOOST_AUTO_TEST_CASE(scaler_selected_as_clipper_is_refused) {
@@ -439,7 +440,7 @@ BOOST_AUTO_TEST_CASE(stripped_plugin_is_found_and_loaded) {
   const auto scan = registry.scan();
   for (const auto& [file, why] : scan.problems) BOOST_ERROR(file.string() << ": " << why);
   BOOST_TEST_REQUIRE(scan.plugins.size() == 1u);
-  BOOST_TEST(scan.plugins[0].entry == "ampkit_v1_scaler_stripped");
+  BOOST_TEST(scan.plugins[0].entry == "ampkit_v" AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) "_scaler_stripped");
   const ampkit::LoadedPlugin& plugin = registry.load(registry.find("scaler", "stripped"));
   auto strategy = create(plugin);
   BOOST_TEST(dynamic_cast<ampkit::LossScaler&>(*strategy).scale() == 1.0);

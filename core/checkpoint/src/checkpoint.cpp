@@ -540,4 +540,46 @@ void restore_optimizer(const LoadedCheckpoint& checkpoint, torch::optim::Optimiz
   }
 }
 
+void MemorySnapshot::capture(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                             torch::optim::Optimizer& optimizer, int64_t steps_attempted,
+                             int64_t steps_taken) {
+  torch::NoGradGuard no_grad;
+  names_.clear();
+  values_.clear();
+  for (const auto& [name, t] : tensors) {
+    names_.push_back(name);
+    values_.push_back(t.detach().clone());
+  }
+  optimizer_.clear();
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  archive.save_to([&](const void* data, size_t size) {
+    optimizer_.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  attempted_ = steps_attempted;
+  taken_ = steps_taken;
+  captured_ = true;
+}
+
+int64_t MemorySnapshot::restore(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                torch::optim::Optimizer& optimizer) const {
+  if (!captured_) throw Error(ExitCode::internal, "rollback before any snapshot was taken");
+  if (tensors.size() != values_.size())
+    throw Error(ExitCode::internal, "rollback: the model has " + std::to_string(tensors.size()) +
+                                        " tensors, the snapshot " + std::to_string(values_.size()));
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].first != names_[i] || tensors[i].second.sizes() != values_[i].sizes())
+      throw Error(ExitCode::internal,
+                  "rollback: tensor '" + tensors[i].first + "' does not match the snapshot");
+    at::Tensor target = tensors[i].second;
+    target.copy_(values_[i]);
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(optimizer_.data(), optimizer_.size());
+  optimizer.load(archive);
+  return taken_;
+}
+
 }  // namespace ampkit

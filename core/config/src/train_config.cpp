@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ampkit/error.h"
+#include "ampkit/fault_injection.h"
 
 namespace po = boost::program_options;
 
@@ -65,6 +66,9 @@ po::options_description host_options() {
     ("keep-checkpoints", po::value<int>()->default_value(3), "Newest complete checkpoints to keep in --checkpoint-dir; older ones are deleted after a new one is complete.")
     ("resume", po::value<std::string>()->default_value(""), "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; none: fresh start) | PATH of a step-N folder.")
     ("weights-only", po::bool_switch(), "With --resume: load only the parameters (another scaler/clipper/optimizer allowed); counters, optimizer and plugin states start fresh.")
+    ("inject", po::value<std::vector<std::string>>()->composing(), "Testing and demos: plant a fault, KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) (repeatable; docs/troubleshooting-nan.md).")
+    ("nan-locate", po::value<int64_t>()->default_value(5), "Re-run the first N bad steps with every module observed and write a locator report for each (costs nothing on healthy steps); 0 turns the locator off.")
+    ("nan-report-dir", po::value<std::string>()->default_value(""), "Folder for NaN locator reports (nan-report-step-N-rank-R.json); empty: the folder of --summary, else of --metrics, else the current folder.")
     ("progress", po::value<std::string>()->default_value("auto"), "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.")
     ("log-every", po::value<int64_t>()->default_value(50), "Steps between plain progress lines when not on a terminal.")
     ("print-config", po::bool_switch(), "Print every effective setting and where it came from, then exit.");
@@ -333,6 +337,13 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
   cfg.weights_only = vm["weights-only"].as<bool>();
   require(!cfg.weights_only || !cfg.resume.empty(), "--weights-only needs --resume");
+  if (vm.count("inject")) {
+    cfg.inject = vm["inject"].as<std::vector<std::string>>();
+    for (const auto& spec : cfg.inject) parse_fault(spec);  // throws with the spec's problem
+  }
+  cfg.nan_locate = vm["nan-locate"].as<int64_t>();
+  require(cfg.nan_locate >= 0, "--nan-locate must be >= 0, got " + std::to_string(cfg.nan_locate));
+  cfg.nan_report_dir = vm["nan-report-dir"].as<std::string>();
   cfg.progress = vm["progress"].as<std::string>();
   require(cfg.progress == "auto" || cfg.progress == "never",
           "--progress must be auto or never, got '" + cfg.progress + "'");

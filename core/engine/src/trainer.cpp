@@ -78,9 +78,17 @@ void Trainer::start(const RunInfo& extra) {
   started_ = true;
 }
 
-void Trainer::restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips) {
+void Trainer::restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips, int64_t discarded,
+                               int64_t rollbacks) {
+  if (taken < 0 || discarded < 0 || taken + discarded > attempted)
+    throw Error(ExitCode::checkpoint, "inconsistent step counters: attempted " + std::to_string(attempted) +
+                                          ", taken " + std::to_string(taken) + ", discarded " +
+                                          std::to_string(discarded));
   attempted_ = attempted;
   taken_ = taken;
+  discarded_ = discarded;
+  skipped_ = attempted - taken - discarded;
+  rollbacks_ = rollbacks;
   consecutive_skips_ = consecutive_skips;
   set_lr(schedule_.at(taken_));
 }
@@ -185,13 +193,24 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     consecutive_skips_ = 0;
   } else {
     zero_grad();
+    ++skipped_;
     ++consecutive_skips_;
+    if (bad_step_observer_) bad_step_observer_(out, forward);
     if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
     if (action == NanAction::rollback) {
       if (!rollback_)
         throw Error(ExitCode::usage,
                     "the NaN policy asked for a rollback, but this run has no snapshot to roll back to");
-      rollback_();
+      const int64_t restored_taken = rollback_();
+      if (restored_taken < 0 || restored_taken > taken_)
+        throw Error(ExitCode::internal, "rollback restored a snapshot from the future (step " +
+                                            std::to_string(restored_taken) + " of " + std::to_string(taken_) +
+                                            ")");
+      discarded_ += taken_ - restored_taken;
+      taken_ = restored_taken;
+      ++rollbacks_;
+      consecutive_skips_ = 0;
+      set_lr(schedule_.at(taken_));
     }
   }
   ++attempted_;

@@ -220,6 +220,9 @@ void print_summary_table(std::FILE* out, const nlohmann::json& summary) {
     if (key == "plugins") {
       for (const auto& [kind, p] : value.items())
         text += (text.empty() ? "" : ", ") + kind + "=" + p.value("name", "?") + " " + p.value("version", "");
+    } else if (key == "nan_reports") {
+      if (value.empty()) continue;
+      text = std::to_string(value.size()) + " locator report(s), first: " + value[0].value("report", "");
     } else if (value.is_string()) {
       text = value.get<std::string>();
     } else if (value.is_number_float()) {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "ampkit/error.h"
+#include "ampkit/probe.h"
 #include "workload.h"
 
 namespace F = torch::nn::functional;
@@ -27,8 +28,10 @@ namespace {
 constexpr int64_t kVocab = 256;  // bytes: no tokenizer, every corpus works
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t width, int64_t heads)
+  // `path` is the block's name in the model ("blocks.3"): the prefix of its hook points.
+  BlockImpl(int64_t width, int64_t heads, const std::string& path)
       : heads_(heads),
+        path_(path + "."),
         ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
         qkv(register_module("qkv", torch::nn::Linear(width, 3 * width))),
         proj(register_module("proj", torch::nn::Linear(width, width))),
@@ -37,15 +40,16 @@ struct BlockImpl : torch::nn::Module {
         out(register_module("out", torch::nn::Linear(4 * width, width))) {}
   at::Tensor forward(const at::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    auto parts = qkv->forward(ln1->forward(x)).split(C, 2);
+    auto parts = call(path_ + "qkv", qkv, call(path_ + "ln1", ln1, x)).split(C, 2);
     auto heads = [&](const at::Tensor& t) { return t.reshape({B, T, heads_, C / heads_}).transpose(1, 2); };
     at::Tensor y =
         at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
                                          /*is_causal=*/true);
-    at::Tensor h = x + proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));
-    return h + out->forward(F::gelu(fc->forward(ln2->forward(h))));
+    at::Tensor h = x + call(path_ + "proj", proj, y.transpose(1, 2).contiguous().view({B, T, C}));
+    return h + call(path_ + "out", out, F::gelu(call(path_ + "fc", fc, call(path_ + "ln2", ln2, h))));
   }
   int64_t heads_;
+  std::string path_;
   torch::nn::LayerNorm ln1;
   torch::nn::Linear qkv, proj;
   torch::nn::LayerNorm ln2;
@@ -59,14 +63,15 @@ struct GptImpl : torch::nn::Module {
         positions(register_module("positions", torch::nn::Embedding(context, width))),
         ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
         head(register_module("head", torch::nn::Linear(width, kVocab))) {
-    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(width, heads));
+    for (int64_t i = 0; i < layers; ++i)
+      blocks->push_back(Block(width, heads, "blocks." + std::to_string(i)));
     register_module("blocks", blocks);
   }
   at::Tensor forward(const at::Tensor& idx) {
     const int64_t T = idx.size(1);
-    at::Tensor x = tokens->forward(idx) + positions->forward(at::arange(T, idx.options()));
+    at::Tensor x = call("tokens", tokens, idx) + call("positions", positions, at::arange(T, idx.options()));
     for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
-    return head->forward(ln->forward(x));
+    return call("head", head, call("ln", ln, x));
   }
   torch::nn::Embedding tokens, positions;
   torch::nn::ModuleList blocks;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ampkit/error.h"
+#include "ampkit/probe.h"
 #include "workload.h"
 
 namespace F = torch::nn::functional;
@@ -73,10 +74,10 @@ struct CnnImpl : torch::nn::Module {
         fc1(register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128))),
         fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = F::max_pool2d(F::relu(conv1->forward(x)), F::MaxPool2dFuncOptions(2));
-    h = F::max_pool2d(F::relu(conv2->forward(h)), F::MaxPool2dFuncOptions(2));
-    h = F::relu(fc1->forward(h.flatten(1)));
-    return fc2->forward(h);
+    at::Tensor h = F::max_pool2d(F::relu(call("conv1", conv1, x)), F::MaxPool2dFuncOptions(2));
+    h = F::max_pool2d(F::relu(call("conv2", conv2, h)), F::MaxPool2dFuncOptions(2));
+    h = F::relu(call("fc1", fc1, h.flatten(1)));
+    return call("fc2", fc2, h);
   }
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Linear fc1, fc2;

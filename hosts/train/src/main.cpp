@@ -19,7 +19,9 @@
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/device_support.h"
+#include "ampkit/fault_injection.h"
 #include "ampkit/metrics.h"
+#include "ampkit/nan_locator.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 #include "ampkit/train_config.h"
@@ -91,6 +93,46 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg,
                                             ", this run uses --optimizer " + cfg.optimizer +
                                             "; pass --weights-only to load only the parameters");
   }
+}
+
+// The model's leaf modules: the hook points the workloads tap, in registration order.
+std::vector<std::string> hook_points(torch::nn::Module& module) {
+  std::vector<std::string> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/false))
+    if (item.value()->children().empty()) out.push_back(item.key());
+  return out;
+}
+
+// "torch::nn::LinearImpl" -> "Linear".
+std::string module_type(torch::nn::Module& root, const std::string& path) {
+  for (const auto& item : root.named_modules("", false)) {
+    if (item.key() != path) continue;
+    std::string name = item.value()->name();
+    if (name.rfind("torch::nn::", 0) == 0) name = name.substr(11);
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+    return name;
+  }
+  return "";
+}
+
+nlohmann::json summary_json(const TensorSummary& t) {
+  return {{"dtype", t.dtype}, {"shape", t.shape},   {"min", t.min},
+          {"max", t.max},     {"absmax", t.absmax}, {"nonfinite", t.nonfinite}};
+}
+
+nlohmann::json observation_json(const ModuleObservation& o) {
+  nlohmann::json j = {{"module", o.module}, {"phase", o.phase}};
+  j[o.phase == "backward" ? "gradient" : "output"] = summary_json(o.value);
+  if (!o.input.dtype.empty()) j["input"] = summary_json(o.input);
+  return j;
+}
+
+std::filesystem::path nan_report_dir(const TrainConfig& cfg) {
+  if (!cfg.nan_report_dir.empty()) return cfg.nan_report_dir;
+  for (const std::string& f : {cfg.summary_file, cfg.metrics_file})
+    if (!f.empty())
+      return std::filesystem::path(f).parent_path().empty() ? "." : std::filesystem::path(f).parent_path();
+  return ".";
 }
 
 const char* selector_flag(const std::string& kind) {
@@ -219,6 +261,16 @@ int run(int argc, const char* const argv[]) {
                                        : cfg.workload == "char-gpt"    ? make_char_gpt(cfg, device)
                                                                        : make_synthetic(cfg, device);
 
+  std::vector<Fault> faults;
+  for (const auto& spec : cfg.inject) faults.push_back(parse_fault(spec));
+  validate_faults(faults, hook_points(workload->module()), comm->world_size());
+  FaultInjector injector(faults);
+  const RollbackPlan rollback_plan = nan_policy->rollback_plan();
+  if (rollback_plan.from_checkpoint && cfg.checkpoint_dir.empty())
+    throw Error(ExitCode::usage,
+                "nan_policy '" + plugins[2].plugin->info().name +
+                    "' rolls back to the newest checkpoint (snapshot=checkpoint): give --checkpoint-dir");
+
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   for (const auto& item : workload->module().named_parameters()) {
@@ -254,6 +306,9 @@ int run(int argc, const char* const argv[]) {
   const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate * comm->world_size());
   std::deque<double> recent_losses;
   int64_t nan_events = 0, clipped_steps = 0;
+  int64_t data_skip = 0;  // batches skipped by rollbacks: step s trains on data position s + data_skip
+  int64_t locator_runs = 0;
+  nlohmann::json nan_reports = nlohmann::json::array();
   std::string abort_reason;
 
   // Checkpoints (docs/configuration.md, "Checkpoints"): rank 0 writes, every rank loads.
@@ -300,7 +355,11 @@ int run(int argc, const char* const argv[]) {
           }
         }
         const CheckpointManifest& m = ckpt->manifest;
-        trainer.restore_counters(m.steps_attempted, m.steps_taken, m.consecutive_skips);
+        trainer.restore_counters(m.steps_attempted, m.steps_taken, m.consecutive_skips,
+                                 m.host.value("steps_discarded", int64_t{0}),
+                                 m.host.value("rollbacks", int64_t{0}));
+        data_skip = m.host.value("data_skip", int64_t{0});
+        locator_runs = m.host.value("locator_runs", int64_t{0});
         set_cpu_rng_state(m.cpu_rng_state);
         nan_events = m.host.value("nan_events", int64_t{0});
         clipped_steps = m.host.value("clipped_steps", int64_t{0});
@@ -321,7 +380,7 @@ int run(int argc, const char* const argv[]) {
     m.steps_attempted = trainer.steps_attempted();
     m.steps_taken = trainer.steps_taken();
     m.consecutive_skips = trainer.consecutive_skips();
-    m.epoch = trainer.steps_attempted() / steps_per_epoch;
+    m.epoch = (trainer.steps_attempted() + data_skip) / steps_per_epoch;
     for (const auto& s : cfg.settings)
       m.config.push_back({{"name", s.name}, {"value", s.value}, {"source", s.source}});
     for (const auto& p : plugins)
@@ -330,6 +389,10 @@ int run(int argc, const char* const argv[]) {
     m.param_sha256 = parameter_sha256(params);
     m.host = {{"nan_events", nan_events},
               {"clipped_steps", clipped_steps},
+              {"data_skip", data_skip},
+              {"steps_discarded", trainer.steps_discarded()},
+              {"rollbacks", trainer.rollbacks()},
+              {"locator_runs", locator_runs},
               {"recent_losses", std::vector<double>(recent_losses.begin(), recent_losses.end())}};
     last_checkpoint = write_checkpoint(cfg.checkpoint_dir, std::move(m), model_tensors(workload->module()),
                                        *optimizer, cfg.keep_checkpoints)
@@ -337,18 +400,123 @@ int run(int argc, const char* const argv[]) {
     last_saved = trainer.steps_attempted();
   };
 
+  // Rollback (docs/troubleshooting-nan.md): the policy decides, the host keeps the snapshot.
+  MemorySnapshot snapshot;
+  std::string rollback_source;
+  if (rollback_plan.enabled()) {
+    if (rollback_plan.snapshot_every > 0)
+      snapshot.capture(model_tensors(workload->module()), *optimizer, trainer.steps_attempted(),
+                       trainer.steps_taken());
+    if (rollback_plan.from_checkpoint && writes_checkpoints && !find_resume_checkpoint(cfg.checkpoint_dir))
+      save_checkpoint();  // a rollback before the first periodic checkpoint needs one to go to
+    trainer.set_rollback_handler([&]() -> int64_t {
+      if (!rollback_plan.from_checkpoint) {
+        rollback_source = "in-memory snapshot before step " + std::to_string(snapshot.steps_attempted());
+        return snapshot.restore(model_tensors(workload->module()), *optimizer);
+      }
+      const auto folder = find_resume_checkpoint(cfg.checkpoint_dir);
+      if (!folder)
+        throw Error(ExitCode::checkpoint,
+                    "rollback: no valid checkpoint in " + cfg.checkpoint_dir + " to roll back to");
+      const LoadedCheckpoint ckpt = read_checkpoint(*folder);
+      restore_tensors(ckpt, model_tensors(workload->module()));
+      restore_optimizer(ckpt, *optimizer);
+      rollback_source = ckpt.folder.string();
+      return ckpt.manifest.steps_taken;
+    });
+  }
+
+  // The locator re-runs a bad step with every module observed (docs/troubleshooting-nan.md).
+  std::string pre_step_rng;
+  int64_t reference_batch = 0;
+  nlohmann::json located;
+  trainer.set_bad_step_observer([&](const StepOutcome& o, const std::function<at::Tensor(int)>& forward) {
+    if (locator_runs >= cfg.nan_locate) return;
+    ++locator_runs;
+    LocatorInputs in;
+    in.forward = forward;
+    in.micro_batches = cfg.accumulate;
+    in.reference = [&] { return workload->loss(reference_batch); };
+    in.precision = cfg.precision;
+    in.scale = o.stats.scale;
+    in.accumulation_steps = cfg.accumulate;
+    const std::string rng_after = cpu_rng_state();
+    set_cpu_rng_state(pre_step_rng);  // the same RNG state as the step itself
+    const NanLocation loc = locate_fault(in, params);
+    set_cpu_rng_state(rng_after);
+    nlohmann::json report = {
+        {"step", o.stats.step},
+        {"rank", comm->rank()},
+        {"detection", o.decision.reason},
+        {"action", to_string(o.decision.action)},
+        {"loss_scale", o.stats.scale},
+        {"precision", to_string(cfg.precision)},
+        {"located", loc.found},
+        {"module", loc.module},
+        {"module_type", loc.module.empty() ? "" : module_type(workload->module(), loc.module)},
+        {"phase", loc.phase},
+        {"finding", loc.finding},
+        {"micro_batch", loc.micro_batch},
+        {"micro_batch_loss", std::isfinite(loc.loss) ? nlohmann::json(loc.loss) : nlohmann::json("nan")}};
+    if (!loc.module.empty()) report["observation"] = observation_json(loc.observation);
+    if (loc.reference_absmax > 0) report["reference_absmax"] = loc.reference_absmax;
+    for (const auto& x : loc.forward) report["forward"].push_back(observation_json(x));
+    for (const auto& x : loc.backward) report["backward"].push_back(observation_json(x));
+    const std::filesystem::path dir = nan_report_dir(cfg);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::filesystem::path file = dir / ("nan-report-step-" + std::to_string(o.stats.step) + "-rank-" +
+                                              std::to_string(comm->rank()) + ".json");
+    write_json_file(file, report);
+    located = {
+        {"step", o.stats.step}, {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
+    nan_reports.push_back(located);
+    std::string where = loc.found
+                            ? (loc.module.empty() ? "in the loss"
+                                                  : "at module '" + loc.module + "' (" +
+                                                        report["module_type"].get<std::string>() + ", " +
+                                                        loc.observation.value.dtype + ", " + loc.phase + ")")
+                            : "not located";
+    std::fprintf(stderr, "ampkit-train: step %lld: %s; locator: %s: %s; report %s\n",
+                 static_cast<long long>(o.stats.step), o.decision.reason.c_str(), where.c_str(),
+                 loc.finding.c_str(), file.string().c_str());
+  });
+
   const auto train_start = std::chrono::steady_clock::now();
   double last_time = 0;
   int64_t epoch = -1;
   for (int64_t step = trainer.steps_attempted(); step < total_steps; ++step) {
     if (g_stop_signal != 0) break;
-    const int64_t e = step / steps_per_epoch;
+    const int64_t data_step = step + data_skip;
+    const int64_t e = data_step / steps_per_epoch;
     if (e != epoch) {
       epoch = e;
       workload->start_epoch(epoch);
     }
-    const int64_t first_batch = (step % steps_per_epoch) * cfg.accumulate;
-    const StepOutcome out = trainer.step([&](int micro) { return workload->loss(first_batch + micro); });
+    const int64_t first_batch = (data_step % steps_per_epoch) * cfg.accumulate;
+    reference_batch = (first_batch + cfg.accumulate) % workload->batches_per_epoch();
+    if (cfg.nan_locate > locator_runs) pre_step_rng = cpu_rng_state();
+    const bool faulty = injector.arm(step, comm->rank());
+    located = nullptr;
+    const StepOutcome out = trainer.step([&](int micro) {
+      ProbeScope scope(faulty ? &injector : nullptr);
+      const at::Tensor loss = workload->loss(first_batch + micro);
+      return faulty ? injector.apply_to_loss(loss) : loss;
+    });
+    if (faulty)
+      for (const Fault& f : injector.unreached())
+        throw Error(ExitCode::usage, "--inject '" + f.spec + "': layer '" + f.layer +
+                                         "' never produced an output in " + cfg.workload + "'s forward");
+    if (out.decision.action == NanAction::rollback) {
+      data_skip += out.decision.skip_batches;
+      std::fprintf(stderr, "ampkit-train: step %lld: rolled back to the %s; skipping %lld batches\n",
+                   static_cast<long long>(step), rollback_source.c_str(),
+                   static_cast<long long>(out.decision.skip_batches));
+    }
+    if (rollback_plan.snapshot_every > 0 && out.stepped &&
+        trainer.steps_taken() % rollback_plan.snapshot_every == 0)
+      snapshot.capture(model_tensors(workload->module()), *optimizer, trainer.steps_attempted(),
+                       trainer.steps_taken());
     const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
     const double sps = samples_per_step / std::max(now - last_time, 1e-9);
     last_time = now;
@@ -368,6 +536,10 @@ int run(int argc, const char* const argv[]) {
       if (recent_losses.size() > 20) recent_losses.pop_front();
     }
     nlohmann::json record = step_record(out, epoch, trainer.steps_skipped(), sps, now);
+    record["data_step"] = data_step;
+    record["steps_discarded"] = trainer.steps_discarded();
+    record["rollbacks"] = trainer.rollbacks();
+    if (!located.is_null()) record["located"] = located;
     if (cfg.layer_norms_top_k > 0)
       record["top_layers"] = top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
     metrics.write(record);
@@ -383,8 +555,8 @@ int run(int argc, const char* const argv[]) {
   }
   progress.finish();
   const int stop_signal = g_stop_signal;
-  if (writes_checkpoints && abort_reason.empty() && last_saved != trainer.steps_attempted())
-    save_checkpoint();
+  // An aborted run saves too: the bad step was not applied, so the parameters are the last good ones.
+  if (writes_checkpoints && last_saved != trainer.steps_attempted()) save_checkpoint();
   if (!last_checkpoint.empty() && (stop_signal != 0 || cfg.checkpoint_every == 0))
     std::fprintf(stderr, "ampkit-train: checkpoint written: %s\n", last_checkpoint.c_str());
   const double train_seconds =
@@ -403,6 +575,10 @@ int run(int argc, const char* const argv[]) {
   summary["steps"] = trainer.steps_attempted();
   summary["steps_taken"] = trainer.steps_taken();
   summary["skipped_steps"] = trainer.steps_skipped();
+  summary["steps_discarded"] = trainer.steps_discarded();
+  summary["rollbacks"] = trainer.rollbacks();
+  summary["aborted"] = !abort_reason.empty();
+  summary["nan_reports"] = nan_reports;
   summary["nan_events"] = nan_events;
   summary["clip_rate"] =
       trainer.steps_taken() ? static_cast<double>(clipped_steps) / trainer.steps_taken() : 0.0;

@@ -5,6 +5,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ampkit/probe.h"
 #include "workload.h"
 
 namespace F = torch::nn::functional;
@@ -22,16 +23,18 @@ struct MlpImpl : torch::nn::Module {
     }
     layers->push_back(torch::nn::Linear(in, classes));
     register_module("layers", layers);
+    for (size_t i = 0; i < layers->size(); ++i) names_.push_back("layers." + std::to_string(i));
   }
   at::Tensor forward(at::Tensor x) {
     const size_t n = layers->size();
     for (size_t i = 0; i < n; ++i) {
-      x = layers[i]->as<torch::nn::Linear>()->forward(x);
+      x = tap(names_[i], x, layers[i]->as<torch::nn::Linear>()->forward(x));
       if (i + 1 < n) x = F::gelu(x);
     }
     return x;
   }
   torch::nn::ModuleList layers;
+  std::vector<std::string> names_;  // hook points, "layers.<i>"
 };
 
 // Samples are generated, never stored: batch i of epoch e comes from a generator seeded with

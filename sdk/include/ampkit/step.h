@@ -78,7 +78,8 @@ inline const char* to_string(NanAction a) {
 
 struct NanDecision {
   NanAction action = NanAction::proceed;
-  std::string reason;  // one line for logs and the report, empty on proceed
+  std::string reason;        // one line for logs and the report, empty on proceed
+  int64_t skip_batches = 0;  // rollback: global batches the data stream skips after the bad one
 };
 
 }  // namespace ampkit

@@ -13,7 +13,7 @@
 #ifdef AMPKIT_ABI_VERSION_OVERRIDE  // for the loader's own tests only
 #define AMPKIT_ABI_VERSION AMPKIT_ABI_VERSION_OVERRIDE
 #else
-#define AMPKIT_ABI_VERSION 1
+#define AMPKIT_ABI_VERSION 2  // 2: NanDecision::skip_batches, NanPolicy::rollback_plan()
 #endif
 
 #define AMPKIT_STRINGIFY_(x) #x

@@ -132,3 +132,40 @@ BOOST_AUTO_TEST_CASE(saved_detector_state_continues_identically) {
   BOOST_TEST(actions(*a, second) == actions(*b, second), boost::test_tools::per_element());
   BOOST_TEST((a->save() == b->save()));
 }
+
+BOOST_AUTO_TEST_CASE(rollback_rolls_back_after_the_streak_and_aborts_after_max_rollbacks) {
+  auto p = make("rollback", {{"rollback_after", "2"}, {"max_rollbacks", "2"}, {"skip_batches", "7"}});
+  BOOST_TEST(p->rollback_plan().snapshot_every == 100);
+  BOOST_TEST(!p->rollback_plan().from_checkpoint);
+  // A NaN loss is bad whatever the scale; one in a row is skipped, the second rolls back.
+  const auto a = actions(*p, {healthy(1, 1), nan_loss(0), nan_loss(0), healthy(1, 1), nan_loss(0),
+                              healthy(1, 1), nan_loss(0), nan_loss(0), nan_loss(0), nan_loss(0)});
+  const std::vector<std::string> expected = {"proceed", "skip", "rollback", "proceed", "skip",
+                                             "proceed", "skip", "rollback", "skip",    "abort"};
+  BOOST_TEST(a == expected, boost::test_tools::per_element());
+  StepStats s = nan_loss(0);
+  auto q = make("rollback", {{"skip_batches", "7"}});
+  const NanDecision d = q->decide(s);
+  BOOST_TEST(to_string(d.action) == std::string("rollback"));
+  BOOST_TEST(d.skip_batches == 7);
+}
+
+BOOST_AUTO_TEST_CASE(rollback_leaves_scaled_overflow_to_the_scaler) {
+  auto p = make("rollback");
+  // Finite loss, non-finite gradients at scale 1024: the scaler's routine overflow, skipped.
+  BOOST_TEST(to_string(p->decide(overflow(0)).action) == std::string("skip"));
+  // At scale 1 the same gradients are a real fault.
+  StepStats s = overflow(0);
+  s.scale = 1;
+  BOOST_TEST(to_string(p->decide(s).action) == std::string("rollback"));
+}
+
+BOOST_AUTO_TEST_CASE(rollback_counts_survive_save_and_load) {
+  auto p = make("rollback", {{"max_rollbacks", "1"}, {"snapshot", "checkpoint"}});
+  BOOST_TEST(p->rollback_plan().from_checkpoint);
+  BOOST_TEST(p->rollback_plan().snapshot_every == 0);
+  BOOST_TEST(to_string(p->decide(nan_loss(0)).action) == std::string("rollback"));
+  auto q = make("rollback", {{"max_rollbacks", "1"}, {"snapshot", "checkpoint"}});
+  q->load(p->save());
+  BOOST_TEST(to_string(q->decide(nan_loss(0)).action) == std::string("abort"));
+}

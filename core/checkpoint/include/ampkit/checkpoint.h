@@ -87,6 +87,28 @@ void restore_tensors(const LoadedCheckpoint& checkpoint,
                      const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 void restore_optimizer(const LoadedCheckpoint& checkpoint, torch::optim::Optimizer& optimizer);
 
+// An in-memory copy of the model's tensors and the optimizer state, for the rollback NaN policy:
+// restore() puts back exactly the captured bytes (parameters bit for bit).
+class MemorySnapshot {
+ public:
+  void capture(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+               torch::optim::Optimizer& optimizer, int64_t steps_attempted, int64_t steps_taken);
+  // Copies the captured values back in place (same names, shapes and dtypes as captured);
+  // returns the optimizer steps taken at capture.
+  int64_t restore(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                  torch::optim::Optimizer& optimizer) const;
+  bool empty() const { return !captured_; }
+  int64_t steps_attempted() const { return attempted_; }  // the step the snapshot was taken before
+  int64_t steps_taken() const { return taken_; }
+
+ private:
+  bool captured_ = false;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> values_;
+  std::string optimizer_;
+  int64_t attempted_ = 0, taken_ = 0;
+};
+
 // LibTorch's default CPU generator state as bytes, and back.
 std::string cpu_rng_state();
 void set_cpu_rng_state(const std::string& bytes);

@@ -54,6 +54,9 @@ struct TrainConfig {
   int keep_checkpoints = 3;      // newest complete checkpoints kept
   std::string resume;            // empty | "auto" | a checkpoint folder
   bool weights_only = false;     // resume loads parameters only
+  std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
+  int64_t nan_locate = 5;           // bad steps the locator re-runs; 0: off
+  std::string nan_report_dir;       // empty: beside --summary, else --metrics, else "."
   std::string progress = "auto";
   int64_t log_every = 50;
 

@@ -78,20 +78,34 @@ class Trainer {
   // loss of micro-batch i; it runs under autocast. The steps are those of docs/architecture.md.
   StepOutcome step(const std::function<at::Tensor(int micro_batch)>& forward);
 
-  // Called on NanAction::rollback; without one a rollback decision is an error.
-  void set_rollback_handler(std::function<void()> handler) { rollback_ = std::move(handler); }
+  // Called on NanAction::rollback: restores the last good snapshot (parameters, buffers,
+  // optimizer) and returns the number of optimizer steps that snapshot had taken, so the LR
+  // schedule resumes from there. Without one a rollback decision is an error.
+  void set_rollback_handler(std::function<int64_t()> handler) { rollback_ = std::move(handler); }
 
+  // Called on every step the policy did not let through, before any recovery (backoff,
+  // rollback) and while the parameters are still those the bad step ran with; `forward` is the
+  // step's own micro-batch function. The NaN locator hooks in here.
+  using BadStepObserver =
+      std::function<void(const StepOutcome& outcome, const std::function<at::Tensor(int)>& forward)>;
+  void set_bad_step_observer(BadStepObserver observer) { bad_step_observer_ = std::move(observer); }
+
+  // Every attempted step is exactly one of: taken (its update is in the parameters), skipped
+  // (a bad step, never applied) or discarded (applied, then undone by a rollback).
   int64_t steps_attempted() const { return attempted_; }
   int64_t steps_taken() const { return taken_; }
-  int64_t steps_skipped() const { return attempted_ - taken_; }
+  int64_t steps_skipped() const { return skipped_; }
+  int64_t steps_discarded() const { return discarded_; }
+  int64_t rollbacks() const { return rollbacks_; }
   int64_t consecutive_skips() const { return consecutive_skips_; }
   const LrSchedule& schedule() const { return schedule_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   const std::vector<std::string>& names() const { return names_; }
   Precision precision() const { return precision_; }
 
-  // Counters for checkpoints (issue: exact resume).
-  void restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips);
+  // Counters for checkpoints (exact resume); skipped = attempted - taken - discarded.
+  void restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips, int64_t discarded = 0,
+                        int64_t rollbacks = 0);
 
  private:
   std::vector<at::Tensor> gradients() const;
@@ -105,10 +119,14 @@ class Trainer {
   torch::optim::Optimizer& optimizer_;
   Strategies strategies_;
   LrSchedule schedule_;
-  std::function<void()> rollback_;
+  std::function<int64_t()> rollback_;
+  BadStepObserver bad_step_observer_;
   bool started_ = false;
   int64_t attempted_ = 0;
   int64_t taken_ = 0;
+  int64_t skipped_ = 0;
+  int64_t discarded_ = 0;
+  int64_t rollbacks_ = 0;
   int64_t consecutive_skips_ = 0;
 };
 

@@ -19,7 +19,7 @@ extern const std::vector<std::string> kPluginKinds;  // scaler, clipper, nan_pol
 // and "ampkitmd" (a text record); no plugin code runs to get it.
 struct PluginInfo {
   std::filesystem::path path;
-  std::string entry;  // alias symbol, e.g. ampkit_v1_scaler_dynamic
+  std::string entry;  // alias symbol, e.g. ampkit_v2_scaler_dynamic
   int abi_version = 0;
   std::string kind, name, version, summary, torch_version, compiler;
   int cxx11_abi = -1;

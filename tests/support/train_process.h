@@ -1,4 +1,4 @@
-// Running ampkit-train from checkpoint tests: shell commands, child processes, temp folders.
+// Running ampkit-train from tests: shell commands, child processes, temp folders.
 #pragma once
 
 #include <signal.h>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace ckpt_test {
+namespace train_test {
 
 namespace fs = std::filesystem;
 
@@ -85,7 +85,7 @@ const std::string tiny = train + " " + tiny_args;
 struct TempDir {
   fs::path path;
   TempDir() {
-    char tmpl[] = "/tmp/ampkit-ckpt-test-XXXXXX";
+    char tmpl[] = "/tmp/ampkit-test-XXXXXX";
     path = ::mkdtemp(tmpl);
   }
   ~TempDir() {
@@ -107,4 +107,4 @@ inline size_t count_lines(const fs::path& file) {
   return n;
 }
 
-}  // namespace ckpt_test
+}  // namespace train_test

@@ -1,0 +1,61 @@
+// Fault injection for tests and demos: `--inject KIND@step=N[,layer=NAME][,rank=R]...` plants
+// a NaN, an inf or a spike in one module's output or gradient at one optimizer step.
+#pragma once
+
+#include <ampkit/probe.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ampkit {
+
+struct Fault {
+  enum class Kind { nan, inf, spike };
+  enum class Target { output, grad };
+  Kind kind = Kind::nan;
+  int64_t step = 0;   // optimizer step (attempted, from 0)
+  std::string layer;  // module path; empty: the loss itself
+  int rank = -1;      // -1: every rank
+  Target target = Target::output;
+  double factor = 1000;  // spike: multiplier of the output or gradient
+  std::string spec;      // as given, for messages
+};
+
+// The grammar, for help texts and error messages.
+constexpr const char* kFaultSpecGrammar =
+    "KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X] with KIND nan, inf or spike";
+
+// Parses one --inject value; throws Error(usage) naming what is wrong.
+Fault parse_fault(const std::string& spec);
+
+// Checks faults against the model: `layer` must be one of `hook_points` (the model's leaf
+// modules), `rank` below `world_size`. Throws Error(usage) with a "did you mean".
+void validate_faults(const std::vector<Fault>& faults, const std::vector<std::string>& hook_points,
+                     int world_size);
+
+// Applies the faults planted at one step on one rank: arm() before the step's forward passes,
+// with a ProbeScope around each, and apply_to_loss() to each micro-batch's loss.
+class FaultInjector final : public Probe {
+ public:
+  explicit FaultInjector(std::vector<Fault> faults) : faults_(std::move(faults)) {}
+  // Arms the faults of (step, rank); true when there is any (the step then needs a probe).
+  bool arm(int64_t step, int rank);
+  bool armed() const { return !armed_.empty(); }
+  at::Tensor on_output(const std::string& module, const at::Tensor& input, at::Tensor output) override;
+  at::Tensor apply_to_loss(at::Tensor loss) const;
+  // Faults armed for this step whose module never reported an output.
+  std::vector<Fault> unreached() const;
+  // Every module that reported an output since arm().
+  const std::set<std::string>& seen() const { return seen_; }
+
+ private:
+  std::vector<Fault> faults_;
+  std::vector<const Fault*> armed_;
+  std::set<std::string> seen_;
+};
+
+const char* to_string(Fault::Kind kind);
+
+}  // namespace ampkit

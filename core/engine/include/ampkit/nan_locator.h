@@ -1,0 +1,60 @@
+// The NaN locator: re-runs a bad step's micro-batches with a probe on every module and names
+// the first module whose output or gradient went non-finite (or, for a spike, blew up).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ampkit/step.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ampkit {
+
+struct TensorSummary {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  double min = 0, max = 0, absmax = 0;  // over the finite elements
+  int64_t nonfinite = 0;                // NaN and inf elements
+};
+
+// One module's input and output (phase "forward"), or the gradient of its output ("backward":
+// `value` is the gradient, `input` unset).
+struct ModuleObservation {
+  std::string module;
+  std::string phase;
+  TensorSummary value;
+  TensorSummary input;
+};
+
+struct NanLocation {
+  bool found = false;
+  int micro_batch = 0;
+  double loss = 0;      // of the micro-batch, as re-run (fp32, unscaled)
+  std::string module;   // "" for the loss itself
+  std::string phase;    // forward | backward | loss
+  std::string finding;  // one line
+  ModuleObservation observation;
+  double reference_absmax = 0;                       // spikes: the same module on a healthy batch
+  std::vector<ModuleObservation> forward, backward;  // the reported micro-batch, in execution order
+};
+
+struct LocatorInputs {
+  // The bad step's micro-batch losses, exactly as the step ran them (injected faults included).
+  std::function<at::Tensor(int)> forward;
+  int micro_batches = 1;
+  // A healthy batch's loss with the same parameters, for spikes; may be empty.
+  std::function<at::Tensor()> reference;
+  Precision precision = Precision::fp32;
+  double scale = 1.0;  // the loss scale of the bad step (overflow reproduces only at that scale)
+  int accumulation_steps = 1;
+  double spike_ratio = 10;  // a module whose |output| max grows by more than this vs the reference
+};
+
+// Runs forward and scaled backward of each micro-batch under autocast with every module
+// observed, and leaves `parameters`' gradients undefined afterwards. Non-finite findings win
+// over spikes; forward (the first bad output in execution order) over backward (the first bad
+// gradient in backward order, i.e. nearest the loss).
+NanLocation locate_fault(const LocatorInputs& inputs, const std::vector<at::Tensor>& parameters);
+
+}  // namespace ampkit

@@ -1,0 +1,192 @@
+// The NaN locator (docs/troubleshooting-nan.md, "The locator report").
+#include "ampkit/nan_locator.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+
+#include "ampkit/error.h"
+#include "ampkit/probe.h"
+#include "ampkit/trainer.h"
+
+namespace ampkit {
+
+namespace {
+
+TensorSummary summarize(const at::Tensor& t) {
+  TensorSummary o;
+  if (!t.defined()) return o;
+  o.dtype = c10::toString(t.scalar_type());
+  o.shape = t.sizes().vec();
+  if (t.numel() == 0) return o;
+  at::NoGradGuard no_grad;
+  const at::Tensor x = t.detach().to(at::kDouble);
+  const at::Tensor finite = at::isfinite(x);
+  o.nonfinite = x.numel() - finite.sum().item<int64_t>();
+  if (o.nonfinite == x.numel()) return o;
+  const at::Tensor zeros = at::zeros({}, x.options());
+  o.min = at::where(finite, x, at::full({}, INFINITY, x.options())).min().item<double>();
+  o.max = at::where(finite, x, at::full({}, -INFINITY, x.options())).max().item<double>();
+  o.absmax = at::where(finite, at::abs(x), zeros).max().item<double>();
+  return o;
+}
+
+ModuleObservation observe(const std::string& module, const std::string& phase, const at::Tensor& value,
+                          const at::Tensor& input = at::Tensor()) {
+  return {module, phase, summarize(value), summarize(input)};
+}
+
+// Records every tapped output and, through a hook, the gradient of each output.
+class RecordingProbe final : public Probe {
+ public:
+  at::Tensor on_output(const std::string& module, const at::Tensor& input, at::Tensor output) override {
+    forward.push_back(observe(module, "forward", output, input));
+    if (output.requires_grad()) {
+      output.register_hook([this, module](const at::Tensor& g) {
+        std::lock_guard<std::mutex> lock(mutex_);  // CUDA backward may run hooks on other threads
+        backward.push_back(observe(module, "backward", g));
+      });
+    }
+    return output;
+  }
+  std::vector<ModuleObservation> forward, backward;
+
+ private:
+  std::mutex mutex_;
+};
+
+struct Run {
+  double loss = 0;
+  std::vector<ModuleObservation> forward, backward;
+};
+
+Run run_once(const std::function<at::Tensor()>& loss_fn, const LocatorInputs& in,
+             const std::vector<at::Tensor>& parameters) {
+  RecordingProbe probe;
+  at::Tensor loss;
+  const c10::DeviceType device = parameters.empty() ? c10::kCPU : parameters.front().device().type();
+  {
+    ProbeScope scope(&probe);
+    AutocastGuard autocast(in.precision, device);
+    loss = loss_fn();
+  }
+  if (!loss.defined() || loss.numel() != 1)
+    throw Error(ExitCode::internal, "the forward function must return a scalar loss");
+  loss = loss.to(at::kFloat);
+  Run r;
+  r.loss = loss.item<double>();
+  if (loss.requires_grad()) (loss * (in.scale / in.accumulation_steps)).backward();
+  for (const auto& p : parameters) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  r.forward = std::move(probe.forward);
+  r.backward = std::move(probe.backward);
+  return r;
+}
+
+double ratio(double bad, double reference) {
+  return bad / std::max(reference, 1e-30);
+}
+
+}  // namespace
+
+NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>& parameters) {
+  for (const auto& p : parameters) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  std::vector<Run> runs;
+  for (int micro = 0; micro < in.micro_batches; ++micro) {
+    Run r = run_once([&] { return in.forward(micro); }, in, parameters);
+    NanLocation loc;
+    loc.micro_batch = micro;
+    loc.loss = r.loss;
+    for (const auto& o : r.forward) {
+      if (o.value.nonfinite == 0) continue;
+      loc.found = true;
+      loc.module = o.module;
+      loc.phase = "forward";
+      loc.finding = "first non-finite output";
+      loc.observation = o;
+      break;
+    }
+    if (!loc.found && !std::isfinite(r.loss)) {
+      loc.found = true;
+      loc.phase = "loss";
+      loc.finding = "the loss is non-finite while every module output is finite: look at the loss function";
+    }
+    if (!loc.found) {
+      for (const auto& o : r.backward) {
+        if (o.value.nonfinite == 0) continue;
+        loc.found = true;
+        loc.module = o.module;
+        loc.phase = "backward";
+        loc.finding = "first non-finite gradient (backward order) of a module's output";
+        loc.observation = o;
+        break;
+      }
+    }
+    if (loc.found) {
+      loc.forward = std::move(r.forward);
+      loc.backward = std::move(r.backward);
+      return loc;
+    }
+    runs.push_back(std::move(r));
+  }
+
+  // No non-finite value: look for the module whose magnitude jumped against a healthy batch.
+  NanLocation best;
+  if (in.reference && !runs.empty()) {
+    const Run ref = run_once(in.reference, in, parameters);
+    double best_ratio = 0;
+    for (size_t m = 0; m < runs.size(); ++m) {
+      const Run& r = runs[m];
+      auto scan = [&](const std::vector<ModuleObservation>& bad, const std::vector<ModuleObservation>& good,
+                      const char* phase) -> bool {
+        for (size_t i = 0; i < bad.size() && i < good.size(); ++i) {
+          if (bad[i].module != good[i].module) break;  // the two runs took different paths
+          const double q = ratio(bad[i].value.absmax, good[i].value.absmax);
+          if (q <= in.spike_ratio) continue;
+          if (q > best_ratio) {
+            best_ratio = q;
+            best = NanLocation{};
+            best.found = true;
+            best.micro_batch = static_cast<int>(m);
+            best.loss = r.loss;
+            best.module = bad[i].module;
+            best.phase = phase;
+            char line[160];
+            std::snprintf(line, sizeof line,
+                          "first %s whose largest |value| is %.3gx that of a healthy batch",
+                          std::string(phase) == "forward" ? "output" : "output gradient", q);
+            best.finding = line;
+            best.observation = bad[i];
+            best.reference_absmax = good[i].value.absmax;
+            best.forward = r.forward;
+            best.backward = r.backward;
+          }
+          return true;
+        }
+        return false;
+      };
+      if (!scan(r.forward, ref.forward, "forward")) scan(r.backward, ref.backward, "backward");
+    }
+  }
+  if (!best.found) {
+    best.finding = "not located: the re-run found no non-finite value and no module more than " +
+                   std::to_string(static_cast<int>(in.spike_ratio)) + "x a healthy batch";
+    if (!runs.empty()) {
+      best.loss = runs.front().loss;
+      best.forward = runs.front().forward;
+      best.backward = runs.front().backward;
+    }
+  }
+  return best;
+}
+
+}  // namespace ampkit
