@@ -95,6 +95,17 @@ BOOST_AUTO_TEST_CASE(locator_names_the_injected_layer_of_the_gpt) {
   check_located(gpt, "spike", "blocks.0.fc", "grad");
 }
 
+// In fp16 a spike's activations stay finite but the scaled gradients behind them overflow: the
+// first non-finite value is a gradient, and the report traces it back to the spiked layer.
+BOOST_AUTO_TEST_CASE(fp16_gradient_overflow_is_traced_to_the_spiked_layer) {
+  const Located r = inject(mlp + " --precision fp16 --scaler static --opt scaler.scale=32768",
+                           "spike@step=3,layer=layers.1,factor=3000", 3, 4);
+  BOOST_TEST(r.report["module"].get<std::string>() == "layers.1", r.report["finding"]);
+  BOOST_TEST(r.report["phase"].get<std::string>() == "forward");
+  AMPKIT_CHECK_CONTAINS(r.report["finding"].get<std::string>(), "then the gradient of");
+  AMPKIT_CHECK_CONTAINS(r.report["detection"].get<std::string>(), "non-finite gradients");
+}
+
 BOOST_AUTO_TEST_CASE(report_describes_the_module_input_and_output) {
   const Located r = inject(mlp, "inf@step=2,layer=layers.1", 2, 3);
   const auto& o = r.report["observation"];

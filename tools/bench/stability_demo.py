@@ -7,8 +7,8 @@ another's, at seed-dependent steps, through ampkit-train --inject), trained thre
   dynamic/skip      dynamic loss scaler, skip bad steps (spike detection on)
   dynamic/rollback  dynamic loss scaler, roll back to an in-memory snapshot (spike detection on)
 
-A run failed when it crashed (exit code != 0) or diverged (final loss not finite or more than
-twice the fault-free fp32 run's final loss for the same seed). Prints a table and the
+A run failed when it crashed (exit code != 0) or diverged (test loss not finite or more than
+twice the fault-free fp32 run's test loss for the same seed). Prints a table and the
 reduction in failures of each recovery configuration against static/abort.
 
     tools/bench/stability_demo.py [--build build] [--seeds 8] [--steps 200] [--csv out.csv]
@@ -57,8 +57,8 @@ def train(binary, args, tmp, name):
     return out
 
 
-def final_loss(s):
-    v = s.get("final_loss")
+def test_loss(s):
+    v = s.get("test_loss")
     return v if isinstance(v, (int, float)) else math.nan
 
 
@@ -75,32 +75,32 @@ def main():
         for seed in range(a.seeds):
             common = [*WORKLOAD, "--steps", str(a.steps), "--seed", str(seed)]
             clean = train(binary, [*common, "--precision", "fp32"], tmp, f"clean-{seed}")
-            reference = final_loss(clean)
+            reference = test_loss(clean)
             for name, extra in CONFIGS.items():
                 s = train(binary, [*common, "--precision", "fp16", *extra, *faults(seed, a.steps)], tmp,
                           f"{name.replace('/', '-')}-{seed}")
-                loss = final_loss(s)
+                loss = test_loss(s)
                 crashed = s["code"] != 0
                 diverged = not crashed and (not math.isfinite(loss) or loss > 2 * reference)
                 rows.append({"config": name, "seed": seed, "crashed": crashed, "diverged": diverged,
                              "nan_events": s.get("nan_events", 0), "skipped": s.get("skipped_steps", 0),
-                             "rollbacks": s.get("rollbacks", 0), "final_loss": loss, "reference_loss": reference,
+                             "rollbacks": s.get("rollbacks", 0), "test_loss": loss, "reference_loss": reference,
                              "error": s.get("error", "")})
-                print(f"  seed {seed} {name:17s} exit {s['code']} final loss {loss:.4g} (fp32 clean {reference:.4g})",
+                print(f"  seed {seed} {name:17s} exit {s['code']} test loss {loss:.4g} (fp32 clean {reference:.4g})",
                       file=sys.stderr)
 
     print(f"\nfp16 synthetic MLP, {a.steps} steps, {a.seeds} seeds; faults per seed: 1 NaN + 1 x1000 spike")
     print(f"{'config':18s} {'crashed':>8s} {'diverged':>9s} {'failed':>7s} {'NaN events':>11s} {'skipped':>8s}"
-          f" {'rollbacks':>10s} {'final loss (ok runs)':>21s}")
+          f" {'rollbacks':>10s} {'test loss (ok runs)':>20s}")
     failed = {}
     for name in CONFIGS:
         rs = [r for r in rows if r["config"] == name]
-        ok = [r["final_loss"] for r in rs if not r["crashed"] and not r["diverged"]]
+        ok = [r["test_loss"] for r in rs if not r["crashed"] and not r["diverged"]]
         failed[name] = sum(r["crashed"] or r["diverged"] for r in rs)
         loss = f"{statistics.mean(ok):.4f}" if ok else "-"
         print(f"{name:18s} {sum(r['crashed'] for r in rs):8d} {sum(r['diverged'] for r in rs):9d}"
               f" {failed[name]:7d} {sum(r['nan_events'] for r in rs):11d} {sum(r['skipped'] for r in rs):8d}"
-              f" {sum(r['rollbacks'] for r in rs):10d} {loss:>21s}")
+              f" {sum(r['rollbacks'] for r in rs):10d} {loss:>20s}")
     base = failed["static/abort"]
     for name in list(CONFIGS)[1:]:
         if base:

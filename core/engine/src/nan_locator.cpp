@@ -96,6 +96,29 @@ double ratio(double bad, double reference) {
   return bad / std::max(reference, 1e-30);
 }
 
+// Index of the first observation whose |value| max exceeds `limit` times the reference run's
+// at the same position, or -1. Stops where the two runs took different paths.
+int first_jump(const std::vector<ModuleObservation>& bad, const std::vector<ModuleObservation>& good,
+               double limit, double* q_out) {
+  for (size_t i = 0; i < bad.size() && i < good.size(); ++i) {
+    if (bad[i].module != good[i].module) break;
+    if (bad[i].value.nonfinite > 0) break;
+    const double q = ratio(bad[i].value.absmax, good[i].value.absmax);
+    if (q > limit) {
+      *q_out = q;
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+std::string jump_text(const char* what, double q) {
+  char line[160];
+  std::snprintf(line, sizeof line, "first %s whose largest |value| is %.3gx that of a healthy batch", what,
+                q);
+  return line;
+}
+
 }  // namespace
 
 NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>& parameters) {
@@ -131,6 +154,19 @@ NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>&
         break;
       }
     }
+    if (loc.found && loc.phase == "backward" && in.reference) {
+      // Gradients that overflow under finite activations often follow a spike upstream: name it.
+      const Run ref = run_once(in.reference, in, parameters);
+      double q = 0;
+      const int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
+      if (i >= 0) {
+        loc.finding = jump_text("output", q) + "; then the gradient of '" + loc.module + "' went non-finite";
+        loc.module = r.forward[i].module;
+        loc.phase = "forward";
+        loc.observation = r.forward[i];
+        loc.reference_absmax = ref.forward[i].value.absmax;
+      }
+    }
     if (loc.found) {
       loc.forward = std::move(r.forward);
       loc.backward = std::move(r.backward);
@@ -146,35 +182,28 @@ NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>&
     double best_ratio = 0;
     for (size_t m = 0; m < runs.size(); ++m) {
       const Run& r = runs[m];
-      auto scan = [&](const std::vector<ModuleObservation>& bad, const std::vector<ModuleObservation>& good,
-                      const char* phase) -> bool {
-        for (size_t i = 0; i < bad.size() && i < good.size(); ++i) {
-          if (bad[i].module != good[i].module) break;  // the two runs took different paths
-          const double q = ratio(bad[i].value.absmax, good[i].value.absmax);
-          if (q <= in.spike_ratio) continue;
-          if (q > best_ratio) {
-            best_ratio = q;
-            best = NanLocation{};
-            best.found = true;
-            best.micro_batch = static_cast<int>(m);
-            best.loss = r.loss;
-            best.module = bad[i].module;
-            best.phase = phase;
-            char line[160];
-            std::snprintf(line, sizeof line,
-                          "first %s whose largest |value| is %.3gx that of a healthy batch",
-                          std::string(phase) == "forward" ? "output" : "output gradient", q);
-            best.finding = line;
-            best.observation = bad[i];
-            best.reference_absmax = good[i].value.absmax;
-            best.forward = r.forward;
-            best.backward = r.backward;
-          }
-          return true;
-        }
-        return false;
-      };
-      if (!scan(r.forward, ref.forward, "forward")) scan(r.backward, ref.backward, "backward");
+      double q = 0;
+      const char* phase = "forward";
+      int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
+      if (i < 0) {
+        phase = "backward";
+        i = first_jump(r.backward, ref.backward, in.spike_ratio, &q);
+      }
+      if (i < 0 || q <= best_ratio) continue;
+      const ModuleObservation& o = (phase[0] == 'f' ? r.forward : r.backward)[static_cast<size_t>(i)];
+      best_ratio = q;
+      best = NanLocation{};
+      best.found = true;
+      best.micro_batch = static_cast<int>(m);
+      best.loss = r.loss;
+      best.module = o.module;
+      best.phase = phase;
+      best.finding = jump_text(phase[0] == 'f' ? "output" : "output gradient", q);
+      best.observation = o;
+      best.reference_absmax =
+          (phase[0] == 'f' ? ref.forward : ref.backward)[static_cast<size_t>(i)].value.absmax;
+      best.forward = r.forward;
+      best.backward = r.backward;
     }
   }
   if (!best.found) {

@@ -531,7 +531,8 @@ int run(int argc, const char* const argv[]) {
       std::fprintf(stderr, "ampkit-train: warning: %s\n", line);
     }
     if (out.stepped && out.clip_coefficient < 1.0) ++clipped_steps;
-    if (std::isfinite(out.stats.loss)) {
+    // Only applied steps: a skipped spike's loss says nothing about the model being trained.
+    if (out.stepped && std::isfinite(out.stats.loss)) {
       recent_losses.push_back(out.stats.loss);
       if (recent_losses.size() > 20) recent_losses.pop_front();
     }
