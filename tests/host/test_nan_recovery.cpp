@@ -263,3 +263,23 @@ BOOST_AUTO_TEST_CASE(rollback_escalates_from_skip_to_rollback_to_abort_with_a_ch
   BOOST_TEST(fs::exists(tmp.path / "ck" / "step-22" / "manifest.json"));
   BOOST_TEST(read_json(tmp.path / "ck" / "step-22" / "manifest.json")["param_sha256"] == s["param_sha256"]);
 }
+
+// A run that rolled back and skipped batches resumes from a later checkpoint exactly: the data
+// position, the discarded/rollback counters and the LR schedule position all come back.
+BOOST_AUTO_TEST_CASE(resume_after_a_rollback_is_exact) {
+  TempDir tmp;
+  const std::string policy =
+      " --nan-policy rollback --opt nan_policy.snapshot_every=5"
+      " --opt nan_policy.skip_batches=3 --inject nan@step=12 --warmup-steps 50";
+  Result r = run(mlp + " --steps 30" + policy + " --summary " + (tmp.path / "a.json").string());
+  BOOST_TEST_REQUIRE(r.code == 0, r.output);
+  const std::string ck = " --checkpoint-dir " + (tmp.path / "ck").string();
+  r = run(mlp + " --steps 20" + policy + ck);
+  BOOST_TEST_REQUIRE(r.code == 0, r.output);
+  r = run(mlp + " --steps 30" + policy + ck + " --resume auto --summary " + (tmp.path / "b.json").string());
+  BOOST_TEST_REQUIRE(r.code == 0, r.output);
+  const auto a = read_json(tmp.path / "a.json"), b = read_json(tmp.path / "b.json");
+  BOOST_TEST(b["param_sha256"] == a["param_sha256"]);
+  for (const char* key : {"steps", "steps_taken", "skipped_steps", "steps_discarded", "rollbacks"})
+    BOOST_TEST(b[key] == a[key], key);
+}
