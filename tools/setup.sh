@@ -33,4 +33,5 @@ if [ "$have" != "$TORCH_VERSION" ]; then
 else
   say "torch $have present"
 fi
+"$PYTHON" -c 'import matplotlib' 2>/dev/null || { say "installing matplotlib from PyPI (tools/plot_run.py, tools/bench/plot_throughput.py)"; "$PYTHON" -m pip install --quiet matplotlib; }
 say "done"

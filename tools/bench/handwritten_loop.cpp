@@ -1,0 +1,137 @@
+// The hand-written LibTorch loop ampkit-train is measured against (docs/benchmarks.md): the same
+// workloads, data and math — autocast, scaled backward, GradScaler's unscale + inf check and
+// scale update, clip_grad_norm_, AdamW — written the way a LibTorch user would, no framework.
+//
+//   ampkit-bench-handwritten [ampkit-train options] --warmup N
+//
+// Accepts ampkit-train's options (same parser; plugin choices are ignored: fp16 uses a dynamic
+// scale from 65536 with GradScaler's defaults, every precision clips the norm at 1.0) and prints
+// one JSON line with the throughput of the steps after the warm-up.
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampkit/error.h"
+#include "ampkit/train_config.h"
+#include "workload.h"
+
+namespace {
+
+struct Autocast {
+  explicit Autocast(ampkit::Precision p) : on(p != ampkit::Precision::fp32) {
+    if (!on) return;
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, p == ampkit::Precision::bf16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (!on) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+  }
+  bool on;
+};
+
+int run(int argc, char** argv) {
+  int64_t warmup = 3;
+  std::vector<const char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
+      warmup = std::stoll(argv[++i]);
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  const ampkit::TrainConfig cfg = ampkit::parse_train_config(static_cast<int>(args.size()), args.data());
+  if (cfg.device != "cpu")
+    throw ampkit::Error(ampkit::ExitCode::usage, "the hand-written loop runs on --device cpu");
+  if (cfg.threads > 0) at::set_num_threads(cfg.threads);
+  torch::manual_seed(cfg.seed);
+  const at::Device device(at::kCPU);
+  std::unique_ptr<ampkit::train::Workload> w =
+      cfg.workload == "fashion-mnist" ? ampkit::train::make_fashion_mnist(cfg, device)
+      : cfg.workload == "char-gpt"    ? ampkit::train::make_char_gpt(cfg, device)
+                                      : ampkit::train::make_synthetic(cfg, device);
+  std::vector<at::Tensor> params;
+  int64_t count = 0;
+  for (const auto& p : w->module().parameters()) {
+    params.push_back(p);
+    count += p.numel();
+  }
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  const bool fp16 = cfg.precision == ampkit::Precision::fp16;
+  at::Tensor scale = at::full({1}, fp16 ? 65536.0 : 1.0, at::kFloat);
+  at::Tensor growth_tracker = at::zeros({1}, at::kInt);
+  at::Tensor found_inf = at::zeros({1}, at::kFloat);
+
+  const int64_t steps_per_epoch = w->batches_per_epoch() / cfg.accumulate;
+  const int64_t steps = cfg.steps > 0 ? cfg.steps : cfg.epochs * steps_per_epoch;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t epoch = -1, skipped = 0;
+  for (int64_t step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) start = std::chrono::steady_clock::now();
+    if (step / steps_per_epoch != epoch) w->start_epoch(epoch = step / steps_per_epoch);
+    const int64_t first = (step % steps_per_epoch) * cfg.accumulate;
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    for (int micro = 0; micro < cfg.accumulate; ++micro) {
+      at::Tensor loss;
+      {
+        Autocast autocast(cfg.precision);
+        loss = w->loss(first + micro);
+      }
+      (loss.to(at::kFloat) * (scale / static_cast<double>(cfg.accumulate))).backward();
+    }
+    bool stepped = true;
+    if (fp16) {
+      std::vector<at::Tensor> grads;
+      for (auto& p : params)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      found_inf.zero_();
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale.reciprocal());
+      stepped = found_inf.item<float>() == 0.0f;
+    }
+    torch::nn::utils::clip_grad_norm_(params, 1.0);
+    if (stepped)
+      optimizer.step();
+    else
+      ++skipped;
+    if (fp16) at::_amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double samples = static_cast<double>(steps * cfg.batch_size * cfg.accumulate);
+  std::printf(
+      "{\"way\": \"libtorch\", \"workload\": \"%s\", \"precision\": \"%s\", \"steps\": %lld, \"seconds\": "
+      "%.6f, "
+      "\"samples_per_second\": %.3f, \"step_ms\": %.4f, \"parameters\": %lld, \"skipped_steps\": %lld}\n",
+      cfg.workload.c_str(), ampkit::to_string(cfg.precision), static_cast<long long>(steps), seconds,
+      samples / seconds, 1000.0 * seconds / static_cast<double>(steps), static_cast<long long>(count),
+      static_cast<long long>(skipped));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ampkit::Error& e) {
+    std::fprintf(stderr, "ampkit-bench-handwritten: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampkit-bench-handwritten: error: %s\n", e.what());
+    return 1;
+  }
+}
