@@ -1,6 +1,7 @@
 # Finds LibTorch inside the pip `torch` wheel and defines imported targets:
 #   ampkit::torch_cpu  c10 + torch_cpu (what plugins and most code need)
 #   ampkit::torch      the above plus torch and, with CUDA, torch_cuda/c10_cuda (for executables)
+# Installed with ampkit's CMake package, whose ampkitConfig.cmake includes it the same way.
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 if(NOT AMPKIT_TORCH_DIR)
   execute_process(
@@ -22,6 +23,9 @@ if(NOT AMPKIT_TORCH_VERSION STREQUAL "2.11.0")
   message(WARNING "ampkit is pinned to torch 2.11.0 (the GPU machine's); found ${AMPKIT_TORCH_VERSION}")
 endif()
 set(AMPKIT_TORCH_LIB_DIR "${AMPKIT_TORCH_DIR}/lib")
+if(TARGET ampkit::torch_cpu)  # a second find_package(ampkit) in the same folder
+  return()
+endif()
 
 add_library(ampkit::torch_cpu INTERFACE IMPORTED)
 target_include_directories(ampkit::torch_cpu SYSTEM INTERFACE
@@ -48,6 +52,11 @@ if(AMPKIT_HAS_CUDA)
   target_compile_definitions(ampkit::torch INTERFACE AMPKIT_HAS_CUDA=1)
 endif()
 # Executables find torch where setup installed it; on another machine set LD_LIBRARY_PATH.
-set(CMAKE_BUILD_RPATH "${AMPKIT_TORCH_LIB_DIR}")
-set(CMAKE_INSTALL_RPATH "${AMPKIT_TORCH_LIB_DIR}")
+# A project using the installed package keeps any run path it chose itself.
+if(NOT CMAKE_BUILD_RPATH)
+  set(CMAKE_BUILD_RPATH "${AMPKIT_TORCH_LIB_DIR}")
+endif()
+if(NOT CMAKE_INSTALL_RPATH)
+  set(CMAKE_INSTALL_RPATH "${AMPKIT_TORCH_LIB_DIR}")
+endif()
 message(STATUS "ampkit: torch ${AMPKIT_TORCH_VERSION} at ${AMPKIT_TORCH_DIR} (CUDA libraries: ${AMPKIT_HAS_CUDA})")

@@ -260,11 +260,15 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
   const std::vector<Case> cases = {
       {"--scaler " + broken + "/not_elf/libampkit-scaler-notelf.so", "is not an ELF shared library"},
       {"--scaler " + broken + "/no_entry/libampkit-scaler-noentry.so", "has no ampkit plugin entry"},
-      {"--scaler " + broken + "/abi_mismatch/libampkit-scaler-abi_mismatch.so",
-       "was built for ampkit ABI " AMPKIT_STRINGIFY(AMPKIT_TEST_NEWER_ABI) " / torch 2.11.0, host has "
-                                                                           "ABI " AMPKIT_STRINGIFY(
-                                                                               AMPKIT_ABI_VERSION) " / torch "
-                                                                                                   "2.11.0"},
+      {"--scaler " + broken + "/abi_newer/libampkit-scaler-abi_newer.so",
+       "plugin file " + broken + "/abi_newer/libampkit-scaler-abi_newer.so was built for ampkit ABI " +
+           std::to_string(AMPKIT_ABI_VERSION + 1) + " / torch " AMPKIT_TORCH_VERSION ", host has ABI " +
+           std::to_string(AMPKIT_ABI_VERSION) +
+           " / torch " AMPKIT_TORCH_VERSION "; rebuild the plugin against this ampkit SDK"},
+      {"--scaler " + broken + "/abi_older/libampkit-scaler-abi_older.so",
+       "was built for ampkit ABI " + std::to_string(AMPKIT_ABI_VERSION - 1) +
+           " / torch " AMPKIT_TORCH_VERSION ", host has ABI " + std::to_string(AMPKIT_ABI_VERSION) +
+           " / torch " AMPKIT_TORCH_VERSION},
       {"--scaler " + broken + "/torch_mismatch/libampkit-scaler-torch_mismatch.so", "torch 2.10.0"},
       {"--clipper " + broken + "/wrong_kind/libampkit-scaler-wrong_kind.so", "not a clipper plugin"},
       {"--scaler " + broken + "/throwing_factory/libampkit-scaler-throwing_factory.so",

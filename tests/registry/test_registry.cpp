@@ -21,6 +21,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "registry_test_support.h"
@@ -167,7 +168,7 @@ BOOST_AUTO_TEST_CASE(scan_lists_the_builtin_plugins_from_elf) {
     found.insert(p.kind + "/" + p.name);
     BOOST_TEST(p.abi_version == AMPKIT_ABI_VERSION);
     BOOST_TEST(p.torch_version == AMPKIT_TORCH_VERSION);
-    BOOST_TEST(p.entry == "ampkit_v" AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) "_" + p.kind + "_" + p.name);
+    BOOST_TEST(p.entry == "ampkit_v" + std::to_string(AMPKIT_ABI_VERSION) + "_" + p.kind + "_" + p.name);
     BOOST_TEST(p.path.filename().string() == "libampkit-" + p.kind + "-" + p.name + ".so");
     BOOST_TEST(!p.summary.empty());
   }
@@ -335,17 +336,26 @@ BOOST_AUTO_TEST_CASE(corrupt_section_name_offset_is_refused_without_crashing) {
   AMPKIT_CHECK_CONTAINS(r.message, "plugin file " + copy.file.string());
 }
 
-BOOST_AUTO_TEST_CASE(plugin_for_another_abi_is_refused_before_loading) {
-  Registry registry(only({broken("abi_mismatch")}));
-  const ampkit::PluginInfo info = registry.find("scaler", "abi_mismatch");  // read from ELF only
-  BOOST_TEST(info.abi_version == AMPKIT_TEST_NEWER_ABI);
-  BOOST_TEST(info.entry == "ampkit_v" AMPKIT_STRINGIFY(AMPKIT_TEST_NEWER_ABI) "_scaler_abi_mismatch");
-  const Caught e = catch_error([&] { registry.load(info); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
-  AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string());
-  AMPKIT_CHECK_CONTAINS(e.message, "built for ampkit ABI " AMPKIT_STRINGIFY(AMPKIT_TEST_NEWER_ABI));
-  AMPKIT_CHECK_CONTAINS(e.message, "host has ABI " AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION));
-  AMPKIT_CHECK_CONTAINS(e.message, "rebuild the plugin");
+// Both ways: a plugin built for a newer ABI (a newer SDK than this host) and for an older one are
+// refused from their ELF record alone, with the message docs/plugin-authoring.md documents. The
+// numbers follow AMPKIT_ABI_VERSION, so the test still holds after a bump.
+BOOST_AUTO_TEST_CASE(plugins_for_a_newer_or_older_abi_are_refused_before_loading) {
+  const int host = AMPKIT_ABI_VERSION;
+  for (const auto& [name, abi] :
+       {std::pair<std::string, int>{"abi_newer", host + 1}, {"abi_older", host - 1}}) {
+    BOOST_TEST_CONTEXT(name) {
+      Registry registry(only({broken(name)}));
+      const ampkit::PluginInfo info = registry.find("scaler", name);  // read from ELF only
+      BOOST_TEST(info.abi_version == abi);
+      BOOST_TEST(info.entry == "ampkit_v" + std::to_string(abi) + "_scaler_" + name);
+      const Caught e = catch_error([&] { registry.load(info); });
+      AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+      BOOST_TEST(e.message ==
+                 "plugin file " + info.path.string() + " was built for ampkit ABI " + std::to_string(abi) +
+                     " / torch " AMPKIT_TORCH_VERSION ", host has ABI " + std::to_string(host) +
+                     " / torch " AMPKIT_TORCH_VERSION "; rebuild the plugin against this ampkit SDK");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(plugin_for_another_torch_is_refused_before_loading) {
@@ -357,7 +367,7 @@ BOOST_AUTO_TEST_CASE(plugin_for_another_torch_is_refused_before_loading) {
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "torch 2.10.0");
   AMPKIT_CHECK_CONTAINS(
-      e.message, "host has ABI " AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) " / torch " AMPKIT_TORCH_VERSION);
+      e.message, "host has ABI " + std::to_string(AMPKIT_ABI_VERSION) + " / torch " AMPKIT_TORCH_VERSION);
 }
 
 BOOST_AUTO_TEST_CASE(scaler_selected_as_clipper_is_refused) {
@@ -440,7 +450,7 @@ BOOST_AUTO_TEST_CASE(stripped_plugin_is_found_and_loaded) {
   const auto scan = registry.scan();
   for (const auto& [file, why] : scan.problems) BOOST_ERROR(file.string() << ": " << why);
   BOOST_TEST_REQUIRE(scan.plugins.size() == 1u);
-  BOOST_TEST(scan.plugins[0].entry == "ampkit_v" AMPKIT_STRINGIFY(AMPKIT_ABI_VERSION) "_scaler_stripped");
+  BOOST_TEST(scan.plugins[0].entry == "ampkit_v" + std::to_string(AMPKIT_ABI_VERSION) + "_scaler_stripped");
   const ampkit::LoadedPlugin& plugin = registry.load(registry.find("scaler", "stripped"));
   auto strategy = create(plugin);
   BOOST_TEST(dynamic_cast<ampkit::LossScaler&>(*strategy).scale() == 1.0);

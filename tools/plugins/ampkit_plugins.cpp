@@ -43,6 +43,14 @@ ordered_json info_json(const PluginInfo& p) {
   return j;
 }
 
+// A file offering the kind and name of a plugin linked into this program is never selected by name.
+bool shadowed(const PluginInfo& p, const ScanResult& scan) {
+  if (p.is_static) return false;
+  for (const auto& s : scan.plugins)
+    if (s.is_static && s.kind == p.kind && s.name == p.name) return true;
+  return false;
+}
+
 int list(const Registry& registry, bool json) {
   const ScanResult scan = registry.scan();
   if (json) {
@@ -50,7 +58,10 @@ int list(const Registry& registry, bool json) {
     out["search_path"] = ordered_json::array();
     for (const auto& d : registry.search_path()) out["search_path"].push_back(d.string());
     out["plugins"] = ordered_json::array();
-    for (const auto& p : scan.plugins) out["plugins"].push_back(info_json(p));
+    for (const auto& p : scan.plugins) {
+      out["plugins"].push_back(info_json(p));
+      out["plugins"].back()["shadowed"] = shadowed(p, scan);
+    }
     out["problems"] = ordered_json::array();
     for (const auto& [file, why] : scan.problems)
       out["problems"].push_back({{"path", file.string()}, {"error", why}});
@@ -67,11 +78,11 @@ int list(const Registry& registry, bool json) {
   for (const auto& kind : kPluginKinds)
     for (const auto& p : scan.plugins) {
       if (p.kind != kind) continue;
-      std::string note;
+      std::string note = shadowed(p, scan) ? "  [shadowed by static]" : "";
       try {
         check_compatible(p);
       } catch (const Error& e) {
-        note = "  [incompatible]";
+        note += "  [incompatible]";
       }
       std::printf("%-*s  %-*s  %-*s  %s%s%s\n", int(wk), p.kind.c_str(), int(wn), p.name.c_str(), int(wv),
                   p.version.c_str(), p.summary.c_str(), p.is_static ? "  [static]" : "", note.c_str());
@@ -89,7 +100,7 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
   if (!kind.empty()) {
     matches.push_back(registry.find(kind, name));
   } else if (name.find('/') != std::string::npos ||
-             name.size() > 3 && name.substr(name.size() - 3) == ".so") {
+             (name.size() > 3 && name.substr(name.size() - 3) == ".so")) {
     matches.push_back(inspect_plugin_file(name));
   } else {
     for (const auto& k : kPluginKinds)

@@ -141,9 +141,9 @@ Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
     }
   }
   if (options_.use_default_dirs) {
-#ifdef AMPKIT_BUILD_PLUGIN_DIR
-    dirs.emplace_back(AMPKIT_BUILD_PLUGIN_DIR);
-#endif
+    // Next to the program: build/bin/ and build/tests/ find build/lib/ampkit/plugins, an installed
+    // program <prefix>/lib/ampkit/plugins. No build-tree folder is compiled in: an installed
+    // program would otherwise see every built-in plugin twice while the build tree exists.
     std::error_code ec;
     const fs::path exe = boost::dll::program_location(ec);
     if (!ec) dirs.push_back(exe.parent_path().parent_path() / "lib" / "ampkit" / "plugins");
@@ -200,6 +200,10 @@ PluginInfo Registry::find(const std::string& kind, const std::string& name_or_pa
     if (p.name == name_or_path) matches.push_back(p);
     if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
   }
+  // A plugin linked into the program wins over files of the same kind and name (statics come
+  // first in the scan): the program was built with it on purpose, and the static build runs
+  // beside the built-in files. A file is still selected by its path.
+  if (!matches.empty() && matches.front().is_static) return matches.front();
   if (matches.size() == 1) return matches.front();
   if (matches.size() > 1) {
     std::string where;

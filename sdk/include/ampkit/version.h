@@ -13,7 +13,8 @@
 #ifdef AMPKIT_ABI_VERSION_OVERRIDE  // for the loader's own tests only
 #define AMPKIT_ABI_VERSION AMPKIT_ABI_VERSION_OVERRIDE
 #else
-#define AMPKIT_ABI_VERSION 2  // 2: NanDecision::skip_batches, NanPolicy::rollback_plan()
+// 2: NanDecision::skip_batches and NanPolicy::rollback_plan() (the rollback NaN policy).
+#define AMPKIT_ABI_VERSION 2
 #endif
 
 #define AMPKIT_STRINGIFY_(x) #x

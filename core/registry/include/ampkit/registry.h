@@ -52,7 +52,7 @@ class LoadedPlugin {
 struct RegistryOptions {
   std::vector<std::filesystem::path> plugin_dirs;  // --plugin-dir, searched first
   bool use_environment = true;                     // AMPKIT_PLUGIN_PATH
-  bool use_default_dirs = true;                    // build tree and install prefix
+  bool use_default_dirs = true;                    // <program>/../lib/ampkit/plugins, install prefix
   bool allow_untrusted = false;                    // --allow-untrusted-plugins
   bool probe = true;  // load each plugin in a child process first, so a crash is reported
 };
@@ -71,7 +71,8 @@ class Registry {
   // Every *.so in the search path, read from ELF; statically linked plugins come first.
   ScanResult scan() const;
   // The plugin of `kind` called `name_or_path`; a value with '/' or ending in ".so" is a file.
-  // Unknown name: Error listing the available ones. Same kind+name twice: Error listing both.
+  // Unknown name: Error listing the available ones. Same kind+name in two files: Error listing
+  // both. A statically linked plugin wins over files of its kind and name.
   PluginInfo find(const std::string& kind, const std::string& name_or_path) const;
   // Checks trust and compatibility, probes in a child (if enabled), loads, checks the descriptor.
   const LoadedPlugin& load(const PluginInfo& info);

@@ -1,0 +1,94 @@
+// Unit test of the ema_norm clipper without any ampkit host: the plugin's object files are linked
+// in, its entry gives the descriptor the host would read, and the test drives clip/save/load.
+#include <ampkit/plugin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+extern "C" const void* AMPKIT_PLUGIN_ENTRY_NAME(clipper, ema_norm);
+
+namespace {
+
+int failures = 0;
+
+#define CHECK(condition)                                                                 \
+  do {                                                                                   \
+    if (!(condition)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #condition); \
+      ++failures;                                                                        \
+    }                                                                                    \
+  } while (0)
+
+const ampkit_plugin_descriptor& descriptor() {
+  const void* entry = AMPKIT_PLUGIN_ENTRY_NAME(clipper, ema_norm);
+  return *reinterpret_cast<ampkit_entry_fn>(reinterpret_cast<std::intptr_t>(entry))();
+}
+
+// The options as the host would pass them when the user gives `given`: declared defaults first.
+std::unique_ptr<ampkit::GradClipper> make(const std::map<std::string, std::string>& given = {}) {
+  const ampkit_plugin_descriptor& d = descriptor();
+  ampkit::OptionValues values;
+  for (uint32_t i = 0; i < d.option_count; ++i)
+    if (d.options[i].default_value != nullptr) values.set(d.options[i].name, d.options[i].default_value);
+  for (const auto& [name, value] : given) values.set(name, value);
+  char error[256] = {};
+  void* object = d.create(&values, error, sizeof error);
+  if (object == nullptr) std::fprintf(stderr, "create failed: %s\n", error);
+  // The factory hands out the kind's interface as a Strategy*, exactly as the host receives it.
+  return std::unique_ptr<ampkit::GradClipper>(
+      dynamic_cast<ampkit::GradClipper*>(static_cast<ampkit::Strategy*>(object)));
+}
+
+ampkit::StepStats norm(double value) {
+  ampkit::StepStats s;
+  s.grad_norm = value;
+  return s;
+}
+
+}  // namespace
+
+int main() {
+  const ampkit_plugin_descriptor& d = descriptor();
+  CHECK(d.abi_version == AMPKIT_ABI_VERSION);
+  CHECK(std::string(d.kind) == "clipper");
+  CHECK(std::string(d.name) == "ema_norm");
+  CHECK(d.option_count == 3u);
+
+  auto clipper = make({{"warmup_steps", "2"}, {"factor", "2"}, {"beta", "0.5"}});
+  CHECK(clipper != nullptr);
+  if (!clipper) return 1;
+  // Warm-up: no clipping, the average becomes the mean of 1 and 3.
+  CHECK(clipper->clip(norm(1.0)).coefficient == 1.0);
+  CHECK(clipper->clip(norm(3.0)).coefficient == 1.0);
+  // Threshold 2 x 2 = 4: a norm of 8 is scaled by 4 / (8 + 1e-6).
+  const ampkit::ClipResult spike = clipper->clip(norm(8.0));
+  CHECK(spike.threshold == 4.0);
+  CHECK(std::fabs(spike.coefficient - 4.0 / (8.0 + 1e-6)) < 1e-15);
+  // The average moved towards the clipped norm 4, not towards 8: 0.5 x 2 + 0.5 x 4 = 3.
+  CHECK(clipper->clip(norm(1.0)).threshold == 6.0);
+
+  // save() then load() into a fresh clipper continues identically.
+  auto resumed = make({{"warmup_steps", "2"}, {"factor", "2"}, {"beta", "0.5"}});
+  resumed->load(clipper->save());
+  CHECK(resumed->clip(norm(5.0)).threshold == clipper->clip(norm(5.0)).threshold);
+  CHECK(resumed->save() == clipper->save());
+
+  // A state this plugin never writes is refused with a message, not used.
+  ampkit::State bad;
+  bad.set("average", -1.0);
+  bad.set("seen", int64_t{3});
+  bool refused = false;
+  try {
+    resumed->load(bad);
+  } catch (const std::exception& e) {
+    refused = std::string(e.what()).find("clipper 'ema_norm'") != std::string::npos;
+  }
+  CHECK(refused);
+
+  std::printf("test_ema_clipper: %s\n", failures == 0 ? "ok" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
