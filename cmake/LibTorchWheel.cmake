@@ -27,12 +27,16 @@ if(TARGET ampkit::torch_cpu)  # a second find_package(ampkit) in the same folder
   return()
 endif()
 
-add_library(ampkit::torch_cpu INTERFACE IMPORTED)
-target_include_directories(ampkit::torch_cpu SYSTEM INTERFACE
+# Headers and ABI flags only: for code that declares torch types but calls nothing in torch
+# (the registry behind ampkit-plugins, which then starts without loading libtorch).
+add_library(ampkit::torch_headers INTERFACE IMPORTED)
+target_include_directories(ampkit::torch_headers SYSTEM INTERFACE
   "${AMPKIT_TORCH_DIR}/include" "${AMPKIT_TORCH_DIR}/include/torch/csrc/api/include")
-target_compile_definitions(ampkit::torch_cpu INTERFACE _GLIBCXX_USE_CXX11_ABI=${AMPKIT_TORCH_CXX11_ABI}
+target_compile_definitions(ampkit::torch_headers INTERFACE _GLIBCXX_USE_CXX11_ABI=${AMPKIT_TORCH_CXX11_ABI}
   USE_C10D_GLOO USE_DISTRIBUTED USE_RPC USE_TENSORPIPE)
-target_link_libraries(ampkit::torch_cpu INTERFACE
+
+add_library(ampkit::torch_cpu INTERFACE IMPORTED)
+target_link_libraries(ampkit::torch_cpu INTERFACE ampkit::torch_headers
   "${AMPKIT_TORCH_LIB_DIR}/libtorch_cpu.so" "${AMPKIT_TORCH_LIB_DIR}/libc10.so")
 
 set(AMPKIT_HAS_CUDA OFF)
