@@ -430,6 +430,29 @@ BOOST_AUTO_TEST_CASE(crash_in_static_initializer_is_reported_not_shared) {
   AMPKIT_CHECK_CONTAINS(again.message, "crashed while loading");
 }
 
+// ampkit-train loads its four plugins together: one probe child for all. A crash of the third
+// must name the third file, and nothing of the batch may be kept.
+BOOST_AUTO_TEST_CASE(load_all_probes_together_and_names_the_plugin_that_crashed) {
+  const NoCoreDumps no_cores;
+  const DefaultCrashSignals default_signals;
+  Registry registry(only({kPluginDir, broken("static_init_crash")}));
+  const ampkit::PluginInfo good1 = registry.find("scaler", "dynamic"), good2 = registry.find("clipper", "norm");
+  const ampkit::PluginInfo bad = registry.find("scaler", "static_init_crash");
+  const ampkit::PluginInfo good3 = registry.find("nan_policy", "skip");
+  const Caught e = catch_error([&] { registry.load_all({good1, good2, bad, good3}); });
+  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + bad.path.string() + " crashed while loading (signal 11");
+  BOOST_TEST(e.message.find(good1.path.string()) == std::string::npos);
+
+  const std::vector<const ampkit::LoadedPlugin*> loaded = registry.load_all({good1, good2, good3, good1});
+  BOOST_TEST_REQUIRE(loaded.size() == 4u);
+  BOOST_TEST(loaded[0]->info().name == "dynamic");
+  BOOST_TEST(loaded[1]->info().name == "norm");
+  BOOST_TEST(loaded[2]->info().name == "skip");
+  BOOST_TEST(loaded[3] == loaded[0]);                // the same file once
+  BOOST_TEST(&registry.load(good2) == loaded[1]);     // and kept for later loads
+}
+
 BOOST_AUTO_TEST_CASE(probe_reports_the_static_initializer_crash) {
   const NoCoreDumps no_cores;
   const DefaultCrashSignals default_signals;

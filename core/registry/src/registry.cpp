@@ -229,36 +229,65 @@ PluginInfo Registry::find(const std::string& kind, const std::string& name_or_pa
                                     "; see ampkit-plugins list)");
 }
 
-const LoadedPlugin& Registry::load(const PluginInfo& info) {
-  const std::string key =
-      info.is_static ? "static:" + info.kind + ":" + info.name : fs::weakly_canonical(info.path).string();
-  auto it = loaded_.find(key);
-  if (it != loaded_.end()) return *it->second;
-  const ampkit_plugin_descriptor* descriptor = nullptr;
-  if (info.is_static) {
-    for (const auto* d : static_plugins())
-      if (info.kind == d->kind && info.name == d->name) descriptor = d;
-    validate_descriptor(info, descriptor);
-  } else {
+namespace {
+
+std::string load_key(const PluginInfo& info) {
+  return info.is_static ? "static:" + info.kind + ":" + info.name : fs::weakly_canonical(info.path).string();
+}
+
+}  // namespace
+
+const LoadedPlugin& Registry::load(const PluginInfo& info) { return *load_all({info}).front(); }
+
+std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo>& infos) {
+  // Trust and compatibility first, for every file; then one child probes them all (one fork,
+  // whatever their number: a fork of a process with LibTorch mapped costs about 10 ms here).
+  std::vector<const PluginInfo*> to_probe;
+  for (const auto& info : infos) {
+    if (info.is_static || loaded_.count(load_key(info))) continue;
     check_trusted(info.path, options_.allow_untrusted);
     check_compatible(info);
-    if (options_.probe) {
-      const ProbeResult probe = probe_plugin(info, /*create=*/false);
-      if (!probe.ok) throw Error(ExitCode::plugin, probe.message);
-    }
-    descriptor = load_descriptor(info);
+    if (std::none_of(to_probe.begin(), to_probe.end(), [&](const PluginInfo* p) { return p->path == info.path; }))
+      to_probe.push_back(&info);
   }
-  auto& slot = loaded_[key];
-  slot = std::make_unique<LoadedPlugin>(info, descriptor);
-  return *slot;
+  if (options_.probe && !to_probe.empty()) {
+    const ProbeResult probe = probe_plugins(to_probe, /*create=*/false);
+    if (!probe.ok) throw Error(ExitCode::plugin, probe.message);
+  }
+  std::vector<const LoadedPlugin*> out;
+  out.reserve(infos.size());
+  for (const auto& info : infos) {
+    const std::string key = load_key(info);
+    auto it = loaded_.find(key);
+    if (it == loaded_.end()) {
+      const ampkit_plugin_descriptor* descriptor = nullptr;
+      if (info.is_static) {
+        for (const auto* d : static_plugins())
+          if (info.kind == d->kind && info.name == d->name) descriptor = d;
+        validate_descriptor(info, descriptor);
+      } else {
+        descriptor = load_descriptor(info);
+      }
+      it = loaded_.emplace(key, std::make_unique<LoadedPlugin>(info, descriptor)).first;
+    }
+    out.push_back(it->second.get());
+  }
+  return out;
 }
 
 ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_seconds) {
+  return probe_plugins({&info}, create, timeout_seconds);
+}
+
+// The child writes one '+' per plugin that passed, or '!' and the error message: the parent
+// knows which plugin failed, crashed or hung by the number of '+' before the end.
+ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create, double timeout_seconds) {
+  if (infos.empty()) return {true, false, ""};
   int fds[2];
-  if (::pipe(fds) != 0) return {false, false, "cannot create a pipe to probe " + info.path.string()};
+  if (::pipe(fds) != 0) return {false, false, "cannot create a pipe to probe " + infos.front()->path.string()};
   std::fflush(nullptr);
   const pid_t pid = ::fork();
-  if (pid < 0) return {false, false, "cannot fork to probe " + info.path.string()};
+  if (pid < 0) return {false, false, "cannot fork to probe " + infos.front()->path.string()};
   if (pid == 0) {
     // The child inherits the host's signal handlers and mask (a crash reporter, Boost.Test's
     // execution monitor). A crash while loading must kill the child, so the parent sees it.
@@ -267,29 +296,33 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
     ::sigfillset(&all);
     ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
     ::close(fds[0]);
-    std::string message;
-    int code = 0;
-    try {
-      const ampkit_plugin_descriptor* d = load_descriptor(info);
-      if (create) {
-        OptionInputs defaults;
-        defaults.read_environment = false;
-        defaults.precision = RunInfo{}.precision;  // the run the probe starts below
-        const ResolvedOptions options = resolve_options(*d, defaults);
-        LoadedPlugin plugin(info, d);
-        auto strategy = plugin.create(options.values);
-        strategy->start(RunInfo{});
-        (void)strategy->save();
+    for (const PluginInfo* info : infos) {
+      std::string message;
+      try {
+        const ampkit_plugin_descriptor* d = load_descriptor(*info);
+        if (create) {
+          OptionInputs defaults;
+          defaults.read_environment = false;
+          defaults.precision = RunInfo{}.precision;  // the run the probe starts below
+          const ResolvedOptions options = resolve_options(*d, defaults);
+          LoadedPlugin plugin(*info, d);
+          auto strategy = plugin.create(options.values);
+          strategy->start(RunInfo{});
+          (void)strategy->save();
+        }
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+        message = "plugin file " + info->path.string() + ": unknown exception";
       }
-    } catch (const std::exception& e) {
-      message = e.what();
-      code = 3;
-    } catch (...) {
-      message = "plugin file " + info.path.string() + ": unknown exception";
-      code = 3;
+      if (!message.empty()) {
+        message.insert(0, "!");
+        (void)!::write(fds[1], message.data(), message.size());
+        ::_exit(3);
+      }
+      (void)!::write(fds[1], "+", 1);
     }
-    if (!message.empty()) (void)!::write(fds[1], message.data(), message.size());
-    ::_exit(code);
+    ::_exit(0);
   }
   ::close(fds[1]);
   std::string message;
@@ -318,21 +351,23 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  const size_t passed = std::min(message.find('!'), message.size());
+  const std::string error = passed < message.size() ? message.substr(passed + 1) : "";
+  const std::string path = infos[std::min(passed, infos.size() - 1)]->path.string();
   ProbeResult result;
   if (timed_out) {
-    result.message = "plugin file " + info.path.string() + " hung while loading (killed after " +
+    result.message = "plugin file " + path + " hung while loading (killed after " +
                      std::to_string(static_cast<int>(timeout_seconds)) + " s)";
   } else if (WIFSIGNALED(status)) {
     result.crashed = true;
-    result.message = "plugin file " + info.path.string() + " crashed while loading (signal " +
-                     std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
-                     "), probably in a static initializer";
-  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    result.message = "plugin file " + path + " crashed while loading (signal " + std::to_string(WTERMSIG(status)) +
+                     ", " + strsignal(WTERMSIG(status)) + "), probably in a static initializer";
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && passed == infos.size()) {
     result.ok = true;
   } else {
-    result.message = message.empty() ? "plugin file " + info.path.string() + " failed to load (exit " +
-                                           std::to_string(WEXITSTATUS(status)) + ")"
-                                     : message;
+    result.message = !error.empty() ? error
+                                    : "plugin file " + path + " failed to load (exit " +
+                                          std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")";
   }
   return result;
 }

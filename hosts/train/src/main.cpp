@@ -219,11 +219,16 @@ int run(int argc, const char* const argv[]) {
     return 0;
   }
 
+  // All four found first, then loaded together: their crash probe is one child, not four.
+  std::vector<PluginInfo> selected;
+  for (const auto& kind : kPluginKinds) selected.push_back(registry.find(kind, cfg.plugins[kind]));
+  const std::vector<const LoadedPlugin*> loaded = registry.load_all(selected);
   std::vector<SelectedPlugin> plugins;
-  for (const auto& kind : kPluginKinds) {
+  for (size_t i = 0; i < kPluginKinds.size(); ++i) {
+    const std::string& kind = kPluginKinds[i];
     SelectedPlugin s;
     s.kind = kind;
-    s.plugin = &registry.load(registry.find(kind, cfg.plugins[kind]));
+    s.plugin = loaded[i];
     OptionInputs inputs;
     inputs.command_line = cfg.plugin_options_cli[kind];
     inputs.config_file = cfg.plugin_options_file[kind];

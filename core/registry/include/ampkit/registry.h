@@ -76,6 +76,9 @@ class Registry {
   PluginInfo find(const std::string& kind, const std::string& name_or_path) const;
   // Checks trust and compatibility, probes in a child (if enabled), loads, checks the descriptor.
   const LoadedPlugin& load(const PluginInfo& info);
+  // The same for several plugins, probed together in one child (one fork instead of one per
+  // plugin); the result is in the order of `infos`. Loading stops at the first error.
+  std::vector<const LoadedPlugin*> load_all(const std::vector<PluginInfo>& infos);
 
  private:
   RegistryOptions options_;
@@ -92,6 +95,9 @@ struct ProbeResult {
 // Runs load + entry + descriptor checks, and with `create` also the factory with default
 // options, start() and save(), in a forked child; a crash or hang there is reported, not shared.
 ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_seconds = 30.0);
+// The same for several plugins in one child, in order; the message names the first that failed.
+ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create,
+                          double timeout_seconds = 30.0);
 
 // Statically linked plugins (the static build of ampkit-train) register here at start-up.
 void register_static_plugin(const ampkit_plugin_descriptor* descriptor);
