@@ -12,6 +12,13 @@ GradScaler's defaults otherwise); fp32 runs without autocast. Data are made exac
 ampkit-train makes them (same generator seeds for the synthetic batches, the Fashion-MNIST
 shuffles and the char-gpt windows). Prints one JSON line timing the steps after the warm-up:
 
+Started by torchrun (WORLD_SIZE > 1 in the environment) it trains data-parallel the PyTorch way:
+init_process_group("gloo"), DistributedDataParallel (bucket 25 MB, as ampkit's default), and each
+rank takes its contiguous slice of the global batch of --batch-size samples (rank r: rows
+[r*B/W, (r+1)*B/W)). Only rank 0 prints; samples/s counts the global batch:
+
+    torchrun --nproc-per-node 2 tools/bench/torch_reference.py --threads 1 ...
+
     tools/bench/torch_reference.py [--workload synthetic|fashion-mnist|char-gpt] [--precision fp32|bf16|fp16]
                                    [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0] ...
 """
@@ -26,6 +33,18 @@ import time
 
 WAY = "pytorch"
 PROG = "torch_reference"
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def shard(*tensors):
+    """This rank's contiguous slice of the global batch (everything on one process)."""
+    if WORLD == 1:
+        return tensors if len(tensors) > 1 else tensors[0]
+    n = tensors[0].shape[0]
+    lo, hi = RANK * n // WORLD, (RANK + 1) * n // WORLD
+    out = tuple(t[lo:hi] for t in tensors)
+    return out if len(out) > 1 else out[0]
 
 
 def fail(message, code=2):
@@ -78,6 +97,7 @@ class Synthetic:
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(self.a.batch_size, self.a.synthetic_inputs, generator=gen)
         y = (x @ self.teacher).argmax(1)
+        x, y = shard(x, y)
         return F.cross_entropy(self.model(x).float(), y)
 
 
@@ -142,7 +162,7 @@ class FashionMnist:
         self.order = torch.randperm(len(self.x), generator=gen)
 
     def loss(self, index):
-        idx = self.order[index * self.a.batch_size:(index + 1) * self.a.batch_size]
+        idx = shard(self.order[index * self.a.batch_size:(index + 1) * self.a.batch_size])
         return F.cross_entropy(self.model(self.x.index_select(0, idx)).float(), self.y.index_select(0, idx))
 
 
@@ -175,11 +195,12 @@ class Block(nn.Module):
 class Gpt(nn.Module):
     def __init__(self, layers, width, heads, context):
         super().__init__()
+        # Registration order as in char_gpt.cpp (blocks last): same initial values from the seed.
         self.tokens = nn.Embedding(VOCAB, width)
         self.positions = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(width)
         self.head = nn.Linear(width, VOCAB)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
 
     def forward(self, idx):
         T = idx.shape[1]
@@ -220,7 +241,7 @@ class CharGpt:
     def loss(self, index):
         a = self.a
         gen = torch.Generator().manual_seed((a.seed * 7919 + self.epoch * 1000003 + index) % 2**64)
-        offsets = torch.randint(len(self.train) - a.gpt_context - 1, (a.batch_size,), generator=gen)
+        offsets = shard(torch.randint(len(self.train) - a.gpt_context - 1, (a.batch_size,), generator=gen))
         w = self.train[offsets.unsqueeze(1) + self.span]
         x, y = w[:, :a.gpt_context], w[:, 1:]
         return F.cross_entropy(self.model(x).float().view(-1, VOCAB), y.reshape(-1))
@@ -247,6 +268,7 @@ def non_negative(text):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: fail(f"{message} (see --help)")  # one line, no usage block
     ap.add_argument("--workload", default="fashion-mnist", choices=sorted(WORKLOADS), help="as ampkit-train's")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="autocast precision")
     ap.add_argument("--steps", type=positive, default=20, help="timed optimizer steps (after the warm-up)")
@@ -273,11 +295,20 @@ def main(argv=None):
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    if WORLD > 1:
+        if a.batch_size % WORLD:
+            fail(f"--batch-size {a.batch_size} is not a multiple of the world size {WORLD}")
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("gloo")
     w = WORKLOADS[a.workload](a)
     model = w.model
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     count = sum(p.numel() for p in params)
+    if WORLD > 1:  # broadcasts rank 0's parameters; all-reduces gradients in buckets during backward
+        model = DistributedDataParallel(model, bucket_cap_mb=25)
+        w.model = model
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
     fp16 = a.precision == "fp16"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
@@ -308,11 +339,15 @@ def main(argv=None):
             first_loss = loss.item()
     seconds = time.perf_counter() - start
     last_loss = loss.item()
+    if WORLD > 1:
+        dist.destroy_process_group()
+        if RANK != 0:
+            return 0
     if not math.isfinite(last_loss):
         print(f"{PROG}: warning: the last loss is not finite", file=sys.stderr)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
     print(json.dumps({"way": WAY, "workload": a.workload, "precision": a.precision, "steps": a.steps,
-                      "seconds": round(seconds, 6), "samples_per_second": round(a.batch_size * a.steps / seconds, 3),
+                      "world_size": WORLD, "seconds": round(seconds, 6), "samples_per_second": round(a.batch_size * a.steps / seconds, 3),
                       "step_ms": round(1000.0 * seconds / a.steps, 4), "parameters": count,
                       "peak_rss_mb": round(peak_mb, 1), "skipped_steps": skipped,
                       # Losses let a reader check that ways train the same workload (step 0 matches

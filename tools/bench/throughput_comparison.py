@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Training throughput side by side (issue #9): for each workload x precision, in the same run and
+interleaved, three ways train the same model on the same data with the same math (autocast,
+fp16 loss scaling from 65536, clip_grad_norm_ at 1.0, AdamW):
+
+  ampkit    build/bin/ampkit-train --clipper norm --opt clipper.max_norm=1.0
+            --scaler dynamic (fp16) | none (fp32, bf16) --metrics FILE; samples/s from the metrics'
+            "time" field (end of each step) between the last warm-up step and the last step
+  libtorch  build/bin/ampkit-bench-handwritten: the same workloads in a hand-written LibTorch loop
+  pytorch   tools/bench/torch_reference.py: the PyTorch 2.11 AMP recipe in python
+
+With --ranks N (N > 1) the comparison is data-parallel on Gloo, N processes on this machine, the
+global batch of --batch-size samples split between them: ampkit-train --comm gloo against PyTorch
+DistributedDataParallel (gloo), both started by torchrun (torchrun --no-python ampkit-train ...,
+torchrun torch_reference.py ...); the hand-written loop has no data-parallel variant and is left
+out. torchrun sets OMP_NUM_THREADS=1 for each rank, so give --threads 1 for both ways alike.
+
+Each way runs --repeats times (the order of the ways rotates between repetitions) and the median
+is reported. Workload presets: mlp-1m, mlp-10m, mlp-100m (synthetic MLPs, 4 hidden layers as wide as
+the input: 1,007,010 / 10,007,730 / 100,070,010 parameters), cnn (fashion-mnist, 421,642) and gpt
+(char-gpt's defaults: 2 layers, width 128, 4 heads, context 64; 470,784). The table gives
+ampkit/libtorch as the per-step time ratio (target <= 1.02: the framework costs at most 2%) and
+ampkit/pytorch as the throughput ratio (target >= 1).
+
+    tools/bench/throughput_comparison.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
+        [--precisions fp32,bf16,fp16] [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0]
+        [--repeats 1] [--ranks 1] [--csv throughput.csv]
+"""
+import argparse
+import csv
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROG = "throughput_comparison"
+HERE = os.path.dirname(os.path.abspath(__file__))
+WAYS = ["ampkit", "libtorch", "pytorch"]
+
+
+def mlp(width, depth, inputs, classes=10):
+    return {"workload": "synthetic",
+            "args": ["--synthetic-width", str(width), "--synthetic-depth", str(depth),
+                     "--synthetic-inputs", str(inputs), "--synthetic-classes", str(classes)],
+            "parameters": inputs * width + width + (depth - 1) * (width * width + width) + width * classes + classes}
+
+
+def gpt(layers=2, width=128, heads=4, context=64):
+    per_block = 2 * 2 * width + (width * 3 * width + 3 * width) + (width * width + width) \
+        + (width * 4 * width + 4 * width) + (4 * width * width + width)
+    return {"workload": "char-gpt",
+            "args": ["--gpt-layers", str(layers), "--gpt-width", str(width), "--gpt-heads", str(heads),
+                     "--gpt-context", str(context)],
+            "parameters": 256 * width + context * width + layers * per_block + 2 * width + width * 256 + 256}
+
+
+# Synthetic MLPs: 4 hidden layers as wide as the input, sized for ~1M, ~10M and ~100M parameters.
+PRESETS = {
+    "mlp-1m": mlp(500, 4, 500),
+    "mlp-10m": mlp(1580, 4, 1580),
+    "mlp-100m": mlp(5000, 4, 5000),
+    "cnn": {"workload": "fashion-mnist", "args": [],
+            "parameters": (1 * 9 * 32 + 32) + (32 * 9 * 64 + 64) + (3136 * 128 + 128) + (128 * 10 + 10)},
+    "gpt": gpt(),  # char-gpt's defaults
+}
+
+
+DEFAULT_WORKLOADS = "mlp-1m,mlp-10m,cnn,gpt"
+
+
+def fail(message, code=2):
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def last_line(text):
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def launch(cmd, tmp, timeout):
+    """Runs cmd; returns (exit code, stdout, stderr, peak RSS of the child in MB, wall seconds)."""
+    out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        deadline = None if timeout <= 0 else t0 + timeout
+        while True:  # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would be the max of all)
+            pid, status, usage = os.wait4(p.pid, 0 if deadline is None else os.WNOHANG)
+            if pid == p.pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                _, status, usage = os.wait4(p.pid, 0)
+                p.returncode = -9
+                return None, open(out_path).read(), f"timed out after {timeout:.0f} s", usage.ru_maxrss / 1024.0, \
+                    time.perf_counter() - t0
+            time.sleep(0.05)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, open(out_path).read(), open(err_path).read(), usage.ru_maxrss / 1024.0, time.perf_counter() - t0
+
+
+def run_way(way, args, preset, precision, tmp):
+    """One run of one way; returns a dict with samples_per_second, step_ms, parameters, peak_rss_mb or error."""
+    p = PRESETS[preset]
+    common = ["--workload", p["workload"], *p["args"], "--precision", precision, "--batch-size", str(args.batch_size),
+              "--seed", str(args.seed)]
+    if args.threads > 0:
+        common += ["--threads", str(args.threads)]
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    launcher = []
+    if args.ranks > 1:
+        launcher = [args.torchrun, "--standalone", "--nproc-per-node", str(args.ranks)]
+        if way == "ampkit":
+            launcher.append("--no-python")
+            common += ["--comm", "gloo"]
+    if way == "ampkit":
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        cmd = [*launcher, args.ampkit_train, *common, "--steps", str(args.warmup + args.steps), "--progress", "never",
+               "--clipper", "norm", "--opt", "clipper.max_norm=1.0",
+               "--scaler", "dynamic" if precision == "fp16" else "none", "--metrics", metrics, "--eval-batches", "1",
+               *shlex.split(args.ampkit_extra)]
+    elif way == "libtorch":
+        cmd = [args.handwritten, *common, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    else:
+        cmd = [*(launcher or [sys.executable]), os.path.join(HERE, "torch_reference.py"), *common, "--steps", str(args.steps),
+               "--warmup", str(args.warmup)]
+    code, out, err, rss, wall = launch(cmd, tmp, args.timeout)
+    if code != 0:
+        return {"error": f"exit {code}: {last_line(err)}" if code is not None else err}
+    if way == "ampkit":
+        try:
+            records = [json.loads(line) for line in open(metrics) if line.strip()]
+        except (OSError, ValueError) as e:
+            return {"error": f"cannot read the metrics file: {e}"}
+        if len(records) != args.warmup + args.steps:
+            return {"error": f"the metrics file has {len(records)} records, expected {args.warmup + args.steps}"}
+        t0 = records[args.warmup - 1]["time"] if args.warmup > 0 else 0.0
+        seconds = records[-1]["time"] - t0
+        result = {"samples_per_second": args.batch_size * args.steps / seconds,
+                  "step_ms": 1000.0 * seconds / args.steps, "parameters": None,
+                  "skipped_steps": records[-1]["skipped_steps"] - (records[args.warmup - 1]["skipped_steps"]
+                                                                    if args.warmup > 0 else 0)}
+    else:
+        try:
+            j = json.loads(last_line(out))
+            result = {k: j[k] for k in ("samples_per_second", "step_ms")}
+            result["parameters"] = j.get("parameters")
+            result["skipped_steps"] = j.get("skipped_steps")
+        except (ValueError, KeyError, TypeError):
+            return {"error": f"no JSON result line in its output: {last_line(out)[:200]}"}
+    result["peak_rss_mb"] = rss
+    result["wall_seconds"] = wall
+    return result
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: fail(f"{message} (see --help)")  # one line, no usage block
+    ap.add_argument("--build", default="build", help="build folder holding bin/ampkit-train and bin/ampkit-bench-handwritten")
+    ap.add_argument("--workloads", default=DEFAULT_WORKLOADS,
+                    help=f"comma-separated presets: {', '.join(PRESETS)} (mlp-100m is not in the default list: on "
+                         f"the 2-core AVX2 development machine one step takes ~3 s in fp32 and ~50 s in bf16)")
+    ap.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16")
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of: " + ", ".join(WAYS))
+    ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    ap.add_argument("--batch-size", type=int, default=64, help="samples per step (sequences for gpt)")
+    ap.add_argument("--threads", type=int, default=0, help="LibTorch/torch CPU threads for every way; 0 keeps the library's choice")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per way; the median is reported")
+    ap.add_argument("--seed", type=int, default=0, help="initialisation and data")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="processes; > 1 compares ampkit (gloo plugin) with PyTorch DDP (gloo), started by torchrun")
+    ap.add_argument("--timeout", type=float, default=0, help="seconds before one run is killed; 0: none")
+    ap.add_argument("--ampkit-extra", default="", metavar="OPTIONS",
+                    help="more ampkit-train options for the ampkit way, e.g. '--layer-norms-top-k 0'")
+    ap.add_argument("--csv", default="", help="also write one row per workload/precision/way here")
+    args = ap.parse_args()
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    precisions = [p for p in args.precisions.split(",") if p]
+    ways = [w for w in args.ways.split(",") if w]
+    for w in workloads:
+        if w not in PRESETS:
+            fail(f"unknown workload preset '{w}' (presets: {', '.join(PRESETS)})")
+    for p in precisions:
+        if p not in ("fp32", "bf16", "fp16"):
+            fail(f"unknown precision '{p}' (fp32, bf16, fp16)")
+    for w in ways:
+        if w not in WAYS:
+            fail(f"unknown way '{w}' ({', '.join(WAYS)})")
+    if not workloads or not precisions or not ways:
+        fail("--workloads, --precisions and --ways each need at least one entry")
+    if args.ranks < 1 or args.batch_size % args.ranks:
+        fail(f"--ranks must be >= 1 and divide --batch-size {args.batch_size}")
+    args.torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if args.ranks > 1:
+        if "libtorch" in ways:
+            ways.remove("libtorch")  # no data-parallel hand-written loop
+        if not os.access(args.torchrun, os.X_OK):
+            fail(f"{args.torchrun} not found; --ranks needs torch's torchrun (tools/setup.sh installs torch)")
+    if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.repeats < 1 or args.threads < 0:
+        fail("--steps, --batch-size and --repeats must be >= 1, --warmup and --threads >= 0")
+
+    args.ampkit_train = os.path.join(args.build, "bin", "ampkit-train")
+    args.handwritten = os.path.join(args.build, "bin", "ampkit-bench-handwritten")
+    if "ampkit" in ways and not os.access(args.ampkit_train, os.X_OK):
+        fail(f"{args.ampkit_train} not found; build first (tools/test.sh or tools/run.sh) or give --build")
+    if "libtorch" in ways and not os.access(args.handwritten, os.X_OK):
+        print(f"{PROG}: {args.handwritten} not found (not built yet?): skipping the libtorch way", file=sys.stderr)
+        ways.remove("libtorch")
+    if not ways:
+        fail("no way left to run")
+
+    load_before = os.getloadavg()[0]
+    if args.threads == 0 and load_before >= 1.0:
+        print(f"{PROG}: note: 1-minute load average {load_before:.2f} on {os.cpu_count()} cores; with LibTorch's "
+              f"default thread count the ways contend with that load (consider --threads 1)", file=sys.stderr)
+    results = {}  # (preset, precision, way) -> list of run results
+    with tempfile.TemporaryDirectory(prefix="ampkit-throughput-") as tmp:
+        for preset in workloads:
+            for precision in precisions:
+                for rep in range(args.repeats):
+                    order = ways[rep % len(ways):] + ways[:rep % len(ways)]
+                    for way in order:
+                        r = run_way(way, args, preset, precision, tmp)
+                        results.setdefault((preset, precision, way), []).append(r)
+                        what = r["error"] if "error" in r else \
+                            f"{r['samples_per_second']:.1f} samples/s, {r['step_ms']:.2f} ms/step, " \
+                            f"peak RSS {r['peak_rss_mb']:.0f} MB"
+                        print(f"  {preset:8s} {precision} {way:8s} #{rep + 1}: {what}", file=sys.stderr, flush=True)
+
+    rows = []
+    for preset in workloads:
+        for precision in precisions:
+            for way in ways:
+                rs = results[(preset, precision, way)]
+                ok = [r for r in rs if "error" not in r]
+                reported = {r["parameters"] for r in ok if r.get("parameters") is not None}
+                if reported and reported != {PRESETS[preset]["parameters"]}:
+                    print(f"{PROG}: warning: {way} reports {sorted(reported)} parameters for {preset}, "
+                          f"expected {PRESETS[preset]['parameters']}", file=sys.stderr)
+                rows.append({
+                    "workload": preset, "precision": precision, "way": way,
+                    "parameters": PRESETS[preset]["parameters"], "batch_size": args.batch_size,
+                    "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                    "runs": len(rs), "failed": len(rs) - len(ok),
+                    "samples_per_second": median_or_none([r["samples_per_second"] for r in ok]),
+                    "samples_per_second_min": min((r["samples_per_second"] for r in ok), default=None),
+                    "samples_per_second_max": max((r["samples_per_second"] for r in ok), default=None),
+                    "step_ms": median_or_none([r["step_ms"] for r in ok]),
+                    "peak_rss_mb": max((r["peak_rss_mb"] for r in ok), default=None),
+                    "skipped_steps": median_or_none([r.get("skipped_steps") for r in ok]),
+                    "error": "; ".join(sorted({r["error"] for r in rs if "error" in r})),
+                })
+
+    get = lambda preset, precision, way, key: next(
+        (r[key] for r in rows if (r["workload"], r["precision"], r["way"]) == (preset, precision, way)), None)
+    threads = args.threads if args.threads > 0 else "library default"
+    print(f"\n{args.steps} timed steps after {args.warmup} warm-up, global batch {args.batch_size} on {args.ranks} "
+          f"rank(s), threads {threads}, "
+          f"median of {args.repeats} run(s); 1-minute load average {load_before:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after; samples/s (higher is better)\n")
+    head = ["workload", "precision", "params"] + [f"{w} samples/s" for w in ways] + [f"{w} peak RSS MB" for w in ways]
+    if "ampkit" in ways and "libtorch" in ways:
+        head.append("ampkit/libtorch step time (<= 1.02)")
+    if "ampkit" in ways and "pytorch" in ways:
+        head.append("ampkit/pytorch throughput (>= 1)")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    met = {"libtorch": [0, 0], "pytorch": [0, 0]}
+    for preset in workloads:
+        for precision in precisions:
+            cells = [preset, precision, f"{PRESETS[preset]['parameters']:,}"]
+            cells += [fmt(get(preset, precision, w, "samples_per_second"), ".1f") for w in ways]
+            cells += [fmt(get(preset, precision, w, "peak_rss_mb"), ".0f") for w in ways]
+            a_ms, a_sps = get(preset, precision, "ampkit", "step_ms"), get(preset, precision, "ampkit", "samples_per_second")
+            if "ampkit" in ways and "libtorch" in ways:
+                l_ms = get(preset, precision, "libtorch", "step_ms")
+                ratio = a_ms / l_ms if a_ms and l_ms else None
+                if ratio is not None:
+                    met["libtorch"][0] += ratio <= 1.02
+                    met["libtorch"][1] += 1
+                cells.append(fmt(ratio, ".3f"))
+            if "ampkit" in ways and "pytorch" in ways:
+                p_sps = get(preset, precision, "pytorch", "samples_per_second")
+                ratio = a_sps / p_sps if a_sps and p_sps else None
+                if ratio is not None:
+                    met["pytorch"][0] += ratio >= 1.0
+                    met["pytorch"][1] += 1
+                cells.append(fmt(ratio, ".3f"))
+            print("| " + " | ".join(cells) + " |")
+    print()
+    if met["libtorch"][1]:
+        print(f"ampkit within 2% of the hand-written LibTorch loop: {met['libtorch'][0]}/{met['libtorch'][1]} rows")
+    if met["pytorch"][1]:
+        print(f"ampkit at least as fast as PyTorch: {met['pytorch'][0]}/{met['pytorch'][1]} rows")
+    failed = [r for r in rows if r["error"]]
+    for r in failed:
+        print(f"{PROG}: {r['workload']} {r['precision']} {r['way']}: {r['failed']}/{r['runs']} runs failed: {r['error']}",
+              file=sys.stderr)
+
+    if args.csv:
+        keys = ["workload", "precision", "way", "parameters", "batch_size", "steps", "warmup", "threads", "runs",
+                "failed", "samples_per_second", "samples_per_second_min", "samples_per_second_max", "step_ms",
+                "peak_rss_mb", "skipped_steps", "error"]
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+        print(f"wrote {args.csv}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
