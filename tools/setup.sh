@@ -8,6 +8,7 @@ DEBIAN_PACKAGES=(
   libboost-dev libboost-program-options-dev libboost-test-dev libboost-filesystem-dev
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev libssl-dev
   dataset-fashion-mnist fortunes
+  libgloo-dev  # gloo headers that the torch wheel leaves out; c10d/ProcessGroupGloo.hpp includes them
 )
 
 say() { echo "[setup] $*"; }

@@ -5,7 +5,9 @@
 
 #include <boost/program_options.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "ampkit/error.h"
@@ -69,6 +71,21 @@ po::options_description host_options() {
     ("inject", po::value<std::vector<std::string>>()->composing(), "Testing and demos: plant a fault, KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) (repeatable; docs/troubleshooting-nan.md).")
     ("nan-locate", po::value<int64_t>()->default_value(5), "Re-run the first N bad steps with every module observed and write a locator report for each (costs nothing on healthy steps); 0 turns the locator off.")
     ("nan-report-dir", po::value<std::string>()->default_value(""), "Folder for NaN locator reports (nan-report-step-N-rank-R.json); empty: the folder of --summary, else of --metrics, else the current folder.")
+    ("world-size", po::value<int>()->default_value(1), "Distributed: processes in the job (torchrun's WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE).")
+    ("rank", po::value<int>()->default_value(0), "Distributed: this process's rank in [0, world size) (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).")
+    ("local-rank", po::value<int>()->default_value(0), "Distributed: rank on this node; picks the GPU with nccl (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK).")
+    ("nnodes", po::value<int>()->default_value(1), "Distributed: nodes in the job (SLURM_NNODES; torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE).")
+    ("node-rank", po::value<int>()->default_value(0), "Distributed: this node's index in [0, nnodes) (GROUP_RANK, SLURM_NODEID).")
+    ("nproc-per-node", po::value<int>()->default_value(1), "Distributed: processes per node; default world size / nnodes (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE).")
+    ("master-addr", po::value<std::string>()->default_value("127.0.0.1"), "Distributed: host of rank 0, which serves the rendezvous TCP store (MASTER_ADDR; under SLURM the first host of SLURM_JOB_NODELIST).")
+    ("master-port", po::value<int>()->default_value(29500), "Distributed: TCP port of the rendezvous store on --master-addr, 1..65535 (MASTER_PORT).")
+    ("rendezvous", po::value<std::string>()->default_value("tcp"), "Distributed: tcp (a c10d TCPStore at --master-addr:--master-port) | file:PATH (a c10d FileStore on a filesystem every rank shares; the file must not exist from an earlier job).")
+    ("device-ids", po::value<std::string>()->default_value(""), "Distributed with nccl: this rank's CUDA device index; empty: --local-rank.")
+    ("bucket-cap-mb", po::value<double>()->default_value(25.0), "Distributed: gradient bucket size in MiB for the all-reduce overlapped with backward (torch DDP's bucket_cap_mb).")
+    ("find-unused-parameters", po::value<bool>()->default_value(false), "Distributed: true if some parameters get no gradient in a step (costs a graph traversal per step; torch DDP's option).")
+    ("broadcast-buffers", po::value<bool>()->default_value(true), "Distributed: send rank 0's module buffers (e.g. BatchNorm statistics) to every rank before each step.")
+    ("gradient-as-bucket-view", po::value<bool>()->default_value(false), "Distributed: gradients are views into the all-reduce buckets (saves one gradient-sized copy and its memory).")
+    ("dist-timeout", po::value<double>()->default_value(300.0), "Distributed: seconds the rendezvous and every collective may take; a lost or hung rank makes the others exit (code 7) after at most this plus a few seconds.")
     ("progress", po::value<std::string>()->default_value("auto"), "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.")
     ("log-every", po::value<int64_t>()->default_value(50), "Steps between plain progress lines when not on a terminal.")
     ("print-config", po::bool_switch(), "Print every effective setting and where it came from, then exit.");
@@ -169,6 +186,65 @@ std::string value_text(const po::variable_value& v) {
   return "?";
 }
 
+// The first set variable of a list, with its name.
+std::optional<std::pair<std::string, std::string>> first_env(std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n); v != nullptr && *v != '\0')
+      return std::make_pair(std::string(n), std::string(v));
+  return std::nullopt;
+}
+
+// "node[01-04,07],gpu3" -> "node01": the first host of a SLURM node list (rank 0's host).
+std::string first_slurm_host(const std::string& list) {
+  std::string host;
+  size_t i = 0;
+  while (i < list.size() && list[i] != ',' && list[i] != '[') host += list[i++];
+  if (i < list.size() && list[i] == '[') {
+    ++i;
+    while (i < list.size() && list[i] != '-' && list[i] != ',' && list[i] != ']') host += list[i++];
+  }
+  return host;
+}
+
+// What the launchers say about a distributed option: torchrun's variables first, then SLURM's,
+// then Open MPI's. Returns value and "environment (VAR)".
+std::optional<std::pair<std::string, std::string>> distributed_env(const std::string& option) {
+  std::optional<std::pair<std::string, std::string>> hit;
+  if (option == "world-size")
+    hit = first_env({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"});
+  else if (option == "rank")
+    hit = first_env({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"});
+  else if (option == "local-rank")
+    hit = first_env({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"});
+  else if (option == "node-rank")
+    hit = first_env({"GROUP_RANK", "SLURM_NODEID"});
+  else if (option == "nnodes")
+    hit = first_env({"SLURM_NNODES"});
+  else if (option == "nproc-per-node") {
+    hit = first_env({"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"});
+    if (hit && hit->first == "SLURM_NTASKS_PER_NODE")  // "2(x3)" means 2 on each of 3 nodes
+      hit->second = hit->second.substr(0, hit->second.find('('));
+  } else if (option == "master-addr") {
+    hit = first_env({"MASTER_ADDR"});
+    if (!hit)
+      if (auto list = first_env({"SLURM_JOB_NODELIST", "SLURM_NODELIST"}))
+        hit = std::make_pair(list->first, first_slurm_host(list->second));
+  } else if (option == "master-port")
+    hit = first_env({"MASTER_PORT"});
+  if (hit) return std::make_pair(hit->second, "environment (" + hit->first + ")");
+  return std::nullopt;
+}
+
+int parse_int_setting(const std::string& name, const std::string& value, const std::string& source) {
+  try {
+    size_t used = 0;
+    const long v = std::stol(value, &used);
+    if (used == value.size() && v >= INT32_MIN && v <= INT32_MAX) return static_cast<int>(v);
+  } catch (const std::exception&) {
+  }
+  throw Error(ExitCode::usage, "--" + name + " must be an integer, got '" + value + "' from " + source);
+}
+
 bool mentions(const po::parsed_options& parsed, const std::string& name) {
   for (const auto& o : parsed.options)
     if (o.string_key == name) return true;
@@ -186,10 +262,48 @@ std::string train_options_help() {
   s << "usage: ampkit-train [options]\n\n" << host_options();
   s << "\nEnvironment: AMPKIT_PLUGIN_PATH (plugin folders, colon-separated), AMPKIT_<KIND>_<OPTION> (plugin "
        "options).\n"
-       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 6 checkpoint, 130 "
+       "Distributed: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, "
+       "MASTER_PORT; "
+       "SLURM_PROCID/NTASKS/LOCALID/NODEID/NNODES/NTASKS_PER_NODE/JOB_NODELIST; "
+       "OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/"
+       "LOCAL_SIZE (override the config file; the command line overrides them).\n"
+       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 6 checkpoint, 7 "
+       "distributed "
+       "(rendezvous failed, a rank was lost or timed out), 130 "
        "interrupted/preempted "
        "(docs/configuration.md).\n";
   return s.str();
+}
+
+void validate(const DistributedConfig& d, bool cuda_available) {
+  const std::string backend = std::filesystem::path(d.backend).stem().string();
+  auto is = [&](const std::string& name) { return backend == name || backend == "libampkit-comm-" + name; };
+  require(d.world_size >= 1, "world size must be >= 1, got " + std::to_string(d.world_size));
+  require(d.rank >= 0 && d.rank < d.world_size, "rank " + std::to_string(d.rank) + " is outside world size " +
+                                                    std::to_string(d.world_size) + " (ranks are 0.." +
+                                                    std::to_string(d.world_size - 1) + ")");
+  require(d.master_port >= 1 && d.master_port <= 65535,
+          "master port must be in 1..65535, got " + std::to_string(d.master_port));
+  require(!d.master_addr.empty(), "master address is empty (set --master-addr or MASTER_ADDR)");
+  require(d.nnodes >= 1, "nnodes must be >= 1, got " + std::to_string(d.nnodes));
+  require(d.nproc_per_node >= 1, "nproc-per-node must be >= 1, got " + std::to_string(d.nproc_per_node));
+  require(d.node_rank >= 0 && d.node_rank < d.nnodes,
+          "node rank " + std::to_string(d.node_rank) + " is outside nnodes " + std::to_string(d.nnodes));
+  require(d.nnodes * d.nproc_per_node == d.world_size,
+          "inconsistent node counts: nnodes " + std::to_string(d.nnodes) + " x nproc-per-node " +
+              std::to_string(d.nproc_per_node) + " != world size " + std::to_string(d.world_size));
+  require(d.local_rank >= 0 && d.local_rank < d.nproc_per_node, "local rank " + std::to_string(d.local_rank) +
+                                                                    " is outside nproc-per-node " +
+                                                                    std::to_string(d.nproc_per_node));
+  require(std::isfinite(d.bucket_cap_mb) && d.bucket_cap_mb > 0 && d.bucket_cap_mb <= 65536,
+          "bucket-cap-mb must be in (0, 65536], got " + std::to_string(d.bucket_cap_mb));
+  require(std::isfinite(d.timeout_seconds) && d.timeout_seconds >= 1,
+          "dist-timeout must be >= 1 second, got " + std::to_string(d.timeout_seconds));
+  for (int id : d.device_ids) require(id >= 0, "device ids must be >= 0, got " + std::to_string(id));
+  require(!(is("local") && d.world_size > 1), "comm 'local' runs one process but the world size is " +
+                                                  std::to_string(d.world_size) + "; use --comm gloo or nccl");
+  require(!(is("nccl") && !cuda_available),
+          "comm 'nccl' needs CUDA and no CUDA device is visible; use --comm gloo (CPU) instead");
 }
 
 TrainConfig parse_train_config(int argc, const char* const argv[]) {
@@ -228,6 +342,62 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
                                                       : "default";
     cfg.settings.push_back({name, value_text(vm[name]), source});
   }
+
+  // Distributed layout: the launchers' environment overrides the config file and defaults.
+  for (auto& setting : cfg.settings) {
+    if (setting.source == "command line") continue;
+    if (auto env = distributed_env(setting.name)) {
+      setting.value = env->first;
+      setting.source = env->second;
+    }
+  }
+  auto setting_of = [&](const std::string& name) -> TrainConfig::Setting& {
+    for (auto& s : cfg.settings)
+      if (s.name == name) return s;
+    throw Error(ExitCode::internal, "no setting " + name);
+  };
+  auto int_setting = [&](const std::string& name) {
+    const auto& s = setting_of(name);
+    return parse_int_setting(name, s.value, s.source);
+  };
+  DistributedConfig& dist = cfg.dist;
+  dist.world_size = int_setting("world-size");
+  dist.rank = int_setting("rank");
+  dist.local_rank = int_setting("local-rank");
+  dist.nnodes = int_setting("nnodes");
+  dist.node_rank = int_setting("node-rank");
+  dist.master_addr = setting_of("master-addr").value;
+  dist.master_port = int_setting("master-port");
+  if (setting_of("nproc-per-node").source == "default" && dist.nnodes >= 1 &&
+      dist.world_size % dist.nnodes == 0) {
+    dist.nproc_per_node = dist.world_size / dist.nnodes;
+    setting_of("nproc-per-node").value = std::to_string(dist.nproc_per_node);
+    setting_of("nproc-per-node").source = "default (world size / nnodes)";
+  } else {
+    dist.nproc_per_node = int_setting("nproc-per-node");
+  }
+  if (setting_of("nnodes").source == "default" &&
+      setting_of("nproc-per-node").source != "default (world size / nnodes)" && dist.nproc_per_node >= 1 &&
+      dist.world_size % dist.nproc_per_node == 0) {
+    dist.nnodes = dist.world_size / dist.nproc_per_node;  // torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE
+    setting_of("nnodes").value = std::to_string(dist.nnodes);
+    setting_of("nnodes").source = "default (world size / nproc-per-node)";
+  }
+  dist.store = vm["rendezvous"].as<std::string>();
+  require(dist.store == "tcp" || (dist.store.rfind("file:", 0) == 0 && dist.store.size() > 5),
+          "--rendezvous must be tcp or file:PATH, got '" + dist.store + "'");
+  const std::string device_ids = vm["device-ids"].as<std::string>();
+  for (size_t at = 0; at < device_ids.size();) {
+    const size_t comma = std::min(device_ids.find(',', at), device_ids.size());
+    dist.device_ids.push_back(
+        parse_int_setting("device-ids", device_ids.substr(at, comma - at), "--device-ids"));
+    at = comma + 1;
+  }
+  dist.bucket_cap_mb = vm["bucket-cap-mb"].as<double>();
+  dist.find_unused_parameters = vm["find-unused-parameters"].as<bool>();
+  dist.broadcast_buffers = vm["broadcast-buffers"].as<bool>();
+  dist.gradient_as_bucket_view = vm["gradient-as-bucket-view"].as<bool>();
+  dist.timeout_seconds = vm["dist-timeout"].as<double>();
 
   cfg.workload = vm["workload"].as<std::string>();
   require(cfg.workload == "fashion-mnist" || cfg.workload == "char-gpt" || cfg.workload == "synthetic",
@@ -278,6 +448,14 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   cfg.plugins["clipper"] = vm["clipper"].as<std::string>();
   cfg.plugins["nan_policy"] = vm["nan-policy"].as<std::string>();
   cfg.plugins["comm"] = vm["comm"].as<std::string>();
+  if (dist.world_size > 1 && setting_of("comm").source == "default") {
+    // More than one process and no --comm: the backend torch.distributed would pick.
+    cfg.plugins["comm"] = cfg.device == "cuda" ? "nccl" : "gloo";
+    setting_of("comm").value = cfg.plugins["comm"];
+    setting_of("comm").source =
+        "default (world size " + std::to_string(dist.world_size) + " on " + cfg.device + ")";
+  }
+  dist.backend = cfg.plugins["comm"];
   if (vm.count("opt")) {
     for (const auto& item : vm["opt"].as<std::vector<std::string>>()) {
       const auto dot = item.find('.'), eq = item.find('=');

@@ -2,9 +2,15 @@
 #include "ampkit/trainer.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <unordered_map>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
@@ -65,6 +71,46 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
   set_lr(schedule_.at(0));
 }
 
+Trainer::~Trainer() = default;
+
+void Trainer::enable_data_parallel(const DataParallelOptions& options) {
+  CommBackend& comm = *strategies_.comm;
+  data_parallel_ = options;
+  if (comm.world_size() == 1 && comm.process_group() == nullptr) return;
+  if (!(options.bucket_cap_mb > 0))
+    throw Error(ExitCode::usage, "bucket_cap_mb must be > 0, got " + std::to_string(options.bucket_cap_mb));
+  c10d::ProcessGroup* raw = comm.process_group();
+  if (raw != nullptr) {
+    auto group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
+    // Same parameter count, shapes and dtypes on every rank, or a clear error instead of a hang.
+    c10d::verify_params_across_processes(group, parameters_, std::nullopt);
+  }
+  {
+    at::NoGradGuard no_grad;  // parameters are leaves that require grad: copy into them untracked
+    std::vector<at::Tensor> state = parameters_;
+    state.insert(state.end(), options.buffers.begin(), options.buffers.end());
+    comm.broadcast(state, 0);
+  }
+  if (raw == nullptr) return;
+  auto group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
+  // As torch.nn.parallel.DistributedDataParallel builds it: a small first bucket (1 MiB) so the
+  // all-reduce starts early, then bucket_cap_mb; buckets in reverse order (backward's order).
+  const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
+  const int64_t first_cap = 1024 * 1024;
+  auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
+      parameters_, {static_cast<size_t>(first_cap), static_cast<size_t>(cap)},
+      std::vector<bool>(parameters_.size(), false));
+  std::reverse(indices.begin(), indices.end());
+  std::vector<int64_t> limit_list(limits.rbegin(), limits.rend());
+  std::unordered_map<size_t, std::string> param_names;
+  for (size_t i = 0; i < names_.size(); ++i) param_names[i] = names_[i];
+  reducer_ = std::make_unique<c10d::Reducer>(
+      parameters_, std::move(indices), group, std::vector<bool>(parameters_.size(), false), cap,
+      options.find_unused_parameters, options.gradient_as_bucket_view, std::move(param_names), first_cap,
+      /*skip_all_reduce_unused_params=*/false,
+      /*use_python_reducer=*/false, std::move(limit_list));
+}
+
 void Trainer::start(const RunInfo& extra) {
   RunInfo info = extra;
   info.precision = precision_;
@@ -120,9 +166,22 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   out.lr = schedule_.at(taken_);
   const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
 
+  CommBackend& comm = *strategies_.comm;
+  if (reducer_ && data_parallel_.broadcast_buffers && !data_parallel_.buffers.empty()) {
+    at::NoGradGuard no_grad;
+    comm.broadcast(data_parallel_.buffers, 0);
+  }
   zero_grad();
   double loss_sum = 0.0;
   for (int micro = 0; micro < accumulation_steps_; ++micro) {
+    // 3. With the Reducer, only the last micro-batch's backward communicates (DDP's no_sync for
+    // the others): its autograd hooks do nothing unless prepare_for_backward armed them, which
+    // is also why the NaN locator's re-run of a step never reaches the network.
+    const bool sync = reducer_ && micro == accumulation_steps_ - 1;
+    if (sync) {
+      reducer_->rebuild_buckets();  // once, after the first step recorded the order of gradients
+      reducer_->prepare_for_forward();
+    }
     at::Tensor loss;
     {
       AutocastGuard autocast(precision_, device);  // 1. forward under autocast
@@ -132,18 +191,34 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
       throw Error(ExitCode::internal, "the forward function must return a scalar loss");
     loss = loss.to(at::kFloat);
     loss_sum += loss.item<double>();
-    (loss * (scale / accumulation_steps_)).backward();
+    at::Tensor scaled = loss * (scale / accumulation_steps_);
+    if (sync)
+      reducer_->prepare_for_backward(data_parallel_.find_unused_parameters ? std::vector<at::Tensor>{scaled}
+                                                                           : std::vector<at::Tensor>{});
+    scaled.backward();
   }
   stats.loss = loss_sum / accumulation_steps_;
+  if (comm.world_size() > 1) {
+    // The loss of the global batch: every rank logs the same number, and a non-finite loss on
+    // any rank makes every rank's loss non-finite, so every rank takes the same decision.
+    std::vector<at::Tensor> loss_tensor = {
+        at::full({1}, stats.loss,
+                 at::TensorOptions()
+                     .dtype(at::kDouble)
+                     .device(parameters_.empty() ? at::Device(at::kCPU) : parameters_.front().device()))};
+    comm.all_reduce_mean(loss_tensor);
+    stats.loss = loss_tensor[0].item<double>();
+  }
   stats.loss_finite = std::isfinite(stats.loss);
 
-  // 3. Average across ranks (identity for one process).
+  // 3. Average across ranks: done by the Reducer during backward; otherwise here (identity for
+  // one process).
   std::vector<at::Tensor> grads = gradients();
-  {
+  if (!reducer_) {
     std::vector<at::Tensor> defined;
     for (const auto& g : grads)
       if (g.defined()) defined.push_back(g);
-    strategies_.comm->all_reduce_mean(defined);
+    comm.all_reduce_mean(defined);
   }
 
   // 4. One statistics pass over the scaled gradients.

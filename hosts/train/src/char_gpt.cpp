@@ -122,14 +122,16 @@ class CharGpt final : public Workload {
   }
   torch::nn::Module& module() override { return *model_; }
   int64_t batches_per_epoch() const override {
-    return std::max<int64_t>(1, train_.size(0) / (cfg_.batch_size * cfg_.gpt_context));
+    return std::max<int64_t>(1, train_.size(0) / (cfg_.batch_size * cfg_.dist.world_size * cfg_.gpt_context));
   }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
   at::Tensor loss(int64_t index) override {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(
         cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
-    const at::Tensor offsets =
-        at::randint(train_.size(0) - cfg_.gpt_context - 1, {cfg_.batch_size}, gen, at::kLong);
+    // The global batch of all ranks is drawn, and each rank trains on its slice of it.
+    const at::Tensor offsets = at::randint(train_.size(0) - cfg_.gpt_context - 1,
+                                           {cfg_.batch_size * cfg_.dist.world_size}, gen, at::kLong)
+                                   .narrow(0, cfg_.batch_size * cfg_.dist.rank, cfg_.batch_size);
     return window_loss(train_, offsets);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {

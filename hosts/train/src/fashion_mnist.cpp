@@ -86,7 +86,11 @@ struct CnnImpl : torch::nn::Module {
 class FashionMnist final : public Workload {
  public:
   FashionMnist(const TrainConfig& cfg, const at::Device& device)
-      : batch_size_(cfg.batch_size), seed_(cfg.seed), device_(device) {
+      : batch_size_(cfg.batch_size),
+        rank_(cfg.dist.rank),
+        ranks_(cfg.dist.world_size),
+        seed_(cfg.seed),
+        device_(device) {
     const std::filesystem::path dir = cfg.data_dir;
     train_x_ = read_images(dir / "train-images-idx3-ubyte.gz");
     train_y_ = read_labels(dir / "train-labels-idx1-ubyte.gz");
@@ -94,20 +98,22 @@ class FashionMnist final : public Workload {
     test_y_ = read_labels(dir / "t10k-labels-idx1-ubyte.gz");
     if (train_x_.size(0) != train_y_.size(0) || test_x_.size(0) != test_y_.size(0))
       throw Error(ExitCode::data, "Fashion-MNIST image and label counts differ in " + cfg.data_dir);
-    if (batch_size_ > train_x_.size(0))
-      throw Error(ExitCode::usage, "--batch-size " + std::to_string(batch_size_) + " exceeds the " +
+    if (batch_size_ * ranks_ > train_x_.size(0))
+      throw Error(ExitCode::usage, "--batch-size " + std::to_string(batch_size_) + " x " +
+                                       std::to_string(ranks_) + " ranks exceeds the " +
                                        std::to_string(train_x_.size(0)) + " training images");
     model_->to(device_);
     order_ = at::arange(train_x_.size(0), at::kLong);
   }
   torch::nn::Module& module() override { return *model_; }
-  int64_t batches_per_epoch() const override { return train_x_.size(0) / batch_size_; }
+  // A batch is global: rank r of N trains on its r-th slice of batch_size samples.
+  int64_t batches_per_epoch() const override { return train_x_.size(0) / (batch_size_ * ranks_); }
   void start_epoch(int64_t epoch) override {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + static_cast<uint64_t>(epoch));
     order_ = at::randperm(train_x_.size(0), gen, at::kLong);
   }
   at::Tensor loss(int64_t index) override {
-    const at::Tensor idx = order_.narrow(0, index * batch_size_, batch_size_);
+    const at::Tensor idx = order_.narrow(0, (index * ranks_ + rank_) * batch_size_, batch_size_);
     const at::Tensor x = train_x_.index_select(0, idx).to(device_);
     const at::Tensor y = train_y_.index_select(0, idx).to(device_);
     return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
@@ -135,6 +141,7 @@ class FashionMnist final : public Workload {
 
  private:
   int64_t batch_size_;
+  int64_t rank_, ranks_;
   uint64_t seed_;
   at::Device device_;
   std::shared_ptr<CnnImpl> model_ = std::make_shared<CnnImpl>();

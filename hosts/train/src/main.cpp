@@ -9,13 +9,17 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <deque>
+#include <exception>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <thread>
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/device_support.h"
@@ -42,6 +46,24 @@ struct SelectedPlugin {
 // SIGTERM/SIGINT/SIGUSR1: the first one asks the loop to stop after the current step (then a
 // checkpoint and the summary are written, exit 130); a second one exits at once.
 volatile std::sig_atomic_t g_stop_signal = 0;
+
+// The comm backend of a multi-process run, for explaining a failed collective in main().
+CommBackend* g_comm = nullptr;
+
+// Each rank's `local` values, in rank order, on every rank (an all-gather on all_reduce_mean:
+// every rank fills its own slot of a zero tensor).
+std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device) {
+  const int64_t n = static_cast<int64_t>(local.size()), world = comm.world_size();
+  if (world == 1) return local;
+  at::Tensor all = at::zeros({world * n}, at::TensorOptions().dtype(at::kDouble));
+  for (int64_t i = 0; i < n; ++i) all[comm.rank() * n + i] = local[static_cast<size_t>(i)];
+  std::vector<at::Tensor> tensors = {all.to(device)};
+  comm.all_reduce_mean(tensors);
+  const at::Tensor sum = tensors[0].cpu() * static_cast<double>(world);
+  std::vector<double> out(static_cast<size_t>(world * n));
+  for (int64_t i = 0; i < world * n; ++i) out[static_cast<size_t>(i)] = sum[i].item<double>();
+  return out;
+}
 
 void on_stop_signal(int signal_number) {
   if (g_stop_signal != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
@@ -191,6 +213,20 @@ std::vector<std::string> precision_warnings(const TrainConfig& cfg,
   return out;
 }
 
+// Owns the selected plugins. When a multi-process run fails, main() still has to ask the comm
+// backend which rank was lost (and then exits with _Exit), so an exception leaving run() leaks
+// them instead of destroying the process group under the failure.
+struct PluginSet {
+  std::vector<SelectedPlugin>* plugins = new std::vector<SelectedPlugin>;
+  PluginSet() = default;
+  PluginSet(const PluginSet&) = delete;
+  PluginSet& operator=(const PluginSet&) = delete;
+  ~PluginSet() {
+    if (std::uncaught_exceptions() > 0 && g_comm != nullptr) return;
+    delete plugins;
+  }
+};
+
 int run(int argc, const char* const argv[]) {
   const auto wall_start = std::chrono::steady_clock::now();
   TrainConfig cfg = parse_train_config(argc, argv);
@@ -223,7 +259,8 @@ int run(int argc, const char* const argv[]) {
   std::vector<PluginInfo> selected;
   for (const auto& kind : kPluginKinds) selected.push_back(registry.find(kind, cfg.plugins[kind]));
   const std::vector<const LoadedPlugin*> loaded = registry.load_all(selected);
-  std::vector<SelectedPlugin> plugins;
+  PluginSet owned_plugins;
+  std::vector<SelectedPlugin>& plugins = *owned_plugins.plugins;
   for (size_t i = 0; i < kPluginKinds.size(); ++i) {
     const std::string& kind = kPluginKinds[i];
     SelectedPlugin s;
@@ -241,19 +278,43 @@ int run(int argc, const char* const argv[]) {
     print_config(cfg, plugins);
     return 0;
   }
+  validate(cfg.dist, torch::cuda::is_available());
   for (auto& p : plugins) p.strategy = p.plugin->create(p.options.values);
   auto* scaler = static_cast<LossScaler*>(plugins[0].strategy.get());
   auto* clipper = static_cast<GradClipper*>(plugins[1].strategy.get());
   auto* nan_policy = static_cast<NanPolicy*>(plugins[2].strategy.get());
   auto* comm = static_cast<CommBackend*>(plugins[3].strategy.get());
-  comm->init(DistributedConfig{});
+  try {
+    comm->init(cfg.dist);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ExitCode::distributed, "comm '" + plugins[3].plugin->info().name + "': " + e.what());
+  }
+  if (comm->world_size() != cfg.dist.world_size || comm->rank() != cfg.dist.rank)
+    throw Error(ExitCode::distributed,
+                "comm '" + plugins[3].plugin->info().name + "' reports rank " + std::to_string(comm->rank()) +
+                    " of " + std::to_string(comm->world_size()) + ", the job says rank " +
+                    std::to_string(cfg.dist.rank) + " of " + std::to_string(cfg.dist.world_size));
+  if (comm->world_size() > 1) g_comm = comm;
+  // Rank 0 writes metrics, summary, checkpoints and the progress line; every rank trains.
+  const bool is_root = comm->rank() == 0;
   std::vector<std::string> warnings = precision_warnings(cfg, plugins, *scaler);
-  for (const auto& w : warnings)
-    std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  if (is_root)
+    for (const auto& w : warnings)
+      std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
   const bool report_underflow =
       cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
 
-  if (cfg.threads > 0) at::set_num_threads(cfg.threads);
+  if (cfg.threads > 0) {
+    at::set_num_threads(cfg.threads);
+  } else if (cfg.dist.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // Ranks of one node share its cores; oversubscribed OpenMP threads spin against each other
+    // and a step can take 30x longer. torchrun sets OMP_NUM_THREADS=1 for the same reason.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    at::set_num_threads(
+        static_cast<int>(std::max(1u, cores / static_cast<unsigned>(cfg.dist.nproc_per_node))));
+  }
   if (cfg.device == "cuda" && !torch::cuda::is_available())
     throw Error(ExitCode::usage, "--device cuda, but no CUDA device is visible to LibTorch");
   if (cfg.device == "cuda")
@@ -307,7 +368,7 @@ int run(int argc, const char* const argv[]) {
   info.world_size = comm->world_size();
   trainer.start(info);
 
-  ProgressLine progress(total_steps, cfg.log_every, cfg.progress != "never");
+  ProgressLine progress(total_steps, cfg.log_every, cfg.progress != "never" && is_root);
   const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate * comm->world_size());
   std::deque<double> recent_losses;
   int64_t nan_events = 0, clipped_steps = 0;
@@ -376,9 +437,20 @@ int run(int argc, const char* const argv[]) {
                    cfg.weights_only ? " (weights only)" : "");
     }
   }
+  // Every rank holds the checkpoint's (or its own seed's) parameters; from here rank 0's are
+  // everyone's, and gradients are averaged by torch's DDP Reducer during backward.
+  {
+    DataParallelOptions dp;
+    dp.bucket_cap_mb = cfg.dist.bucket_cap_mb;
+    dp.find_unused_parameters = cfg.dist.find_unused_parameters;
+    dp.gradient_as_bucket_view = cfg.dist.gradient_as_bucket_view;
+    dp.broadcast_buffers = cfg.dist.broadcast_buffers;
+    for (const auto& item : workload->module().named_buffers()) dp.buffers.push_back(item.value());
+    trainer.enable_data_parallel(dp);
+  }
   const int64_t first_step = trainer.steps_attempted();
-  MetricsWriter metrics(cfg.metrics_file, first_step);
-  LayerNormWriter layer_norms(cfg.layer_norms_file, first_step);
+  MetricsWriter metrics(is_root ? cfg.metrics_file : "", first_step);
+  LayerNormWriter layer_norms(is_root ? cfg.layer_norms_file : "", first_step);
   int64_t last_saved = first_step;
   auto save_checkpoint = [&]() {
     CheckpointManifest m;
@@ -490,8 +562,11 @@ int run(int argc, const char* const argv[]) {
   const auto train_start = std::chrono::steady_clock::now();
   double last_time = 0;
   int64_t epoch = -1;
+  const int world = comm->world_size();
+  int agreed_stop =
+      0;  // with several ranks, all stop after the same step (a signal reaches them at different times)
   for (int64_t step = trainer.steps_attempted(); step < total_steps; ++step) {
-    if (g_stop_signal != 0) break;
+    if ((world > 1 ? agreed_stop : g_stop_signal) != 0) break;
     const int64_t data_step = step + data_skip;
     const int64_t e = data_step / steps_per_epoch;
     if (e != epoch) {
@@ -542,6 +617,17 @@ int run(int argc, const char* const argv[]) {
       if (recent_losses.size() > 20) recent_losses.pop_front();
     }
     nlohmann::json record = step_record(out, epoch, trainer.steps_skipped(), sps, now);
+    if (world > 1) {
+      const std::vector<double> all =
+          gather(*comm, {sps / world, static_cast<double>(g_stop_signal)}, device);
+      std::vector<double> per_rank;
+      for (int r = 0; r < world; ++r) {
+        per_rank.push_back(all[static_cast<size_t>(2 * r)]);
+        if (all[static_cast<size_t>(2 * r + 1)] != 0)
+          agreed_stop = static_cast<int>(all[static_cast<size_t>(2 * r + 1)]);
+      }
+      record["rank_samples_per_second"] = per_rank;
+    }
     record["data_step"] = data_step;
     record["steps_discarded"] = trainer.steps_discarded();
     record["rollbacks"] = trainer.rollbacks();
@@ -560,6 +646,7 @@ int run(int argc, const char* const argv[]) {
       save_checkpoint();
   }
   progress.finish();
+  if (g_stop_signal == 0 && agreed_stop != 0) g_stop_signal = agreed_stop;  // another rank was signalled
   const int stop_signal = g_stop_signal;
   // An aborted run saves too: the bad step was not applied, so the parameters are the last good ones.
   if (writes_checkpoints && last_saved != trainer.steps_attempted()) save_checkpoint();
@@ -592,7 +679,7 @@ int run(int argc, const char* const argv[]) {
       recent_losses.empty()
           ? std::numeric_limits<double>::quiet_NaN()
           : std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) / recent_losses.size();
-  if (abort_reason.empty() && stop_signal == 0) {  // a preempted run has no time to evaluate
+  if (is_root && abort_reason.empty() && stop_signal == 0) {  // a preempted run has no time to evaluate
     if (auto eval = workload->evaluate(cfg.eval_batches)) {
       summary["test_loss"] = eval->loss;
       summary["test_accuracy"] = eval->accuracy;
@@ -604,11 +691,34 @@ int run(int argc, const char* const argv[]) {
   summary["wall_seconds"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   summary["param_sha256"] = parameter_sha256(params);
+  if (world > 1) {
+    // Every rank's parameter hash, so one file shows that the replicas stayed identical.
+    const std::string mine = summary["param_sha256"].get<std::string>();
+    std::vector<double> codes(mine.begin(), mine.end());
+    codes.resize(64, 0.0);
+    const std::vector<double> all = gather(*comm, codes, device);
+    std::vector<std::string> hashes;
+    for (int r = 0; r < world; ++r) {
+      std::string h;
+      for (int i = 0; i < 64; ++i) h += static_cast<char>(std::lround(all[static_cast<size_t>(r * 64 + i)]));
+      hashes.push_back(h);
+    }
+    summary["world_size"] = world;
+    summary["param_sha256_ranks"] = hashes;
+    summary["ranks_identical"] =
+        std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; });
+    summary["rank_samples_per_second"] =
+        gather(*comm, {summary["samples_per_second"].get<double>() / world}, device);
+    if (!summary["ranks_identical"].get<bool>())
+      std::fprintf(stderr, "ampkit-train: warning: rank %d: the ranks' parameters differ at the end (%s)\n",
+                   comm->rank(), summary["param_sha256_ranks"].dump().c_str());
+  }
   summary["warnings"] = warnings;
   if (summary["final_loss"].is_number_float() && !std::isfinite(summary["final_loss"].get<double>()))
     summary["final_loss"] = "nan";
-  if (!cfg.summary_file.empty()) write_json_file(cfg.summary_file, summary);
-  print_summary_table(stdout, summary);
+  if (is_root && !cfg.summary_file.empty()) write_json_file(cfg.summary_file, summary);
+  if (is_root) print_summary_table(stdout, summary);
+  comm->barrier();  // rank 0 hosts the rendezvous store: it leaves last
   if (!abort_reason.empty()) {
     const bool by_scaler = abort_reason.find("loss scaler: ") != std::string::npos;
     std::fprintf(stderr, "ampkit-train: training aborted by %s '%s' at step %lld: %s\n",
@@ -629,16 +739,43 @@ int run(int argc, const char* const argv[]) {
 }  // namespace
 }  // namespace ampkit::train
 
+namespace {
+
+// A collective failed in a multi-process run: name the lost rank where the heartbeats tell, exit
+// 7 at once (destructors of a broken process group can block), never hang.
+[[noreturn]] void exit_lost_rank(const std::string& what, bool distributed_error) {
+  ampkit::CommBackend* comm = ampkit::train::g_comm;
+  const std::string why = comm->explain_failure(what);
+  const bool lost = why.rfind("lost rank", 0) == 0;
+  std::fprintf(stderr, "ampkit-train: error: rank %d: %s\n", comm->rank(), why.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(static_cast<int>(lost || distributed_error ? ampkit::ExitCode::distributed
+                                                        : ampkit::ExitCode::internal));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
     return ampkit::train::run(argc, argv);
   } catch (const ampkit::Error& e) {
     std::fprintf(stderr, "ampkit-train: error: %s\n", e.what());
+    if (ampkit::train::g_comm != nullptr) {  // the other ranks are told by the lost connection
+      std::fflush(stderr);
+      std::_Exit(static_cast<int>(e.code()));
+    }
     return static_cast<int>(e.code());
+  } catch (const c10::DistError& e) {
+    if (ampkit::train::g_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), true);
+    std::fprintf(stderr, "ampkit-train: error: %s\n", e.what_without_backtrace());
+    return static_cast<int>(ampkit::ExitCode::distributed);
   } catch (const c10::Error& e) {
+    if (ampkit::train::g_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), false);
     std::fprintf(stderr, "ampkit-train: LibTorch error: %s\n", e.what_without_backtrace());
     return static_cast<int>(ampkit::ExitCode::internal);
   } catch (const std::exception& e) {
+    if (ampkit::train::g_comm != nullptr) exit_lost_rank(e.what(), false);
     std::fprintf(stderr, "ampkit-train: internal error: %s\n", e.what());
     return static_cast<int>(ampkit::ExitCode::internal);
   }

@@ -55,8 +55,13 @@ class Synthetic final : public Workload {
   int64_t batches_per_epoch() const override { return 1000; }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
   at::Tensor loss(int64_t index) override {
+    // The global batch of all ranks is generated, and each rank trains on its slice of it:
+    // N ranks of batch B see exactly the samples of one rank of batch N*B.
     auto [x, y] =
-        batch(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
+        batch(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index),
+              cfg_.dist.world_size);
+    x = x.narrow(0, cfg_.batch_size * cfg_.dist.rank, cfg_.batch_size);
+    y = y.narrow(0, cfg_.batch_size * cfg_.dist.rank, cfg_.batch_size);
     return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
@@ -75,9 +80,9 @@ class Synthetic final : public Workload {
   }
 
  private:
-  std::pair<at::Tensor, at::Tensor> batch(uint64_t seed) {
+  std::pair<at::Tensor, at::Tensor> batch(uint64_t seed, int64_t ranks = 1) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    at::Tensor x = at::randn({cfg_.batch_size, cfg_.synthetic_inputs}, gen).to(device_);
+    at::Tensor x = at::randn({cfg_.batch_size * ranks, cfg_.synthetic_inputs}, gen).to(device_);
     at::Tensor y = at::matmul(x, teacher_).argmax(1);
     return {x, y};
   }

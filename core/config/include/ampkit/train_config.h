@@ -1,6 +1,7 @@
 // ampkit-train's configuration: command line > YAML file > defaults, validated, with sources.
 #pragma once
 
+#include <ampkit/comm_backend.h>
 #include <ampkit/step.h>
 
 #include <cstdint>
@@ -49,16 +50,20 @@ struct TrainConfig {
   int64_t gpt_width = 128;
   int64_t gpt_heads = 4;
   int64_t gpt_context = 64;
-  std::string checkpoint_dir;    // empty: no checkpoints
-  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a signal
-  int keep_checkpoints = 3;      // newest complete checkpoints kept
-  std::string resume;            // empty | "auto" | a checkpoint folder
-  bool weights_only = false;     // resume loads parameters only
+  std::string checkpoint_dir;       // empty: no checkpoints
+  int64_t checkpoint_every = 0;     // steps between checkpoints; 0: only at the end and on a signal
+  int keep_checkpoints = 3;         // newest complete checkpoints kept
+  std::string resume;               // empty | "auto" | a checkpoint folder
+  bool weights_only = false;        // resume loads parameters only
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
   int64_t nan_locate = 5;           // bad steps the locator re-runs; 0: off
   std::string nan_report_dir;       // empty: beside --summary, else --metrics, else "."
   std::string progress = "auto";
   int64_t log_every = 50;
+
+  // Where this process sits in a data-parallel job: command line > environment (torchrun, then
+  // SLURM, then Open MPI variables) > config file > default (docs/distributed-training.md).
+  DistributedConfig dist;
 
   bool help = false;
   bool print_config = false;
@@ -72,6 +77,9 @@ struct TrainConfig {
 
 // Parses argv (and the YAML file it names). Throws Error(usage) with one clear line.
 TrainConfig parse_train_config(int argc, const char* const argv[]);
+// Rejects an impossible job layout (rank >= world size, bad port, node counts that do not
+// multiply to the world size, nccl without CUDA, ...) with Error(usage) and one line.
+void validate(const DistributedConfig& dist, bool cuda_available);
 // The --help text for the host options.
 std::string train_options_help();
 

@@ -16,6 +16,9 @@
 namespace torch::optim {
 class Optimizer;
 }
+namespace c10d {
+class Reducer;
+}
 
 namespace ampkit {
 
@@ -63,6 +66,15 @@ struct StepOutcome {
   double lr = 0.0;                 // learning rate used by this step
 };
 
+// Data-parallel settings (torch DDP's, with its defaults); see Trainer::enable_data_parallel.
+struct DataParallelOptions {
+  double bucket_cap_mb = 25.0;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool broadcast_buffers = true;
+  std::vector<at::Tensor> buffers;  // the model's buffers, sent from rank 0 before each step
+};
+
 class Trainer {
  public:
   // `parameters` and `names` are the model's trainable parameters in a fixed order; the
@@ -70,6 +82,17 @@ class Trainer {
   Trainer(Precision precision, int accumulation_steps, std::vector<at::Tensor> parameters,
           std::vector<std::string> names, torch::optim::Optimizer& optimizer, Strategies strategies,
           LrSchedule schedule);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Makes the ranks one data-parallel job (collective: every rank calls it, after loading any
+  // checkpoint): checks that every rank has the same parameter shapes, sends rank 0's parameters
+  // and buffers to all, and, where the comm backend has a c10d process group, attaches torch's
+  // DDP Reducer: gradients are all-reduced in buckets while backward still runs, only on the
+  // last micro-batch of a step. Without a process group, step() averages after backward.
+  void enable_data_parallel(const DataParallelOptions& options);
+  bool data_parallel() const { return reducer_ != nullptr; }
 
   // Calls every strategy's start(); the first step() does it if not done.
   void start(const RunInfo& extra);
@@ -119,6 +142,8 @@ class Trainer {
   torch::optim::Optimizer& optimizer_;
   Strategies strategies_;
   LrSchedule schedule_;
+  DataParallelOptions data_parallel_;
+  std::unique_ptr<c10d::Reducer> reducer_;
   std::function<int64_t()> rollback_;
   BadStepObserver bad_step_observer_;
   bool started_ = false;

@@ -1,0 +1,283 @@
+// ampkit-launch: runs N ranks of a program on this node with torchrun's environment, prefixes
+// their output with the rank, forwards signals, and stops every rank when one fails.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace po = boost::program_options;
+
+namespace {
+
+// Exit codes (docs/configuration.md): a failed rank's own code is passed on.
+constexpr int kUsage = 2;
+constexpr int kLaunchFailed = 7;
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signal_number) {
+  const int saved = errno;
+  const char byte = static_cast<char>(signal_number);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  int out = -1, err = -1;  // read ends of its stdout and stderr
+  std::string out_line, err_line;
+  bool running = true;
+  int status = 0;
+};
+
+void emit(int rank, std::string& pending, const char* data, size_t n, FILE* to, bool flush_all) {
+  pending.append(data, n);
+  size_t start = 0;
+  for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1)
+    std::fprintf(to, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), pending.data() + start);
+  pending.erase(0, start);
+  if (flush_all && !pending.empty()) {
+    std::fprintf(to, "[rank %d] %s\n", rank, pending.c_str());
+    pending.clear();
+  }
+  std::fflush(to);
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) +
+           ")";
+  return "stopped";
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return kLaunchFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Everything after "--" is the program and its arguments.
+  int split = 1;
+  while (split < argc && std::strcmp(argv[split], "--") != 0) ++split;
+  po::options_description options("usage: ampkit-launch [options] -- PROGRAM [ARGS...]\n\noptions");
+  // clang-format off
+  options.add_options()
+    ("help,h", "Show this help.")
+    ("nproc-per-node", po::value<int>()->default_value(1), "Ranks to start on this node.")
+    ("nnodes", po::value<int>()->default_value(1), "Nodes in the job; run ampkit-launch once on each.")
+    ("node-rank", po::value<int>()->default_value(0), "This node's index in [0, nnodes); node 0 runs rank 0, which hosts the rendezvous store.")
+    ("master-addr", po::value<std::string>()->default_value("127.0.0.1"), "Address of node 0, reachable from every node.")
+    ("master-port", po::value<int>()->default_value(29500), "Free TCP port on node 0 for the rendezvous store.")
+    ("grace-seconds", po::value<double>()->default_value(5.0), "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL.");
+  // clang-format on
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(split, argv).options(options).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "ampkit-launch: error: %s (see ampkit-launch --help)\n", e.what());
+    return kUsage;
+  }
+  if (vm.count("help")) {
+    std::cout
+        << options
+        << "\nEach rank gets torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
+           "GROUP_RANK,\n"
+           "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Output lines are prefixed with [rank R].\n"
+           "SIGINT/SIGTERM are forwarded to every rank. When a rank fails, the others get SIGTERM, then\n"
+           "SIGKILL after --grace-seconds; the exit code is the first failed rank's (128+signal if killed).\n"
+           "Exit codes: 0 every rank succeeded, 2 usage, 7 a rank could not be started.\n";
+    return 0;
+  }
+  const int nproc = vm["nproc-per-node"].as<int>(), nnodes = vm["nnodes"].as<int>();
+  const int node_rank = vm["node-rank"].as<int>(), port = vm["master-port"].as<int>();
+  const double grace = vm["grace-seconds"].as<double>();
+  const std::string addr = vm["master-addr"].as<std::string>();
+  auto usage = [](const std::string& message) {
+    std::fprintf(stderr, "ampkit-launch: error: %s\n", message.c_str());
+    return kUsage;
+  };
+  if (split >= argc - 1) return usage("no program given: ampkit-launch [options] -- PROGRAM [ARGS...]");
+  if (nproc < 1 || nproc > 1024)
+    return usage("--nproc-per-node must be in [1, 1024], got " + std::to_string(nproc));
+  if (nnodes < 1) return usage("--nnodes must be >= 1, got " + std::to_string(nnodes));
+  if (node_rank < 0 || node_rank >= nnodes)
+    return usage("--node-rank " + std::to_string(node_rank) + " is outside [0, " + std::to_string(nnodes) +
+                 ")");
+  if (port < 1 || port > 65535)
+    return usage("--master-port must be in 1..65535, got " + std::to_string(port));
+  if (!(grace >= 0)) return usage("--grace-seconds must be >= 0");
+
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return kLaunchFailed;
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::sigaction(s, &action, nullptr);
+
+  const int world = nproc * nnodes;
+  std::vector<Rank> ranks(static_cast<size_t>(nproc));
+  for (int local = 0; local < nproc; ++local) {
+    Rank& r = ranks[static_cast<size_t>(local)];
+    r.rank = node_rank * nproc + local;
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return kLaunchFailed;
+    // Signals stay blocked across fork until the child has dropped our handlers: a SIGTERM
+    // caught in between would otherwise be written into our own signal pipe.
+    sigset_t all, previous;
+    sigfillset(&all);
+    ::sigprocmask(SIG_BLOCK, &all, &previous);
+    r.pid = ::fork();
+    if (r.pid != 0) ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    if (r.pid < 0) {
+      std::fprintf(stderr, "ampkit-launch: error: cannot start rank %d: %s\n", r.rank, std::strerror(errno));
+      return kLaunchFailed;
+    }
+    if (r.pid == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::signal(s, SIG_DFL);
+      ::close(g_signal_pipe[0]);
+      ::close(g_signal_pipe[1]);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      auto set = [](const char* k, int v) { ::setenv(k, std::to_string(v).c_str(), 1); };
+      set("RANK", r.rank);
+      set("WORLD_SIZE", world);
+      set("LOCAL_RANK", local);
+      set("LOCAL_WORLD_SIZE", nproc);
+      set("GROUP_RANK", node_rank);
+      set("ROLE_RANK", r.rank);
+      set("ROLE_WORLD_SIZE", world);
+      set("MASTER_PORT", port);
+      ::setenv("MASTER_ADDR", addr.c_str(), 1);
+      ::execvp(argv[split + 1], argv + split + 1);
+      std::fprintf(stderr, "ampkit-launch: error: cannot run %s: %s\n", argv[split + 1],
+                   std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    r.out = out[0];
+    r.err = err[0];
+  }
+
+  int exit_code = 0;
+  int first_failed = -1;
+  int signals_seen = 0;
+  bool stopping = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  auto signal_all = [&](int s) {
+    for (auto& r : ranks)
+      if (r.running) ::kill(r.pid, s);
+  };
+  auto reap = [&]() {
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && first_failed < 0 && !stopping) {
+        first_failed = r.rank;
+        exit_code = exit_code_of(status);
+        std::fprintf(stderr, "ampkit-launch: rank %d %s; stopping the other ranks\n", r.rank,
+                     describe(status).c_str());
+        stopping = true;
+        signal_all(SIGTERM);
+        kill_at = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(grace));
+      } else if (failed && exit_code == 0) {
+        exit_code = exit_code_of(status);
+      }
+    }
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, bool>> owner;  // rank index, is stderr
+    fds.push_back({g_signal_pipe[0], POLLIN, 0});
+    owner.emplace_back(0, false);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i].out >= 0) {
+        fds.push_back({ranks[i].out, POLLIN, 0});
+        owner.emplace_back(i, false);
+      }
+      if (ranks[i].err >= 0) {
+        fds.push_back({ranks[i].err, POLLIN, 0});
+        owner.emplace_back(i, true);
+      }
+    }
+    bool any_running = false;
+    for (const auto& r : ranks) any_running |= r.running;
+    if (!any_running && fds.size() == 1) break;
+    ::poll(fds.data(), fds.size(), 200);
+    if (fds[0].revents & POLLIN) {
+      char buf[64];
+      const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof buf);
+      for (ssize_t k = 0; k < n; ++k) {
+        const int s = buf[k];
+        if (s == SIGCHLD) continue;
+        ++signals_seen;
+        if (signals_seen == 1) {
+          std::fprintf(stderr, "ampkit-launch: %s: forwarding to every rank\n", strsignal(s));
+          signal_all(s);
+        } else {
+          std::fprintf(stderr, "ampkit-launch: second signal: killing every rank\n");
+          signal_all(SIGKILL);
+        }
+      }
+    }
+    for (size_t f = 1; f < fds.size(); ++f) {
+      if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank& r = ranks[owner[f].first];
+      const bool is_err = owner[f].second;
+      char buf[65536];
+      const ssize_t n = ::read(fds[f].fd, buf, sizeof buf);
+      if (n > 0) {
+        emit(r.rank, is_err ? r.err_line : r.out_line, buf, static_cast<size_t>(n), is_err ? stderr : stdout,
+             false);
+      } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        emit(r.rank, is_err ? r.err_line : r.out_line, "", 0, is_err ? stderr : stdout, true);
+        ::close(fds[f].fd);
+        (is_err ? r.err : r.out) = -1;
+      }
+    }
+    reap();
+    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
+      bool left = false;
+      for (const auto& r : ranks) left |= r.running;
+      if (left) {
+        std::fprintf(stderr, "ampkit-launch: ranks still running %.1f s after SIGTERM: SIGKILL\n", grace);
+        signal_all(SIGKILL);
+      }
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  // A rank that died of a forwarded signal is reported by its status; 130 on Ctrl-C as usual.
+  if (exit_code == 0)
+    for (const auto& r : ranks)
+      if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) {
+        exit_code = exit_code_of(r.status);
+        break;
+      }
+  return exit_code;
+}

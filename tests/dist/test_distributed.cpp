@@ -1,0 +1,284 @@
+// Data-parallel training across processes with comm gloo: parity with one rank, identical NaN
+// decisions, lost ranks, the launcher, and the checks on the job layout. Cases labelled "slow"
+// are disabled by default and run by the ctest test test_distributed_slow (--run_test=@slow).
+#define BOOST_TEST_MODULE distributed
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "train_process.h"
+
+using namespace train_test;
+
+namespace {
+
+const std::string launch = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-launch";
+
+// A port per call, spread by process id so parallel test programs rarely meet.
+int next_port() {
+  static int n = 0;
+  return 20000 + static_cast<int>(::getpid() % 2000) * 10 + (n++ % 10);
+}
+
+std::vector<nlohmann::json> records(const fs::path& file) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Worst relative difference of a metric between two runs, step by step.
+double max_rel_diff(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                    const std::string& key) {
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a[i][key].get<double>(), y = b[i][key].get<double>();
+    worst = std::max(worst, std::abs(x - y) / std::max(std::abs(x), 1e-30));
+  }
+  return worst;
+}
+
+struct Parity {
+  double loss = 0, grad_norm = 0;
+  nlohmann::json summary;
+};
+
+// The same global batch on 1 rank (batch 2B) and on 2 ranks (batch B each).
+Parity one_vs_two(const std::string& args, int batch, int steps, const TempDir& tmp, const std::string& tag) {
+  const fs::path one = tmp.path / (tag + "-1.jsonl"), two = tmp.path / (tag + "-2.jsonl");
+  const fs::path summary = tmp.path / (tag + "-2.json");
+  const std::string common = args + " --progress never --threads 1 --steps " + std::to_string(steps);
+  const Result a =
+      run(train + " " + common + " --batch-size " + std::to_string(2 * batch) + " --metrics " + one.string());
+  BOOST_REQUIRE_MESSAGE(a.code == 0, a.output);
+  const Result b = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
+                       train + " " + common + " --batch-size " + std::to_string(batch) + " --metrics " +
+                       two.string() + " --summary " + summary.string());
+  BOOST_REQUIRE_MESSAGE(b.code == 0, b.output);
+  const auto ra = records(one), rb = records(two);
+  BOOST_REQUIRE_EQUAL(ra.size(), static_cast<size_t>(steps));
+  Parity p;
+  p.loss = max_rel_diff(ra, rb, "loss");
+  p.grad_norm = max_rel_diff(ra, rb, "grad_norm");
+  p.summary = read_json(summary);
+  return p;
+}
+
+const std::string mlp =
+    "--workload synthetic --synthetic-inputs 32 --synthetic-width 64 --synthetic-depth 3 --seed 4";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(mlp_fp32_two_ranks_follow_one_rank_step_for_step) {
+  TempDir tmp;
+  const Parity p = one_vs_two(mlp, 32, 100, tmp, "mlp");
+  BOOST_TEST_MESSAGE("fp32 MLP, 100 steps: max rel diff loss " << p.loss << ", grad norm " << p.grad_norm);
+  BOOST_TEST(p.loss < 1e-5);
+  BOOST_TEST(p.grad_norm < 1e-5);
+  BOOST_TEST(p.summary["world_size"].get<int>() == 2);
+  BOOST_TEST(p.summary["ranks_identical"].get<bool>());
+  BOOST_TEST(p.summary["plugins"]["comm"]["name"].get<std::string>() == "gloo");
+  BOOST_TEST(p.summary["rank_samples_per_second"].size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(accumulated_steps_communicate_once_and_match_one_rank) {
+  TempDir tmp;
+  const Parity p = one_vs_two(mlp + " --accumulate 3", 16, 20, tmp, "acc");
+  BOOST_TEST_MESSAGE("fp32 MLP, accumulate 3: max rel diff loss " << p.loss);
+  BOOST_TEST(p.loss < 1e-5);
+  BOOST_TEST(p.grad_norm < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(mlp_bf16_two_ranks_within_documented_tolerance) {
+  TempDir tmp;
+  const Parity p = one_vs_two(mlp + " --precision bf16", 32, 100, tmp, "bf16");
+  // docs/distributed-training.md: bf16 rounds each rank's half-batch matmuls differently.
+  BOOST_TEST_MESSAGE("bf16 MLP, 100 steps: max rel diff loss " << p.loss << ", grad norm " << p.grad_norm);
+  BOOST_TEST(p.loss < 2e-3);
+  BOOST_TEST(p.summary["ranks_identical"].get<bool>());
+}
+
+BOOST_AUTO_TEST_CASE(cnn_fp32_two_ranks_follow_one_rank_step_for_step,
+                     *boost::unit_test::label("slow") * boost::unit_test::disabled()) {
+  TempDir tmp;
+  const Parity p = one_vs_two("--workload fashion-mnist --seed 2 --eval-batches 1", 16, 100, tmp, "cnn");
+  BOOST_TEST_MESSAGE("fp32 CNN, 100 steps: max rel diff loss " << p.loss << ", grad norm " << p.grad_norm);
+  BOOST_TEST(p.loss < 1e-5);
+  BOOST_TEST(p.grad_norm < 1e-5);
+  BOOST_TEST(p.summary["ranks_identical"].get<bool>());
+}
+
+BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
+  TempDir tmp;
+  const fs::path metrics = tmp.path / "m.jsonl", summary = tmp.path / "s.json";
+  const Result r =
+      run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train + " " +
+          mlp + " --progress never --threads 1 --steps 12 --batch-size 16 --inject nan@step=5,rank=1" +
+          " --nan-report-dir " + tmp.path.string() + " --metrics " + metrics.string() + " --summary " +
+          summary.string());
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto s = read_json(summary);
+  BOOST_TEST(s["skipped_steps"].get<int>() == 1);
+  BOOST_TEST(s["ranks_identical"].get<bool>());
+  BOOST_TEST(s["param_sha256_ranks"][0].get<std::string>() == s["param_sha256"].get<std::string>());
+  const auto m = records(metrics);
+  BOOST_REQUIRE_EQUAL(m.size(), 12u);
+  BOOST_TEST(m[5]["found_inf"].get<bool>());
+  BOOST_TEST(!m[5]["stepped"].get<bool>());
+  for (size_t i = 0; i < m.size(); ++i)
+    if (i != 5) BOOST_TEST(m[i]["stepped"].get<bool>());
+  // Both ranks saw the bad step and re-ran it for the locator, without any communication.
+  BOOST_TEST(r.output.find("[rank 0] ampkit-train: step 5: non-finite loss") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("[rank 1] ampkit-train: step 5: non-finite loss") != std::string::npos, r.output);
+  BOOST_TEST(fs::exists(tmp.path / "nan-report-step-5-rank-1.json"));
+}
+
+namespace {
+
+struct Survivor {
+  int code = -1;
+  double seconds = 0;
+  std::string log;
+};
+
+// Starts ranks 0 and 1 directly, does `hurt` to rank 1 once rank 0 trains, times rank 0's exit.
+Survivor lose_rank_one(int signal_number, int timeout_seconds) {
+  TempDir tmp;
+  const int port = next_port();
+  std::vector<pid_t> pids;
+  const fs::path metrics = tmp.path / "m.jsonl";
+  for (int r = 0; r < 2; ++r) {
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    std::vector<std::string> args = {train};
+    for (const auto& w :
+         words(mlp + " --progress never --threads 1 --steps 1000000 --batch-size 8 --dist-timeout " +
+               std::to_string(timeout_seconds) + " --metrics " + metrics.string()))
+      args.push_back(w);
+    pids.push_back(spawn(args, tmp.path / ("rank" + std::to_string(r) + ".log")));
+  }
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  for (int i = 0; i < 300 && count_lines(metrics) < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  BOOST_REQUIRE(count_lines(metrics) >= 5);
+  ::kill(pids[1], signal_number);
+  const auto start = std::chrono::steady_clock::now();
+  Survivor s;
+  s.code = wait_exit_code(pids[0]);
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(pids[1], SIGKILL);
+  wait_exit_code(pids[1]);
+  std::ifstream in(tmp.path / "rank0.log");
+  s.log.assign(std::istreambuf_iterator<char>(in), {});
+  return s;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(killed_rank_makes_the_survivor_exit_7_naming_it) {
+  const Survivor s = lose_rank_one(SIGKILL, 10);
+  BOOST_TEST_MESSAGE("rank 1 killed: rank 0 exited " << s.code << " after " << s.seconds << " s");
+  BOOST_TEST(s.code == 7, s.log);
+  BOOST_TEST(s.seconds < 10 + 10);
+  BOOST_TEST(s.log.find("ampkit-train: error: rank 0: lost rank 1") != std::string::npos, s.log);
+}
+
+BOOST_AUTO_TEST_CASE(hung_rank_makes_the_survivor_exit_7_within_the_timeout) {
+  const Survivor s = lose_rank_one(SIGSTOP, 4);
+  BOOST_TEST_MESSAGE("rank 1 stopped: rank 0 exited " << s.code << " after " << s.seconds << " s");
+  BOOST_TEST(s.code == 7, s.log);
+  BOOST_TEST(s.seconds >= 4 - 0.5);  // it waited for the collective's timeout, not less
+  BOOST_TEST(s.seconds < 4 + 10);
+  BOOST_TEST(s.log.find("lost rank 1") != std::string::npos, s.log);
+}
+
+BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
+  const Result r = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
+                       train + " " + mlp + " --steps 2 --inject nan@step=0,rank=7");
+  BOOST_TEST(r.code == 2, r.output);
+  BOOST_TEST(r.output.find("[rank 1] ampkit-train: error:") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("ampkit-launch: rank ") != std::string::npos, r.output);
+  const Result none = run(launch + " --nproc-per-node 2");
+  BOOST_TEST(none.code == 2);
+  BOOST_TEST(none.output.find("ampkit-launch: error: no program given") != std::string::npos, none.output);
+}
+
+BOOST_AUTO_TEST_CASE(bad_job_layouts_get_one_line_and_exit_2) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"RANK=2 WORLD_SIZE=2 " + train + " " + tiny_args, "rank 2 is outside world size 2"},
+      {train + " " + tiny_args + " --world-size 2 --rank 0 --master-port 70000",
+       "master port must be in 1..65535"},
+      {train + " " + tiny_args + " --world-size 4 --nnodes 2 --nproc-per-node 3",
+       "inconsistent node counts: nnodes 2 x nproc-per-node 3 != world size 4"},
+      {"WORLD_SIZE=2 RANK=0 " + train + " " + tiny_args + " --comm local",
+       "comm 'local' runs one process but the world size is 2"},
+      {"RANK=x WORLD_SIZE=2 " + train + " " + tiny_args,
+       "--rank must be an integer, got 'x' from environment (RANK)"},
+  };
+  for (const auto& [command, message] : cases) {
+    const Result r = run(command);
+    BOOST_TEST(r.code == 2, command << "\n" << r.output);
+    BOOST_TEST(r.output.find("ampkit-train: error: " + message) != std::string::npos, r.output);
+  }
+  if (!fs::exists("/dev/nvidia0")) {
+    const Result r = run(train + " " + tiny_args + " --comm nccl");
+    BOOST_TEST(r.code == 2, r.output);
+    BOOST_TEST(r.output.find("comm 'nccl' needs CUDA") != std::string::npos, r.output);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rendezvous_nobody_joins_exits_7) {
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = run("RANK=1 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(next_port()) + " " + train + " " +
+                       tiny_args + " --steps 1 --dist-timeout 2");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  BOOST_TEST(r.code == 7, r.output);
+  BOOST_TEST(r.output.find("ampkit-train: error: comm 'gloo': rendezvous at 127.0.0.1:") != std::string::npos,
+             r.output);
+  BOOST_TEST(seconds < 2 + 10);
+}
+
+// The --print-config line of a setting: "NAME  VALUE  (SOURCE)".
+bool has_setting(const std::string& output, const std::string& name, const std::string& value,
+                 const std::string& source) {
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto w = words(line);
+    if (w.size() >= 3 && w[0] == name && w[1] == value && line.find("(" + source + ")") != std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+BOOST_AUTO_TEST_CASE(launchers_environment_is_read_with_its_source) {
+  const Result slurm =
+      run("SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_NNODES=2 "
+          "SLURM_NTASKS_PER_NODE='2(x2)' SLURM_JOB_NODELIST='gpu[07-08]' " +
+          train + " --print-config");
+  BOOST_REQUIRE_MESSAGE(slurm.code == 0, slurm.output);
+  BOOST_TEST(has_setting(slurm.output, "rank", "1", "environment (SLURM_PROCID)"), slurm.output);
+  BOOST_TEST(has_setting(slurm.output, "world-size", "4", "environment (SLURM_NTASKS)"));
+  BOOST_TEST(has_setting(slurm.output, "nproc-per-node", "2", "environment (SLURM_NTASKS_PER_NODE)"));
+  BOOST_TEST(has_setting(slurm.output, "nnodes", "2", "environment (SLURM_NNODES)"));
+  BOOST_TEST(has_setting(slurm.output, "master-addr", "gpu07", "environment (SLURM_JOB_NODELIST)"));
+  BOOST_TEST(has_setting(slurm.output, "comm", "gloo", "default (world size 4 on cpu)"));
+  // torchrun's variables win over SLURM's and Open MPI's; the command line wins over all.
+  const Result both = run("RANK=3 SLURM_PROCID=1 WORLD_SIZE=2 OMPI_COMM_WORLD_SIZE=8 " + train +
+                          " --print-config --world-size 4 --comm gloo");
+  BOOST_REQUIRE_MESSAGE(both.code == 0, both.output);
+  BOOST_TEST(has_setting(both.output, "rank", "3", "environment (RANK)"), both.output);
+  BOOST_TEST(has_setting(both.output, "world-size", "4", "command line"));
+  const Result mpi = run("OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1 " +
+                         train + " --print-config");
+  BOOST_TEST(has_setting(mpi.output, "rank", "1", "environment (OMPI_COMM_WORLD_RANK)"), mpi.output);
+  BOOST_TEST(has_setting(mpi.output, "local-rank", "1", "environment (OMPI_COMM_WORLD_LOCAL_RANK)"));
+  BOOST_TEST(has_setting(mpi.output, "comm", "gloo", "default (world size 2 on cpu)"));
+}
