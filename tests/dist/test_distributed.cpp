@@ -105,7 +105,11 @@ BOOST_AUTO_TEST_CASE(mlp_bf16_two_ranks_within_documented_tolerance) {
 BOOST_AUTO_TEST_CASE(cnn_fp32_two_ranks_follow_one_rank_step_for_step,
                      *boost::unit_test::label("slow") * boost::unit_test::disabled()) {
   TempDir tmp;
-  const Parity p = one_vs_two("--workload fashion-mnist --seed 2 --eval-batches 1", 16, 100, tmp, "cnn");
+  // SGD: with AdamW the CNN's trajectory amplifies last-bit differences (a different summation
+  // order of the conv gradients) to 1e-3 within 100 steps even in ONE process run with 1 vs 2
+  // threads (measured 8.9e-4); Adam divides tiny gradient elements by their own tiny RMS.
+  const Parity p = one_vs_two("--workload fashion-mnist --seed 2 --eval-batches 1 --optimizer sgd --lr 0.01",
+                              16, 100, tmp, "cnn");
   BOOST_TEST_MESSAGE("fp32 CNN, 100 steps: max rel diff loss " << p.loss << ", grad norm " << p.grad_norm);
   BOOST_TEST(p.loss < 1e-5);
   BOOST_TEST(p.grad_norm < 1e-5);

@@ -83,7 +83,11 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
   if (raw != nullptr) {
     auto group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
     // Same parameter count, shapes and dtypes on every rank, or a clear error instead of a hang.
-    c10d::verify_params_across_processes(group, parameters_, std::nullopt);
+    try {
+      c10d::verify_params_across_processes(group, parameters_, std::nullopt);
+    } catch (const c10::Error& e) {
+      throw Error(ExitCode::distributed, "the ranks' models differ: " + e.msg());
+    }
   }
   {
     at::NoGradGuard no_grad;  // parameters are leaves that require grad: copy into them untracked

@@ -107,11 +107,16 @@ void C10dCommBackend::flat_collective(
       groups[std::string(c10::toString(tensors[i].scalar_type())) + "@" + tensors[i].device().str()]
           .push_back(i);
   for (const auto& [key, indices] : groups) {
+    if (indices.size() == 1 && tensors[indices[0]].is_contiguous()) {  // in place, no copies
+      std::vector<at::Tensor> one = {tensors[indices[0]]};
+      run(one)->wait();
+      continue;
+    }
     std::vector<at::Tensor> parts;
     parts.reserve(indices.size());
     for (size_t i : indices) parts.push_back(tensors[i].reshape({-1}));
-    std::vector<at::Tensor> flat = {indices.size() == 1 ? parts[0].contiguous().clone() : at::cat(parts)};
-    run(flat)->wait(timeout());
+    std::vector<at::Tensor> flat = {at::cat(parts)};
+    run(flat)->wait();
     int64_t offset = 0;
     for (size_t i : indices) {
       const int64_t n = tensors[i].numel();
@@ -125,11 +130,10 @@ void C10dCommBackend::all_reduce_mean(std::vector<at::Tensor>& tensors) {
   if (config_.world_size == 1) return;
   const double world = static_cast<double>(config_.world_size);
   flat_collective(tensors, [&](std::vector<at::Tensor>& flat) {
-    c10d::AllreduceOptions options;
+    c10d::AllreduceOptions options;  // the backend's own timeout (--dist-timeout) applies
     options.reduceOp = c10d::ReduceOp::SUM;
-    options.timeout = timeout();
     auto work = backend_->allreduce(flat, options);
-    work->wait(timeout());
+    work->wait();
     flat[0].div_(world);
     return work;
   });
@@ -140,16 +144,13 @@ void C10dCommBackend::broadcast(std::vector<at::Tensor>& tensors, int root) {
   flat_collective(tensors, [&](std::vector<at::Tensor>& flat) {
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    options.timeout = timeout();
     return backend_->broadcast(flat, options);
   });
 }
 
 void C10dCommBackend::barrier() {
   if (config_.world_size == 1) return;
-  c10d::BarrierOptions options;
-  options.timeout = timeout();
-  backend_->barrier(options)->wait(timeout());
+  backend_->barrier(c10d::BarrierOptions{})->wait();
 }
 
 std::string C10dCommBackend::explain_failure(const std::string& what) {
