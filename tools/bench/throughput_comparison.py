@@ -117,6 +117,9 @@ def run_way(way, args, preset, precision, tmp):
         launcher = [args.torchrun, "--standalone", "--nproc-per-node", str(args.ranks)]
         if way == "ampkit":
             launcher.append("--no-python")
+            # ampkit-train's --batch-size is per rank (DDP's convention); the script's is global.
+            i = common.index("--batch-size")
+            common[i + 1] = str(args.batch_size // args.ranks)
             common += ["--comm", "gloo"]
     if way == "ampkit":
         if os.path.exists(metrics):
@@ -154,7 +157,8 @@ def run_way(way, args, preset, precision, tmp):
             result["skipped_steps"] = j.get("skipped_steps")
         except (ValueError, KeyError, TypeError):
             return {"error": f"no JSON result line in its output: {last_line(out)[:200]}"}
-    result["peak_rss_mb"] = rss
+    # Under torchrun, wait4 sees the launcher's own peak, not the ranks': not reported.
+    result["peak_rss_mb"] = rss if args.ranks == 1 else None
     result["wall_seconds"] = wall
     return result
 
@@ -241,7 +245,7 @@ def main():
                         results.setdefault((preset, precision, way), []).append(r)
                         what = r["error"] if "error" in r else \
                             f"{r['samples_per_second']:.1f} samples/s, {r['step_ms']:.2f} ms/step, " \
-                            f"peak RSS {r['peak_rss_mb']:.0f} MB"
+                            f"peak RSS {fmt(r['peak_rss_mb'], '.0f')} MB"
                         print(f"  {preset:8s} {precision} {way:8s} #{rep + 1}: {what}", file=sys.stderr, flush=True)
 
     rows = []
@@ -263,7 +267,7 @@ def main():
                     "samples_per_second_min": min((r["samples_per_second"] for r in ok), default=None),
                     "samples_per_second_max": max((r["samples_per_second"] for r in ok), default=None),
                     "step_ms": median_or_none([r["step_ms"] for r in ok]),
-                    "peak_rss_mb": max((r["peak_rss_mb"] for r in ok), default=None),
+                    "peak_rss_mb": max((r["peak_rss_mb"] for r in ok if r["peak_rss_mb"] is not None), default=None),
                     "skipped_steps": median_or_none([r.get("skipped_steps") for r in ok]),
                     "error": "; ".join(sorted({r["error"] for r in rs if "error" in r})),
                 })
