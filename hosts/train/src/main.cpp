@@ -722,10 +722,11 @@ int run(int argc, const char* const argv[]) {
     return static_cast<int>(ExitCode::nan_abort);
   }
   if (stop_signal != 0) {
-    std::fprintf(
-        stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
-        static_cast<long long>(trainer.steps_attempted()),
-        last_checkpoint.empty() ? " (no --checkpoint-dir: nothing saved)" : "; resume with --resume auto");
+    std::fprintf(stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
+                 static_cast<long long>(trainer.steps_attempted()),
+                 !cfg.checkpoint_dir.empty() && !is_root ? "; rank 0 wrote the checkpoint"
+                 : last_checkpoint.empty()               ? " (no --checkpoint-dir: nothing saved)"
+                                                         : "; resume with --resume auto");
     return static_cast<int>(ExitCode::interrupted);
   }
   return 0;
