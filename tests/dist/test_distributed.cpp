@@ -330,3 +330,23 @@ BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_
   BOOST_TEST(b["ranks_identical"].get<bool>());
   BOOST_TEST(r.output.find("[rank 1] ampkit-train: resumed from") != std::string::npos, r.output);
 }
+
+BOOST_AUTO_TEST_CASE(config_file_distributed_options_rank_below_environment_and_command_line) {
+  TempDir tmp;
+  const fs::path yaml = tmp.path / "dist.yaml";
+  std::ofstream(yaml) << "world-size: 4\nrank: 2\nmaster-port: 29123\nbucket-cap-mb: 50\n"
+                         "find-unused-parameters: true\ndist-timeout: 60\n";
+  const Result r =
+      run("RANK=3 " + train + " --config " + yaml.string() + " --master-port 29200 --print-config");
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string file = "config file " + yaml.string();
+  BOOST_TEST(has_setting(r.output, "world-size", "4", file), r.output);
+  BOOST_TEST(has_setting(r.output, "rank", "3", "environment (RANK)"));
+  BOOST_TEST(has_setting(r.output, "master-port", "29200", "command line"));
+  BOOST_TEST(has_setting(r.output, "bucket-cap-mb", "50", file));
+  BOOST_TEST(has_setting(r.output, "find-unused-parameters", "true", file));
+  BOOST_TEST(has_setting(r.output, "dist-timeout", "60", file));
+  const Result bad = run(train + " " + tiny_args + " --bucket-cap-mb 0");
+  BOOST_TEST(bad.code == 2);
+  BOOST_TEST(bad.output.find("bucket-cap-mb must be in (0, 65536], got 0") != std::string::npos, bad.output);
+}
