@@ -286,3 +286,67 @@ BOOST_AUTO_TEST_CASE(launchers_environment_is_read_with_its_source) {
   BOOST_TEST(has_setting(mpi.output, "local-rank", "1", "environment (OMPI_COMM_WORLD_LOCAL_RANK)"));
   BOOST_TEST(has_setting(mpi.output, "comm", "gloo", "default (world size 2 on cpu)"));
 }
+
+BOOST_AUTO_TEST_CASE(file_store_rendezvous_on_a_shared_path) {
+  TempDir tmp;
+  const fs::path summary = tmp.path / "s.json";
+  const Result r =
+      run(launch + " --nproc-per-node 2 -- " + train + " " + tiny_args +
+          " --steps 5 --rendezvous file:" + (tmp.path / "store").string() + " --summary " + summary.string());
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  BOOST_TEST(read_json(summary)["ranks_identical"].get<bool>());
+  const Result bad = run(train + " " + tiny_args + " --rendezvous nfs");
+  BOOST_TEST(bad.code == 2);
+  BOOST_TEST(bad.output.find("--rendezvous must be tcp or file:PATH, got 'nfs'") != std::string::npos,
+             bad.output);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_resumes) {
+  TempDir tmp;
+  const fs::path ckpt = tmp.path / "ckpt", metrics = tmp.path / "m.jsonl";
+  const std::string port = std::to_string(next_port());
+  std::vector<std::string> args = {launch, "--nproc-per-node", "2", "--master-port", port, "--", train};
+  for (const auto& w : words(
+           mlp + " --progress never --threads 1 --batch-size 8 --steps 1000000 --checkpoint-dir " +
+           ckpt.string() + " --metrics " + metrics.string() + " --summary " + (tmp.path / "a.json").string()))
+    args.push_back(w);
+  const pid_t pid = spawn(args, tmp.path / "launch.log");
+  for (int i = 0; i < 300 && count_lines(metrics) < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(pid, SIGTERM);
+  BOOST_TEST(wait_exit_code(pid) == 130);
+  const auto a = read_json(tmp.path / "a.json");
+  BOOST_TEST(a["status"].get<std::string>() == "interrupted");
+  BOOST_TEST(a["ranks_identical"].get<bool>());  // both stopped after the same step
+  const int64_t stopped = a["steps"].get<int64_t>();
+  BOOST_TEST(fs::exists(ckpt / ("step-" + std::to_string(stopped))));
+  const Result r = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
+                       train + " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +
+                       std::to_string(stopped + 3) + " --checkpoint-dir " + ckpt.string() +
+                       " --resume auto --summary " + (tmp.path / "b.json").string());
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto b = read_json(tmp.path / "b.json");
+  BOOST_TEST(b["steps"].get<int64_t>() == stopped + 3);
+  BOOST_TEST(b["ranks_identical"].get<bool>());
+  BOOST_TEST(r.output.find("[rank 1] ampkit-train: resumed from") != std::string::npos, r.output);
+}
+
+BOOST_AUTO_TEST_CASE(config_file_distributed_options_rank_below_environment_and_command_line) {
+  TempDir tmp;
+  const fs::path yaml = tmp.path / "dist.yaml";
+  std::ofstream(yaml) << "world-size: 4\nrank: 2\nmaster-port: 29123\nbucket-cap-mb: 50\n"
+                         "find-unused-parameters: true\ndist-timeout: 60\n";
+  const Result r =
+      run("RANK=3 " + train + " --config " + yaml.string() + " --master-port 29200 --print-config");
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string file = "config file " + yaml.string();
+  BOOST_TEST(has_setting(r.output, "world-size", "4", file), r.output);
+  BOOST_TEST(has_setting(r.output, "rank", "3", "environment (RANK)"));
+  BOOST_TEST(has_setting(r.output, "master-port", "29200", "command line"));
+  BOOST_TEST(has_setting(r.output, "bucket-cap-mb", "50", file));
+  BOOST_TEST(has_setting(r.output, "find-unused-parameters", "true", file));
+  BOOST_TEST(has_setting(r.output, "dist-timeout", "60", file));
+  const Result bad = run(train + " " + tiny_args + " --bucket-cap-mb 0");
+  BOOST_TEST(bad.code == 2);
+  BOOST_TEST(bad.output.find("bucket-cap-mb must be in (0, 65536], got 0") != std::string::npos, bad.output);
+}

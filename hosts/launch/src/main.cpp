@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       r.running = false;
       r.status = status;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && first_failed < 0 && !stopping) {
+      if (failed && first_failed < 0 && !stopping && signals_seen == 0) {
         first_failed = r.rank;
         exit_code = exit_code_of(status);
         std::fprintf(stderr, "ampkit-launch: rank %d %s; stopping the other ranks\n", r.rank,
@@ -236,6 +236,8 @@ int main(int argc, char** argv) {
       for (ssize_t k = 0; k < n; ++k) {
         const int s = buf[k];
         if (s == SIGCHLD) continue;
+        // From here ranks exiting non-zero (130 after a checkpoint) are the signal's doing: they
+        // are waited for, not stopped, so each can finish its own shutdown.
         ++signals_seen;
         if (signals_seen == 1) {
           std::fprintf(stderr, "ampkit-launch: %s: forwarding to every rank\n", strsignal(s));

@@ -618,13 +618,26 @@ int run(int argc, const char* const argv[]) {
     }
     nlohmann::json record = step_record(out, epoch, trainer.steps_skipped(), sps, now);
     if (world > 1) {
-      const std::vector<double> all =
-          gather(*comm, {sps / world, static_cast<double>(g_stop_signal)}, device);
+      // One small all-gather per step: each rank's throughput, a stop signal any rank received,
+      // and a cross-check that every rank took the same decision with the same scale (they
+      // must: they saw the same averaged statistics).
+      constexpr size_t kFields = 4;
+      const std::vector<double> all = gather(*comm,
+                                             {sps / world, static_cast<double>(g_stop_signal),
+                                              static_cast<double>(out.decision.action), out.scale_next},
+                                             device);
       std::vector<double> per_rank;
       for (int r = 0; r < world; ++r) {
-        per_rank.push_back(all[static_cast<size_t>(2 * r)]);
-        if (all[static_cast<size_t>(2 * r + 1)] != 0)
-          agreed_stop = static_cast<int>(all[static_cast<size_t>(2 * r + 1)]);
+        const double* f = &all[static_cast<size_t>(r) * kFields];
+        per_rank.push_back(f[0]);
+        if (f[1] != 0) agreed_stop = static_cast<int>(f[1]);
+        if (f[2] != all[2] || f[3] != all[3])
+          throw Error(ExitCode::distributed,
+                      "ranks disagree at step " + std::to_string(step) + ": rank 0 decided " +
+                          to_string(static_cast<NanAction>(static_cast<int>(all[2]))) + " with scale " +
+                          std::to_string(all[3]) + ", rank " + std::to_string(r) + " decided " +
+                          to_string(static_cast<NanAction>(static_cast<int>(f[2]))) + " with scale " +
+                          std::to_string(f[3]) + " (a plugin that is not deterministic in its inputs?)");
       }
       record["rank_samples_per_second"] = per_rank;
     }
@@ -727,10 +740,11 @@ int run(int argc, const char* const argv[]) {
     return static_cast<int>(ExitCode::nan_abort);
   }
   if (stop_signal != 0) {
-    std::fprintf(
-        stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
-        static_cast<long long>(trainer.steps_attempted()),
-        last_checkpoint.empty() ? " (no --checkpoint-dir: nothing saved)" : "; resume with --resume auto");
+    std::fprintf(stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
+                 static_cast<long long>(trainer.steps_attempted()),
+                 !cfg.checkpoint_dir.empty() && !is_root ? "; rank 0 wrote the checkpoint"
+                 : last_checkpoint.empty()               ? " (no --checkpoint-dir: nothing saved)"
+                                                         : "; resume with --resume auto");
     return static_cast<int>(ExitCode::interrupted);
   }
   return 0;
