@@ -18,26 +18,14 @@
 #include <utility>
 #include <vector>
 
+#include "train_process.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& command) {
-  Result r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  BOOST_REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using train_test::Result;
+using train_test::run;
 
 const std::string train = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-train";
 const std::string plugins = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-plugins";
