@@ -47,8 +47,10 @@ struct SelectedPlugin {
 };
 
 // SIGTERM/SIGINT/SIGUSR1: the first one asks the loop to stop after the current step (then a
-// checkpoint and the summary are written, exit 130); a second one exits at once.
+// checkpoint and the summary are written, exit 130); a second one exits at once, and so does the
+// first one while the rank waits in the rendezvous (nothing is trained yet, nothing to save).
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_in_rendezvous = 0;
 
 // The comm backend of a multi-process run, for explaining a failed collective in main().
 CommBackend* g_comm = nullptr;
@@ -69,7 +71,7 @@ std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, 
 }
 
 void on_stop_signal(int signal_number) {
-  if (g_stop_signal != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
+  if (g_stop_signal != 0 || g_in_rendezvous != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
   g_stop_signal = signal_number;
 }
 
@@ -300,29 +302,6 @@ int run(int argc, const char* const argv[]) {
   auto* scaler = static_cast<LossScaler*>(plugins[0].strategy.get());
   auto* clipper = static_cast<GradClipper*>(plugins[1].strategy.get());
   auto* nan_policy = static_cast<NanPolicy*>(plugins[2].strategy.get());
-  auto* comm = static_cast<CommBackend*>(plugins[3].strategy.get());
-  try {
-    comm->init(cfg.dist);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(ExitCode::distributed, "comm '" + plugins[3].plugin->info().name + "': " + e.what());
-  }
-  if (comm->world_size() != cfg.dist.world_size || comm->rank() != cfg.dist.rank)
-    throw Error(ExitCode::distributed,
-                "comm '" + plugins[3].plugin->info().name + "' reports rank " + std::to_string(comm->rank()) +
-                    " of " + std::to_string(comm->world_size()) + ", the job says rank " +
-                    std::to_string(cfg.dist.rank) + " of " + std::to_string(cfg.dist.world_size));
-  if (comm->world_size() > 1) g_comm = comm;
-  // Rank 0 writes metrics, summary, checkpoints and the progress line; every rank trains.
-  const bool is_root = comm->rank() == 0;
-  std::vector<std::string> warnings = precision_warnings(cfg, plugins, *scaler);
-  if (is_root)
-    for (const auto& w : warnings)
-      std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
-  const bool report_underflow =
-      cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
-
   if (cfg.threads > 0) {
     at::set_num_threads(cfg.threads);
   } else if (cfg.dist.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -346,13 +325,41 @@ int run(int argc, const char* const argv[]) {
 
   std::vector<Fault> faults;
   for (const auto& spec : cfg.inject) faults.push_back(parse_fault(spec));
-  validate_faults(faults, hook_points(workload->module()), comm->world_size());
+  validate_faults(faults, hook_points(workload->module()), cfg.dist.world_size);
   FaultInjector injector(faults);
   const RollbackPlan rollback_plan = nan_policy->rollback_plan();
   if (rollback_plan.from_checkpoint && cfg.checkpoint_dir.empty())
     throw Error(ExitCode::usage,
                 "nan_policy '" + plugins[2].plugin->info().name +
                     "' rolls back to the newest checkpoint (snapshot=checkpoint): give --checkpoint-dir");
+
+  // Every input is checked before the rendezvous, so a bad option fails each rank on its own
+  // instead of one rank leaving the others waiting in the rendezvous.
+  auto* comm = static_cast<CommBackend*>(plugins[3].strategy.get());
+  try {
+    if (g_stop_signal != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
+    g_in_rendezvous = 1;
+    comm->init(cfg.dist);
+    g_in_rendezvous = 0;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ExitCode::distributed, "comm '" + plugins[3].plugin->info().name + "': " + e.what());
+  }
+  if (comm->world_size() != cfg.dist.world_size || comm->rank() != cfg.dist.rank)
+    throw Error(ExitCode::distributed,
+                "comm '" + plugins[3].plugin->info().name + "' reports rank " + std::to_string(comm->rank()) +
+                    " of " + std::to_string(comm->world_size()) + ", the job says rank " +
+                    std::to_string(cfg.dist.rank) + " of " + std::to_string(cfg.dist.world_size));
+  if (comm->world_size() > 1) g_comm = comm;
+  // Rank 0 writes metrics, summary, checkpoints and the progress line; every rank trains.
+  const bool is_root = comm->rank() == 0;
+  std::vector<std::string> warnings = precision_warnings(cfg, plugins, *scaler);
+  if (is_root)
+    for (const auto& w : warnings)
+      std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  const bool report_underflow =
+      cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
