@@ -27,6 +27,7 @@
 #include "ampkit/checkpoint.h"
 #include "ampkit/device_support.h"
 #include "ampkit/fault_injection.h"
+#include "ampkit/fused_adamw.h"
 #include "ampkit/metrics.h"
 #include "ampkit/nan_locator.h"
 #include "ampkit/plugin_options.h"
@@ -370,7 +371,7 @@ int run(int argc, const char* const argv[]) {
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (cfg.optimizer == "adamw")
-    optimizer = std::make_unique<torch::optim::AdamW>(
+    optimizer = std::make_unique<FusedAdamW>(
         params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
   else
     optimizer = std::make_unique<torch::optim::SGD>(

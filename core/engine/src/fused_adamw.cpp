@@ -1,0 +1,56 @@
+// AdamW in one fused pass per parameter (docs/benchmarks.md: 100M parameters).
+#include "ampkit/fused_adamw.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <memory>
+#include <tuple>
+
+namespace ampkit {
+
+at::Tensor FusedAdamW::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(!p.grad().is_sparse(), "FusedAdamW does not support sparse gradients");
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        if (options.amsgrad()) fresh->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
+      state.step(state.step() + 1);
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(state.exp_avg());
+      exp_avg_sqs.push_back(state.exp_avg_sq());
+      if (options.amsgrad()) max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
+      // The kernel reads the (already incremented) step from a float tensor on the parameter's
+      // device, as python's fused AdamW keeps it.
+      steps.push_back(at::scalar_tensor(static_cast<double>(state.step()),
+                                        at::TensorOptions().dtype(at::kFloat).device(p.device())));
+    }
+    if (params.empty()) continue;
+    const auto [beta1, beta2] = options.betas();
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options.lr(), beta1,
+                      beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false);
+  }
+  return loss;
+}
+
+}  // namespace ampkit
