@@ -17,6 +17,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +45,13 @@ struct Autocast {
   }
   bool on;
 };
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 int run(int argc, char** argv) {
   int64_t warmup = 3;
@@ -81,8 +89,10 @@ int run(int argc, char** argv) {
   const int64_t steps = cfg.steps > 0 ? cfg.steps : cfg.epochs * steps_per_epoch;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   int64_t epoch = -1, skipped = 0;
+  std::vector<double> step_ms;  // each timed step's duration: their median ignores bursts of load
   for (int64_t step = 0; step < warmup + steps; ++step) {
-    if (step == warmup) start = std::chrono::steady_clock::now();
+    const auto step_start = std::chrono::steady_clock::now();
+    if (step == warmup) start = step_start;
     if (step / steps_per_epoch != epoch) w->start_epoch(epoch = step / steps_per_epoch);
     const int64_t first = (step % steps_per_epoch) * cfg.accumulate;
     for (auto& p : params) p.mutable_grad() = at::Tensor();
@@ -109,16 +119,20 @@ int run(int argc, char** argv) {
     else
       ++skipped;
     if (fp16) at::_amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000);
+    if (step >= warmup)
+      step_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double samples = static_cast<double>(steps * cfg.batch_size * cfg.accumulate);
   std::printf(
       "{\"way\": \"libtorch\", \"workload\": \"%s\", \"precision\": \"%s\", \"steps\": %lld, \"seconds\": "
       "%.6f, "
-      "\"samples_per_second\": %.3f, \"step_ms\": %.4f, \"parameters\": %lld, \"skipped_steps\": %lld}\n",
+      "\"samples_per_second\": %.3f, \"step_ms\": %.4f, \"median_step_ms\": %.4f, \"parameters\": %lld, "
+      "\"skipped_steps\": %lld}\n",
       cfg.workload.c_str(), ampkit::to_string(cfg.precision), static_cast<long long>(steps), seconds,
-      samples / seconds, 1000.0 * seconds / static_cast<double>(steps), static_cast<long long>(count),
-      static_cast<long long>(skipped));
+      samples / seconds, 1000.0 * seconds / static_cast<double>(steps), median(step_ms),
+      static_cast<long long>(count), static_cast<long long>(skipped));
   return 0;
 }
 

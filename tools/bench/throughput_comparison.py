@@ -82,12 +82,18 @@ def last_line(text):
     return lines[-1] if lines else "no output"
 
 
-def launch(cmd, tmp, timeout):
-    """Runs cmd; returns (exit code, stdout, stderr, peak RSS of the child in MB, wall seconds)."""
+# What ampkit-train sets with mallopt at start (hosts/train/src/main.cpp, keep_freed_memory_for_reuse):
+# freed blocks stay in the heap for reuse instead of being unmapped and faulted in again.
+AMPKIT_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+
+
+def launch(cmd, tmp, timeout, env=None):
+    """Runs cmd (with env added to this process's environment); returns (exit code, stdout, stderr, peak RSS of the child in MB, wall seconds)."""
     out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
     with open(out_path, "w") as out, open(err_path, "w") as err:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                             env=None if not env else {**os.environ, **env})
         deadline = None if timeout <= 0 else t0 + timeout
         while True:  # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would be the max of all)
             pid, status, usage = os.wait4(p.pid, 0 if deadline is None else os.WNOHANG)
@@ -133,7 +139,10 @@ def run_way(way, args, preset, precision, tmp):
     else:
         cmd = [*(launcher or [sys.executable]), os.path.join(HERE, "torch_reference.py"), *common, "--steps", str(args.steps),
                "--warmup", str(args.warmup)]
-    code, out, err, rss, wall = launch(cmd, tmp, args.timeout)
+    env = None
+    if way == "libtorch" and args.libtorch_malloc == "ampkit":
+        env = {"GLIBC_TUNABLES": AMPKIT_MALLOC_TUNABLES}
+    code, out, err, rss, wall = launch(cmd, tmp, args.timeout, env)
     if code != 0:
         return {"error": f"exit {code}: {last_line(err)}" if code is not None else err}
     if way == "ampkit":
@@ -145,18 +154,25 @@ def run_way(way, args, preset, precision, tmp):
             return {"error": f"the metrics file has {len(records)} records, expected {args.warmup + args.steps}"}
         t0 = records[args.warmup - 1]["time"] if args.warmup > 0 else 0.0
         seconds = records[-1]["time"] - t0
+        times = [0.0] + [r["time"] for r in records]
+        durations = [1000.0 * (times[i + 1] - times[i]) for i in range(args.warmup, len(records))]
         result = {"samples_per_second": args.batch_size * args.steps / seconds,
-                  "step_ms": 1000.0 * seconds / args.steps, "parameters": None,
+                  "step_ms": 1000.0 * seconds / args.steps, "median_step_ms": statistics.median(durations),
+                  "parameters": None,
                   "skipped_steps": records[-1]["skipped_steps"] - (records[args.warmup - 1]["skipped_steps"]
                                                                     if args.warmup > 0 else 0)}
     else:
         try:
             j = json.loads(last_line(out))
-            result = {k: j[k] for k in ("samples_per_second", "step_ms")}
+            result = {k: j[k] for k in ("samples_per_second", "step_ms", "median_step_ms")}
             result["parameters"] = j.get("parameters")
             result["skipped_steps"] = j.get("skipped_steps")
         except (ValueError, KeyError, TypeError):
             return {"error": f"no JSON result line in its output: {last_line(out)[:200]}"}
+    result["total_step_ms"] = result["step_ms"]
+    if args.statistic == "median-step":
+        result["step_ms"] = result["median_step_ms"]
+        result["samples_per_second"] = args.batch_size * 1000.0 / result["median_step_ms"]
     # Under torchrun, wait4 sees the launcher's own peak, not the ranks': not reported.
     result["peak_rss_mb"] = rss if args.ranks == 1 else None
     result["wall_seconds"] = wall
@@ -186,6 +202,14 @@ def main():
     ap.add_argument("--batch-size", type=int, default=64, help="samples per step (sequences for gpt)")
     ap.add_argument("--threads", type=int, default=0, help="LibTorch/torch CPU threads for every way; 0 keeps the library's choice")
     ap.add_argument("--repeats", type=int, default=1, help="runs per way; the median is reported")
+    ap.add_argument("--libtorch-malloc", choices=("ampkit", "default"), default="ampkit",
+                    help="glibc malloc settings of the hand-written loop: 'ampkit' gives it the mmap and trim "
+                         "thresholds that ampkit-train sets for itself (through GLIBC_TUNABLES), so that the ratio "
+                         "measures the framework and not the allocator; 'default' leaves glibc's (what a plain "
+                         "LibTorch program gets). The pytorch way always runs with glibc's defaults.")
+    ap.add_argument("--statistic", choices=("median-step", "total"), default="median-step",
+                    help="a run's step time: the median of its timed steps' durations (a burst of load from "
+                         "elsewhere lengthens a few steps, not the median), or the timed steps' total / steps")
     ap.add_argument("--seed", type=int, default=0, help="initialisation and data")
     ap.add_argument("--ranks", type=int, default=1,
                     help="processes; > 1 compares ampkit (gloo plugin) with PyTorch DDP (gloo), started by torchrun")
@@ -267,6 +291,8 @@ def main():
                     "samples_per_second_min": min((r["samples_per_second"] for r in ok), default=None),
                     "samples_per_second_max": max((r["samples_per_second"] for r in ok), default=None),
                     "step_ms": median_or_none([r["step_ms"] for r in ok]),
+                    "total_step_ms": median_or_none([r["total_step_ms"] for r in ok]),
+                    "statistic": args.statistic,
                     "peak_rss_mb": max((r["peak_rss_mb"] for r in ok if r["peak_rss_mb"] is not None), default=None),
                     "skipped_steps": median_or_none([r.get("skipped_steps") for r in ok]),
                     "error": "; ".join(sorted({r["error"] for r in rs if "error" in r})),
@@ -277,6 +303,8 @@ def main():
     threads = args.threads if args.threads > 0 else "library default"
     print(f"\n{args.steps} timed steps after {args.warmup} warm-up, global batch {args.batch_size} on {args.ranks} "
           f"rank(s), threads {threads}, "
+          f"libtorch malloc: {args.libtorch_malloc}, "
+          f"step time: {'median step' if args.statistic == 'median-step' else 'total / steps'} of each run, "
           f"median of {args.repeats} run(s); 1-minute load average {load_before:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after; samples/s (higher is better)\n")
     head = ["workload", "precision", "params"] + [f"{w} samples/s" for w in ways] + [f"{w} peak RSS MB" for w in ways]
@@ -321,7 +349,7 @@ def main():
     if args.csv:
         keys = ["workload", "precision", "way", "parameters", "batch_size", "steps", "warmup", "threads", "runs",
                 "failed", "samples_per_second", "samples_per_second_min", "samples_per_second_max", "step_ms",
-                "peak_rss_mb", "skipped_steps", "error"]
+                "total_step_ms", "statistic", "peak_rss_mb", "skipped_steps", "error"]
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()

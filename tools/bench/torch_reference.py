@@ -28,6 +28,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 
@@ -318,9 +319,11 @@ def main(argv=None):
     skipped = 0
     epoch = -1
     start = time.perf_counter()
+    step_ms = []  # each timed step's duration: their median ignores bursts of load
     for step in range(a.warmup + a.steps):
+        step_start = time.perf_counter()
         if step == a.warmup:
-            start = time.perf_counter()
+            start = step_start
         if step // w.batches_per_epoch != epoch:
             epoch = step // w.batches_per_epoch
             w.start_epoch(epoch)
@@ -337,6 +340,8 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         if step == 0:
             first_loss = loss.item()
+        if step >= a.warmup:
+            step_ms.append(1000.0 * (time.perf_counter() - step_start))
     seconds = time.perf_counter() - start
     last_loss = loss.item()
     if WORLD > 1:
@@ -348,7 +353,8 @@ def main(argv=None):
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
     print(json.dumps({"way": WAY, "workload": a.workload, "precision": a.precision, "steps": a.steps,
                       "world_size": WORLD, "seconds": round(seconds, 6), "samples_per_second": round(a.batch_size * a.steps / seconds, 3),
-                      "step_ms": round(1000.0 * seconds / a.steps, 4), "parameters": count,
+                      "step_ms": round(1000.0 * seconds / a.steps, 4),
+                      "median_step_ms": round(statistics.median(step_ms), 4), "parameters": count,
                       "peak_rss_mb": round(peak_mb, 1), "skipped_steps": skipped,
                       # Losses let a reader check that ways train the same workload (step 0 matches
                       # ampkit-train's first metrics record when the initialisations agree).
