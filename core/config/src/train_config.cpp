@@ -34,7 +34,7 @@ po::options_description host_options() {
     ("accumulate", po::value<int>()->default_value(1), "Micro-batches per optimizer step (gradient accumulation).")
     ("lr", po::value<double>()->default_value(1e-3), "Peak learning rate.")
     ("seed", po::value<uint64_t>()->default_value(0), "Seed for initialisation, data order and synthetic data.")
-    ("optimizer", po::value<std::string>()->default_value("adamw"), "Optimizer: adamw | sgd (momentum 0.9).")
+    ("optimizer", po::value<std::string>()->default_value("adamw"), "Optimizer: adamw (one fused pass per parameter, as torch.optim.AdamW(fused=True)) | sgd (momentum 0.9).")
     ("weight-decay", po::value<double>()->default_value(0.01), "Weight decay (decoupled for adamw).")
     ("lr-schedule", po::value<std::string>()->default_value("constant"), "constant | cosine (to 0 over the run, after warm-up).")
     ("warmup-steps", po::value<int64_t>()->default_value(0), "Linear learning-rate warm-up over this many taken steps.")
