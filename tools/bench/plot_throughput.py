@@ -105,9 +105,12 @@ def main():
     axes[0][0].set_ylabel("samples/s (higher is better)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(ways))
-    # Settings shared by every row go into the title (threads 0: the library's default).
+    # Settings shared by every row go into the title.
     shared = {k: {r.get(k) for r in rows} for k in ("batch_size", "steps", "warmup", "threads")}
-    subtitle = ", ".join(f"{k.replace('_', ' ')} {v.pop()}" for k, v in shared.items() if len(v) == 1 and None not in v)
+    def setting(key, value):
+        return "threads: library default" if key == "threads" and str(value) == "0" else f"{key.replace('_', ' ')} {value}"
+
+    subtitle = ", ".join(setting(k, v.pop()) for k, v in shared.items() if len(v) == 1 and None not in v)
     fig.suptitle(args.title or f"Training throughput{' (' + subtitle + ')' if subtitle else ''}")
     try:
         fig.savefig(output, dpi=args.dpi)
