@@ -6,8 +6,11 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <utility>
 
 namespace ampkit {
 
@@ -20,7 +23,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   }
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    // The CUDA kernel takes tensors of one device and dtype per call; python's fused AdamW groups
+    // them the same way (Optimizer._group_tensors_by_device_and_dtype).
+    struct Batch {
+      std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    };
+    std::map<std::pair<std::string, at::ScalarType>, Batch> batches;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "FusedAdamW does not support sparse gradients");
@@ -35,20 +43,22 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
       state.step(state.step() + 1);
-      params.push_back(p);
-      grads.push_back(p.grad());
-      exp_avgs.push_back(state.exp_avg());
-      exp_avg_sqs.push_back(state.exp_avg_sq());
-      if (options.amsgrad()) max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
+      Batch& b = batches[{p.device().str(), p.scalar_type()}];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      b.exp_avgs.push_back(state.exp_avg());
+      b.exp_avg_sqs.push_back(state.exp_avg_sq());
+      if (options.amsgrad()) b.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
       // The kernel reads the (already incremented) step from a float tensor on the parameter's
       // device, as python's fused AdamW keeps it.
-      steps.push_back(at::scalar_tensor(static_cast<double>(state.step()),
-                                        at::TensorOptions().dtype(at::kFloat).device(p.device())));
+      b.steps.push_back(at::scalar_tensor(static_cast<double>(state.step()),
+                                          at::TensorOptions().dtype(at::kFloat).device(p.device())));
     }
-    if (params.empty()) continue;
     const auto [beta1, beta2] = options.betas();
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options.lr(), beta1,
-                      beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false);
+    for (auto& [key, b] : batches)
+      at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
+                        options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(),
+                        /*maximize=*/false);
   }
   return loss;
 }
