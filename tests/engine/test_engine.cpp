@@ -291,6 +291,43 @@ BOOST_AUTO_TEST_CASE(bf16_on_cuda_needs_ampere) {
              "use --precision fp16 with --scaler dynamic");
 }
 
+BOOST_AUTO_TEST_CASE(reduced_precision_on_a_cpu_without_fast_matmuls_is_noted) {
+  const auto cpu = [](std::initializer_list<const char*> flags) {
+    CpuCapabilities c;
+    c.name = "Test CPU";
+    for (const char* f :
+         {"avx2", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_fp16", "amx_fp16", "avx_ne_convert"})
+      c.flags[f] = false;
+    for (const char* f : flags) c.flags[f] = true;
+    return c;
+  };
+  const CpuCapabilities avx2 = cpu({"avx2"}), avx512 = cpu({"avx2", "avx512_bw", "avx512_vl", "avx512_dq"}),
+                        sapphire =
+                            cpu({"avx2", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_fp16", "amx_fp16"}),
+                        ne_convert = cpu({"avx2", "avx_ne_convert"}),
+                        half_avx512 = cpu({"avx2", "avx512_bw", "avx512_vl"});
+  BOOST_TEST(
+      cpu_precision_note(Precision::bf16, avx2) ==
+      "note: this CPU (Test CPU) has no AVX-512 or AVX-NE-CONVERT, so LibTorch runs bf16 matmuls without "
+      "oneDNN, some over 100x slower than fp32: a step on CPU usually takes several times as long as with "
+      "--precision fp32 (docs/benchmarks.md)");
+  BOOST_TEST(cpu_precision_note(Precision::fp16, avx2)
+                 .find("has no AVX512-FP16 or AVX-NE-CONVERT, so LibTorch runs fp16 matmuls") !=
+             std::string::npos);
+  BOOST_TEST(!cpu_precision_note(Precision::bf16, half_avx512).empty());  // oneDNN needs all three
+  BOOST_TEST(cpu_precision_note(Precision::bf16, avx512).empty());
+  BOOST_TEST(!cpu_precision_note(Precision::fp16, avx512).empty());
+  BOOST_TEST(cpu_precision_note(Precision::fp16, sapphire).empty());
+  BOOST_TEST(cpu_precision_note(Precision::bf16, ne_convert).empty());
+  BOOST_TEST(cpu_precision_note(Precision::fp16, ne_convert).empty());
+  for (const auto& c : {avx2, avx512, CpuCapabilities{}})
+    BOOST_TEST(cpu_precision_note(Precision::fp32, c).empty());
+  // LibTorch reports this machine's flags under the names the decision reads.
+  const CpuCapabilities here = cpu_capabilities();
+  for (const char* f : {"avx512_bw", "avx512_vl", "avx512_dq", "avx512_fp16", "amx_fp16", "avx_ne_convert"})
+    BOOST_TEST(here.flags.count(f) == 1u, f);
+}
+
 namespace {
 
 // Parameters of several shapes (one without a gradient in some steps) and their gradients.

@@ -1,6 +1,7 @@
 // Device capability checks through the CUDA runtime already in the process (no CUDA headers).
 #include "ampkit/device_support.h"
 
+#include <ATen/cpu/Utils.h>
 #include <dlfcn.h>
 
 namespace ampkit {
@@ -25,6 +26,36 @@ std::string cuda_precision_problem(Precision precision, std::pair<int, int> capa
   return "--precision bf16 needs a GPU of compute capability 8.0 (Ampere) or newer; this one is " +
          std::to_string(capability.first) + "." + std::to_string(capability.second) +
          ": use --precision fp16 with --scaler dynamic";
+}
+
+CpuCapabilities cpu_capabilities() {
+  CpuCapabilities out;
+  for (const auto& [key, value] : at::cpu::get_cpu_capabilities()) {
+    if (value.isBool()) out.flags[key] = value.toBool();
+    if (key == "cpu_name" && value.isString()) out.name = value.toStringRef();
+  }
+  return out;
+}
+
+std::string cpu_precision_note(Precision precision, const CpuCapabilities& cpu) {
+  if (precision == Precision::fp32) return "";
+  const auto has = [&cpu](const char* flag) {
+    const auto it = cpu.flags.find(flag);
+    return it != cpu.flags.end() && it->second;
+  };
+  // torch's own condition (mkldnn_bf16_device_check / mkldnn_fp16_device_check, whose error
+  // reads "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq").
+  const bool fast = has("avx_ne_convert") ||
+                    (precision == Precision::bf16 ? has("avx512_bw") && has("avx512_vl") && has("avx512_dq")
+                                                  : has("avx512_fp16") || has("amx_fp16"));
+  if (fast) return "";
+  const char* needs =
+      precision == Precision::bf16 ? "AVX-512 or AVX-NE-CONVERT" : "AVX512-FP16 or AVX-NE-CONVERT";
+  const std::string name = to_string(precision);
+  return "note: this CPU" + (cpu.name.empty() ? std::string() : " (" + cpu.name + ")") + " has no " + needs +
+         ", so LibTorch runs " + name +
+         " matmuls without oneDNN, some over 100x slower than fp32: a step on CPU "
+         "usually takes several times as long as with --precision fp32 (docs/benchmarks.md)";
 }
 
 }  // namespace ampkit

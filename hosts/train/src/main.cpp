@@ -359,6 +359,10 @@ int run(int argc, const char* const argv[]) {
   if (is_root)
     for (const auto& w : warnings)
       std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  // About speed, not about the run's numbers: printed, not counted among the summary's warnings.
+  if (is_root && device.is_cpu())
+    if (const std::string note = cpu_precision_note(cfg.precision, cpu_capabilities()); !note.empty())
+      std::fprintf(stderr, "ampkit-train: %s\n", note.c_str());
   const bool report_underflow =
       cfg.precision == Precision::fp16 && !scaler->is_dynamic() && scaler->scale() == 1.0;
 
