@@ -110,6 +110,20 @@ def launch(cmd, tmp, timeout, env=None):
     return p.returncode, open(out_path).read(), open(err_path).read(), usage.ru_maxrss / 1024.0, time.perf_counter() - t0
 
 
+def cpu_description():
+    """'<model name>, <the flags that decide bf16/fp16 matmul speed>' from /proc/cpuinfo (Linux)."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return "CPU unknown"
+    field = lambda key: next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                              if line.startswith(key)), "")
+    present = set(field("flags").split())
+    wanted = ["avx2", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16",
+              "avx_ne_convert"]
+    return f"CPU {field('model name') or 'unknown'} ({' '.join(f for f in wanted if f in present) or 'no AVX2'})"
+
+
 def run_way(way, args, preset, precision, tmp):
     """One run of one way; returns a dict with samples_per_second, step_ms, parameters, peak_rss_mb or error."""
     p = PRESETS[preset]
@@ -301,7 +315,8 @@ def main():
     get = lambda preset, precision, way, key: next(
         (r[key] for r in rows if (r["workload"], r["precision"], r["way"]) == (preset, precision, way)), None)
     threads = args.threads if args.threads > 0 else "library default"
-    print(f"\n{args.steps} timed steps after {args.warmup} warm-up, global batch {args.batch_size} on {args.ranks} "
+    print(f"\n{cpu_description()}, {os.cpu_count()} logical CPUs; "
+          f"{args.steps} timed steps after {args.warmup} warm-up, global batch {args.batch_size} on {args.ranks} "
           f"rank(s), threads {threads}, "
           f"libtorch malloc: {args.libtorch_malloc}, "
           f"step time: {'median step' if args.statistic == 'median-step' else 'total / steps'} of each run, "
