@@ -129,31 +129,28 @@ NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>&
     NanLocation loc;
     loc.micro_batch = micro;
     loc.loss = r.loss;
-    for (const auto& o : r.forward) {
-      if (o.value.nonfinite == 0) continue;
-      loc.found = true;
-      loc.module = o.module;
-      loc.phase = "forward";
-      loc.finding = "first non-finite output";
-      loc.observation = o;
-      break;
-    }
+    // The first observation (in recording order) with a non-finite value, if any, becomes the finding.
+    const auto first_nonfinite = [&loc](const std::vector<ModuleObservation>& seen, const char* phase,
+                                        const char* finding) {
+      for (const auto& o : seen) {
+        if (o.value.nonfinite == 0) continue;
+        loc.found = true;
+        loc.module = o.module;
+        loc.phase = phase;
+        loc.finding = finding;
+        loc.observation = o;
+        return;
+      }
+    };
+    first_nonfinite(r.forward, "forward", "first non-finite output");
     if (!loc.found && !std::isfinite(r.loss)) {
       loc.found = true;
       loc.phase = "loss";
       loc.finding = "the loss is non-finite while every module output is finite: look at the loss function";
     }
-    if (!loc.found) {
-      for (const auto& o : r.backward) {
-        if (o.value.nonfinite == 0) continue;
-        loc.found = true;
-        loc.module = o.module;
-        loc.phase = "backward";
-        loc.finding = "first non-finite gradient (backward order) of a module's output";
-        loc.observation = o;
-        break;
-      }
-    }
+    if (!loc.found)
+      first_nonfinite(r.backward, "backward",
+                      "first non-finite gradient (backward order) of a module's output");
     if (loc.found && loc.phase == "backward" && in.reference) {
       // Gradients that overflow under finite activations often follow a spike upstream: name it.
       const Run ref = run_once(in.reference, in, parameters);
