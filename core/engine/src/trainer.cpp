@@ -140,7 +140,8 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
   c10d::ProcessGroup* raw = comm.process_group();
   if (raw != nullptr) {
     auto group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
-    // Same parameter count, shapes and dtypes on every rank, or a clear error instead of a hang.
+    // check_same_layout has already stopped every rank on a different layout; this compares the
+    // shapes themselves, for the 1 in 2^32 chance that two layouts share the 32-bit hash.
     try {
       c10d::verify_params_across_processes(group, parameters_, std::nullopt);
     } catch (const c10::Error& e) {
