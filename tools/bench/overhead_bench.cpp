@@ -1,0 +1,293 @@
+// What the framework costs per step, measured so that this VM's noise cancels (docs/benchmarks.md):
+// one process holds two copies of the same workload (same seed, same batches) and trains them
+// step by step in alternation, one through ampkit (plugins loaded by name, ampkit::Trainer, the
+// metrics record ampkit-train writes) and one through a hand-written LibTorch step doing the same
+// math (autocast, scaled backward, GradScaler's unscale + inf check and scale update,
+// clip_grad_norm_, the same optimizer). A burst of load from elsewhere, or a slow page placement,
+// then hits both ways alike; the ratio of each pair's step times is the framework's cost.
+//
+//   ampkit-bench-overhead [ampkit-train options] [--pairs 200] [--warmup 5]
+//                         [--loop-optimizer fused|adamw]
+//
+// Accepts ampkit-train's options (same parser and plugin selection, --metrics default: a temporary
+// file) and prints one JSON line: each way's median step, the median of the per-pair ratios
+// ampkit/loop with a 95% bootstrap interval, and how far apart the two models ended up.
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <malloc.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ampkit/error.h"
+#include "ampkit/fused_adamw.h"
+#include "ampkit/metrics.h"
+#include "ampkit/plugin_options.h"
+#include "ampkit/registry.h"
+#include "ampkit/train_config.h"
+#include "ampkit/trainer.h"
+#include "workload.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// 2.5% and 97.5% quantiles of the median over resamples of `v` (fixed seed: reproducible).
+std::pair<double, double> bootstrap_median_interval(const std::vector<double>& v) {
+  std::mt19937_64 rng(12345);
+  std::uniform_int_distribution<size_t> pick(0, v.size() - 1);
+  std::vector<double> medians, sample(v.size());
+  for (int r = 0; r < 2000; ++r) {
+    for (double& s : sample) s = v[pick(rng)];
+    medians.push_back(median(sample));
+  }
+  std::sort(medians.begin(), medians.end());
+  return {medians[50], medians[1949]};
+}
+
+std::unique_ptr<ampkit::train::Workload> make_workload(const ampkit::TrainConfig& cfg) {
+  torch::manual_seed(cfg.seed);  // both copies start from the same initial values
+  const at::Device cpu(at::kCPU);
+  return cfg.workload == "fashion-mnist" ? ampkit::train::make_fashion_mnist(cfg, cpu)
+         : cfg.workload == "char-gpt"    ? ampkit::train::make_char_gpt(cfg, cpu)
+                                         : ampkit::train::make_synthetic(cfg, cpu);
+}
+
+// The hand-written step of tools/bench/handwritten_loop.cpp, on its own copy of the workload.
+class HandWrittenLoop {
+ public:
+  HandWrittenLoop(const ampkit::TrainConfig& cfg, bool fused)
+      : cfg_(cfg), workload_(make_workload(cfg)), fp16_(cfg.precision == ampkit::Precision::fp16) {
+    for (const auto& p : workload_->module().parameters()) params_.push_back(p);
+    const auto options = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+    if (fused)
+      optimizer_ = std::make_unique<ampkit::FusedAdamW>(params_, options);
+    else
+      optimizer_ = std::make_unique<torch::optim::AdamW>(params_, options);
+    scale_ = at::full({1}, fp16_ ? 65536.0 : 1.0, at::kFloat);
+    growth_tracker_ = at::zeros({1}, at::kInt);
+    found_inf_ = at::zeros({1}, at::kFloat);
+  }
+
+  void step(int64_t first_batch) {
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+    for (int micro = 0; micro < cfg_.accumulate; ++micro) {
+      at::Tensor loss;
+      {
+        ampkit::AutocastGuard autocast(cfg_.precision, c10::DeviceType::CPU);
+        loss = workload_->loss(first_batch + micro);
+      }
+      (loss.to(at::kFloat) * (scale_ / static_cast<double>(cfg_.accumulate))).backward();
+    }
+    bool stepped = true;
+    if (fp16_) {
+      std::vector<at::Tensor> grads;
+      for (auto& p : params_)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      found_inf_.zero_();
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());
+      stepped = found_inf_.item<float>() == 0.0f;
+    }
+    torch::nn::utils::clip_grad_norm_(params_, 1.0);
+    if (stepped) optimizer_->step();
+    if (fp16_) at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, 2.0, 0.5, 2000);
+  }
+
+  ampkit::train::Workload& workload() { return *workload_; }
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+
+ private:
+  const ampkit::TrainConfig& cfg_;
+  std::unique_ptr<ampkit::train::Workload> workload_;
+  bool fp16_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  at::Tensor scale_, growth_tracker_, found_inf_;
+};
+
+int run(int argc, char** argv) {
+  int64_t pairs = 200, warmup = 5;
+  std::string loop_optimizer = "fused";
+  std::vector<const char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (std::strcmp(argv[i], "--pairs") == 0 && has_value) {
+      pairs = std::stoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--warmup") == 0 && has_value) {
+      warmup = std::stoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--loop-optimizer") == 0 && has_value) {
+      loop_optimizer = argv[++i];
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  if (pairs < 2 || warmup < 0)
+    throw ampkit::Error(ampkit::ExitCode::usage, "--pairs must be >= 2 and --warmup >= 0");
+  if (loop_optimizer != "fused" && loop_optimizer != "adamw")
+    throw ampkit::Error(ampkit::ExitCode::usage,
+                        "--loop-optimizer must be fused or adamw, got '" + loop_optimizer + "'");
+  ampkit::TrainConfig cfg = ampkit::parse_train_config(static_cast<int>(args.size()), args.data());
+  if (cfg.device != "cpu" || cfg.optimizer != "adamw" || cfg.dist.world_size != 1)
+    throw ampkit::Error(ampkit::ExitCode::usage,
+                        "the overhead benchmark runs one rank on --device cpu with --optimizer adamw");
+  if (cfg.threads > 0) at::set_num_threads(cfg.threads);
+  // ampkit-train's malloc settings (hosts/train/src/main.cpp); both ways share them here.
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables == nullptr || std::strstr(tunables, "glibc.malloc.") == nullptr) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
+
+  // ampkit's side, set up as ampkit-train sets it up: plugins by name, options resolved.
+  ampkit::RegistryOptions registry_options;
+  for (const auto& d : cfg.plugin_dirs) registry_options.plugin_dirs.emplace_back(d);
+  registry_options.allow_untrusted = cfg.allow_untrusted_plugins;
+  ampkit::Registry registry(registry_options);
+  std::vector<ampkit::PluginInfo> selected;
+  for (const auto& kind : ampkit::kPluginKinds) selected.push_back(registry.find(kind, cfg.plugins[kind]));
+  const std::vector<const ampkit::LoadedPlugin*> loaded = registry.load_all(selected);
+  std::vector<std::unique_ptr<ampkit::Strategy>> strategies;
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    ampkit::OptionInputs inputs;
+    inputs.command_line = cfg.plugin_options_cli[ampkit::kPluginKinds[i]];
+    inputs.precision = cfg.precision;
+    strategies.push_back(loaded[i]->create(ampkit::resolve_options(loaded[i]->descriptor(), inputs).values));
+  }
+  auto* comm = static_cast<ampkit::CommBackend*>(strategies[3].get());
+  comm->init(cfg.dist);
+  std::unique_ptr<ampkit::train::Workload> workload = make_workload(cfg);
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : workload->module().named_parameters()) {
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  ampkit::FusedAdamW optimizer(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  ampkit::LrSchedule schedule;
+  schedule.base_lr = cfg.lr;
+  ampkit::Trainer trainer(cfg.precision, cfg.accumulate, params, names, optimizer,
+                          {static_cast<ampkit::LossScaler*>(strategies[0].get()),
+                           static_cast<ampkit::GradClipper*>(strategies[1].get()),
+                           static_cast<ampkit::NanPolicy*>(strategies[2].get()), comm},
+                          schedule);
+  trainer.start(ampkit::RunInfo{});
+  const bool own_metrics = cfg.metrics_file.empty();
+  const std::filesystem::path metrics_path =
+      own_metrics ? std::filesystem::temp_directory_path() /
+                        ("ampkit-bench-overhead-" + std::to_string(::getpid()) + ".jsonl")
+                  : std::filesystem::path(cfg.metrics_file);
+  ampkit::MetricsWriter metrics(metrics_path);
+
+  HandWrittenLoop loop(cfg, loop_optimizer == "fused");
+
+  const int64_t steps_per_epoch = workload->batches_per_epoch() / cfg.accumulate;
+  if (steps_per_epoch < 1)
+    throw ampkit::Error(ampkit::ExitCode::usage,
+                        "--batch-size x --accumulate exceeds one epoch of " + cfg.workload);
+  const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate);
+  const auto start = Clock::now();
+  std::vector<double> ampkit_ms, loop_ms, ratios;
+  int64_t epoch = -1;
+  for (int64_t step = 0; step < warmup + pairs; ++step) {
+    if (step / steps_per_epoch != epoch) {
+      epoch = step / steps_per_epoch;
+      workload->start_epoch(epoch);
+      loop.workload().start_epoch(epoch);
+    }
+    const int64_t first_batch = (step % steps_per_epoch) * cfg.accumulate;
+    auto ampkit_step = [&] {
+      const auto t = Clock::now();
+      const ampkit::StepOutcome out =
+          trainer.step([&](int micro) { return workload->loss(first_batch + micro); });
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      nlohmann::json record =
+          ampkit::step_record(out, epoch, trainer.steps_skipped(), samples_per_step, elapsed);
+      record["data_step"] = step;
+      record["steps_discarded"] = trainer.steps_discarded();
+      record["rollbacks"] = trainer.rollbacks();
+      if (cfg.layer_norms_top_k > 0)
+        record["top_layers"] = ampkit::top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
+      metrics.write(record);
+      return ms_since(t);
+    };
+    auto loop_step = [&] {
+      const auto t = Clock::now();
+      loop.step(first_batch);
+      return ms_since(t);
+    };
+    double a = 0, b = 0;
+    if (step % 2 == 0) {  // ABBA: neither way always runs first (caches, a drifting load)
+      a = ampkit_step();
+      b = loop_step();
+    } else {
+      b = loop_step();
+      a = ampkit_step();
+    }
+    if (step < warmup) continue;
+    ampkit_ms.push_back(a);
+    loop_ms.push_back(b);
+    ratios.push_back(a / b);
+  }
+  if (own_metrics) std::filesystem::remove(metrics_path);
+
+  double max_diff = 0;  // the same math on the same batches: the models should barely differ
+  for (size_t i = 0; i < params.size(); ++i)
+    max_diff = std::max(max_diff, (params[i] - loop.parameters()[i]).abs().max().item<double>());
+  const auto [low, high] = bootstrap_median_interval(ratios);
+  nlohmann::json result = {
+      {"workload", cfg.workload},
+      {"precision", ampkit::to_string(cfg.precision)},
+      {"pairs", pairs},
+      {"threads", at::get_num_threads()},
+      {"loop_optimizer", loop_optimizer == "fused" ? "FusedAdamW" : "torch::optim::AdamW"},
+      {"ampkit_median_step_ms", median(ampkit_ms)},
+      {"loop_median_step_ms", median(loop_ms)},
+      {"median_ratio", median(ratios)},
+      {"ratio_interval_95", {low, high}},
+      {"steps_skipped", trainer.steps_skipped()},
+      {"max_parameter_difference", max_diff}};
+  std::printf("%s\n", result.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ampkit::Error& e) {
+    std::fprintf(stderr, "ampkit-bench-overhead: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampkit-bench-overhead: error: %s\n", e.what());
+    return 1;
+  }
+}
