@@ -19,6 +19,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
@@ -51,6 +52,14 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Minor page faults of the whole process so far (a step that faults in fresh pages pays the
+// kernel's clear_page: the allocator's reuse of freed blocks shows here).
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
 }
 
 double median(std::vector<double> v) {
@@ -215,6 +224,7 @@ int run(int argc, char** argv) {
   const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate);
   const auto start = Clock::now();
   std::vector<double> ampkit_ms, loop_ms, ratios;
+  long ampkit_faults = 0, loop_faults = 0;
   int64_t epoch = -1;
   for (int64_t step = 0; step < warmup + pairs; ++step) {
     if (step / steps_per_epoch != epoch) {
@@ -224,6 +234,7 @@ int run(int argc, char** argv) {
     }
     const int64_t first_batch = (step % steps_per_epoch) * cfg.accumulate;
     auto ampkit_step = [&] {
+      const long faults = minor_faults();
       const auto t = Clock::now();
       const ampkit::StepOutcome out =
           trainer.step([&](int micro) { return workload->loss(first_batch + micro); });
@@ -236,12 +247,17 @@ int run(int argc, char** argv) {
       if (cfg.layer_norms_top_k > 0)
         record["top_layers"] = ampkit::top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
       metrics.write(record);
-      return ms_since(t);
+      const double ms = ms_since(t);
+      if (step >= warmup) ampkit_faults += minor_faults() - faults;
+      return ms;
     };
     auto loop_step = [&] {
+      const long faults = minor_faults();
       const auto t = Clock::now();
       loop.step(first_batch);
-      return ms_since(t);
+      const double ms = ms_since(t);
+      if (step >= warmup) loop_faults += minor_faults() - faults;
+      return ms;
     };
     double a = 0, b = 0;
     if (step % 2 == 0) {  // ABBA: neither way always runs first (caches, a drifting load)
@@ -272,6 +288,8 @@ int run(int argc, char** argv) {
       {"loop_median_step_ms", median(loop_ms)},
       {"median_ratio", median(ratios)},
       {"ratio_interval_95", {low, high}},
+      {"ampkit_minor_faults_per_step", static_cast<double>(ampkit_faults) / pairs},
+      {"loop_minor_faults_per_step", static_cast<double>(loop_faults) / pairs},
       {"steps_skipped", trainer.steps_skipped()},
       {"max_parameter_difference", max_diff}};
   std::printf("%s\n", result.dump().c_str());
