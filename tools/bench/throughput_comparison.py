@@ -327,6 +327,16 @@ def main():
         head.append("ampkit/libtorch step time (<= 1.02)")
     if "ampkit" in ways and "pytorch" in ways:
         head.append("ampkit/pytorch throughput (>= 1)")
+        if args.repeats > 1:
+            head.append("ampkit/pytorch per repetition, min-max")
+
+    def per_repetition(preset, precision):
+        """ampkit/pytorch throughput of each repetition (the two ran next to each other), failed ones left out."""
+        a, p = results[(preset, precision, "ampkit")], results[(preset, precision, "pytorch")]
+        return [x["samples_per_second"] / y["samples_per_second"] for x, y in zip(a, p)
+                if "error" not in x and "error" not in y]
+
+    inside_spread = 0  # rows below PyTorch by the medians where some repetition had ampkit ahead
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     met = {"libtorch": [0, 0], "pytorch": [0, 0]}
@@ -350,12 +360,19 @@ def main():
                     met["pytorch"][0] += ratio >= 1.0
                     met["pytorch"][1] += 1
                 cells.append(fmt(ratio, ".3f"))
+                if args.repeats > 1:
+                    reps = per_repetition(preset, precision)
+                    cells.append(f"{min(reps):.3f}-{max(reps):.3f}" if reps else "-")
+                    if ratio is not None and ratio < 1.0 and reps and max(reps) >= 1.0:
+                        inside_spread += 1
             print("| " + " | ".join(cells) + " |")
     print()
     if met["libtorch"][1]:
         print(f"ampkit within 2% of the hand-written LibTorch loop: {met['libtorch'][0]}/{met['libtorch'][1]} rows")
     if met["pytorch"][1]:
-        print(f"ampkit at least as fast as PyTorch: {met['pytorch'][0]}/{met['pytorch'][1]} rows")
+        print(f"ampkit at least as fast as PyTorch: {met['pytorch'][0]}/{met['pytorch'][1]} rows" +
+              (f"; of the {met['pytorch'][1] - met['pytorch'][0]} others, {inside_spread} with a repetition in which "
+               f"ampkit was ahead" if args.repeats > 1 and met["pytorch"][0] < met["pytorch"][1] else ""))
     failed = [r for r in rows if r["error"]]
     for r in failed:
         print(f"{PROG}: {r['workload']} {r['precision']} {r['way']}: {r['failed']}/{r['runs']} runs failed: {r['error']}",
