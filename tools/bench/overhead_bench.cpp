@@ -7,7 +7,7 @@
 // then hits both ways alike; the ratio of each pair's step times is the framework's cost.
 //
 //   ampkit-bench-overhead [ampkit-train options] [--pairs 200] [--warmup 5]
-//                         [--loop-optimizer fused|adamw]
+//                         [--loop-optimizer fused|adamw] [--loop-first]
 //
 // Accepts ampkit-train's options (same parser and plugin selection, --metrics default: a temporary
 // file) and prints one JSON line: each way's median step, the median of the per-pair ratios
@@ -145,6 +145,7 @@ class HandWrittenLoop {
 int run(int argc, char** argv) {
   int64_t pairs = 200, warmup = 5;
   std::string loop_optimizer = "fused";
+  bool loop_first = false;
   std::vector<const char*> args;
   for (int i = 0; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
@@ -152,6 +153,8 @@ int run(int argc, char** argv) {
       pairs = std::stoll(argv[++i]);
     } else if (std::strcmp(argv[i], "--warmup") == 0 && has_value) {
       warmup = std::stoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--loop-first") == 0) {
+      loop_first = true;
     } else if (std::strcmp(argv[i], "--loop-optimizer") == 0 && has_value) {
       loop_optimizer = argv[++i];
     } else {
@@ -192,6 +195,10 @@ int run(int argc, char** argv) {
   }
   auto* comm = static_cast<ampkit::CommBackend*>(strategies[3].get());
   comm->init(cfg.dist);
+  // Which copy of the model is allocated first (its tensors get the lower addresses): where a
+  // kernel's speed depends on its buffers' placement, swapping this shows it.
+  std::unique_ptr<HandWrittenLoop> loop;
+  if (loop_first) loop = std::make_unique<HandWrittenLoop>(cfg, loop_optimizer == "fused");
   std::unique_ptr<ampkit::train::Workload> workload = make_workload(cfg);
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
@@ -215,7 +222,7 @@ int run(int argc, char** argv) {
                   : std::filesystem::path(cfg.metrics_file);
   ampkit::MetricsWriter metrics(metrics_path);
 
-  HandWrittenLoop loop(cfg, loop_optimizer == "fused");
+  if (!loop) loop = std::make_unique<HandWrittenLoop>(cfg, loop_optimizer == "fused");
 
   const int64_t steps_per_epoch = workload->batches_per_epoch() / cfg.accumulate;
   if (steps_per_epoch < 1)
@@ -230,7 +237,7 @@ int run(int argc, char** argv) {
     if (step / steps_per_epoch != epoch) {
       epoch = step / steps_per_epoch;
       workload->start_epoch(epoch);
-      loop.workload().start_epoch(epoch);
+      loop->workload().start_epoch(epoch);
     }
     const int64_t first_batch = (step % steps_per_epoch) * cfg.accumulate;
     auto ampkit_step = [&] {
@@ -254,7 +261,7 @@ int run(int argc, char** argv) {
     auto loop_step = [&] {
       const long faults = minor_faults();
       const auto t = Clock::now();
-      loop.step(first_batch);
+      loop->step(first_batch);
       const double ms = ms_since(t);
       if (step >= warmup) loop_faults += minor_faults() - faults;
       return ms;
@@ -276,13 +283,14 @@ int run(int argc, char** argv) {
 
   double max_diff = 0;  // the same math on the same batches: the models should barely differ
   for (size_t i = 0; i < params.size(); ++i)
-    max_diff = std::max(max_diff, (params[i] - loop.parameters()[i]).abs().max().item<double>());
+    max_diff = std::max(max_diff, (params[i] - loop->parameters()[i]).abs().max().item<double>());
   const auto [low, high] = bootstrap_median_interval(ratios);
   nlohmann::json result = {
       {"workload", cfg.workload},
       {"precision", ampkit::to_string(cfg.precision)},
       {"pairs", pairs},
       {"threads", at::get_num_threads()},
+      {"allocated_first", loop_first ? "loop" : "ampkit"},
       {"loop_optimizer", loop_optimizer == "fused" ? "FusedAdamW" : "torch::optim::AdamW"},
       {"ampkit_median_step_ms", median(ampkit_ms)},
       {"loop_median_step_ms", median(loop_ms)},
