@@ -32,7 +32,7 @@ PROG = "framework_overhead"
 # development machine (bf16/fp16 steps are 8-18x longer there than fp32 ones; a pair is two steps).
 DEFAULT_PAIRS = {("mlp-1m", "fp32"): 5000, ("mlp-10m", "fp32"): 500, ("cnn", "fp32"): 1000, ("gpt", "fp32"): 300,
                  ("mlp-1m", "low"): 500, ("mlp-10m", "low"): 60, ("cnn", "low"): 150, ("gpt", "low"): 30,
-                 ("mlp-100m", "fp32"): 20, ("mlp-100m", "low"): 2}
+                 ("mlp-100m", "fp32"): 100, ("mlp-100m", "low"): 2}
 
 
 def fail(message, code=2):
