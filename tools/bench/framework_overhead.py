@@ -24,7 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from throughput_comparison import DEFAULT_WORKLOADS, PRESETS, cpu_description  # noqa: E402
+from throughput_comparison import DEFAULT_WORKLOADS, PRESETS, cpu_description, presets_and_precisions  # noqa: E402
 
 PROG = "framework_overhead"
 
@@ -60,14 +60,10 @@ def main():
     bench = os.path.join(args.build, "bin", "ampkit-bench-overhead")
     if not os.access(bench, os.X_OK):
         fail(f"{bench} not found: build the project first (cmake --build {args.build})")
-    workloads = [w for w in args.workloads.split(",") if w]
-    precisions = [p for p in args.precisions.split(",") if p]
-    for w in workloads:
-        if w not in PRESETS:
-            fail(f"unknown workload preset '{w}' (presets: {', '.join(PRESETS)})")
-    for p in precisions:
-        if p not in ("fp32", "bf16", "fp16"):
-            fail(f"unknown precision '{p}' (fp32, bf16, fp16)")
+    try:
+        workloads, precisions = presets_and_precisions(args.workloads, args.precisions)
+    except ValueError as e:
+        fail(str(e))
     if args.pairs < 0 or args.warmup < 0 or args.batch_size < 1 or args.threads < 0:
         fail("--pairs, --warmup and --threads must be >= 0, --batch-size >= 1")
 

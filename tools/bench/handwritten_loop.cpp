@@ -8,13 +8,6 @@
 // scale from 65536 with GradScaler's defaults, every precision clips the norm at 1.0) and prints
 // one JSON line with the throughput of the steps after the warm-up.
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
-#include <ATen/ops/_amp_update_scale.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -27,24 +20,10 @@
 
 #include "ampkit/error.h"
 #include "ampkit/train_config.h"
+#include "handwritten_step.h"
 #include "workload.h"
 
 namespace {
-
-struct Autocast {
-  explicit Autocast(ampkit::Precision p) : on(p != ampkit::Precision::fp32) {
-    if (!on) return;
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-    at::autocast::set_autocast_dtype(at::kCPU, p == ampkit::Precision::bf16 ? at::kBFloat16 : at::kHalf);
-    at::autocast::increment_nesting();
-  }
-  ~Autocast() {
-    if (!on) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-  }
-  bool on;
-};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -79,11 +58,8 @@ int run(int argc, char** argv) {
     params.push_back(p);
     count += p.numel();
   }
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
-  const bool fp16 = cfg.precision == ampkit::Precision::fp16;
-  at::Tensor scale = at::full({1}, fp16 ? 65536.0 : 1.0, at::kFloat);
-  at::Tensor growth_tracker = at::zeros({1}, at::kInt);
-  at::Tensor found_inf = at::zeros({1}, at::kFloat);
+  // torch::optim::AdamW: what a LibTorch user writes (ampkit-train's is the fused kernel).
+  ampkit::bench::HandWrittenStep hand_written(params, cfg, /*fused=*/false);
 
   const int64_t steps_per_epoch = w->batches_per_epoch() / cfg.accumulate;
   const int64_t steps = cfg.steps > 0 ? cfg.steps : cfg.epochs * steps_per_epoch;
@@ -95,30 +71,7 @@ int run(int argc, char** argv) {
     if (step == warmup) start = step_start;
     if (step / steps_per_epoch != epoch) w->start_epoch(epoch = step / steps_per_epoch);
     const int64_t first = (step % steps_per_epoch) * cfg.accumulate;
-    for (auto& p : params) p.mutable_grad() = at::Tensor();
-    for (int micro = 0; micro < cfg.accumulate; ++micro) {
-      at::Tensor loss;
-      {
-        Autocast autocast(cfg.precision);
-        loss = w->loss(first + micro);
-      }
-      (loss.to(at::kFloat) * (scale / static_cast<double>(cfg.accumulate))).backward();
-    }
-    bool stepped = true;
-    if (fp16) {
-      std::vector<at::Tensor> grads;
-      for (auto& p : params)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      found_inf.zero_();
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale.reciprocal());
-      stepped = found_inf.item<float>() == 0.0f;
-    }
-    torch::nn::utils::clip_grad_norm_(params, 1.0);
-    if (stepped)
-      optimizer.step();
-    else
-      ++skipped;
-    if (fp16) at::_amp_update_scale_(scale, growth_tracker, found_inf, 2.0, 0.5, 2000);
+    if (!hand_written.step(*w, first)) ++skipped;
     if (step >= warmup)
       step_ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());

@@ -13,15 +13,8 @@
 // file) and prints one JSON line: each way's median step, the median of the per-pair ratios
 // ampkit/loop with a 95% bootstrap interval, and how far apart the two models ended up.
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
-#include <ATen/ops/_amp_update_scale.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
 #include <malloc.h>
 #include <sys/resource.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 #include <unistd.h>
 
@@ -44,6 +37,7 @@
 #include "ampkit/registry.h"
 #include "ampkit/train_config.h"
 #include "ampkit/trainer.h"
+#include "handwritten_step.h"
 #include "workload.h"
 
 namespace {
@@ -90,56 +84,12 @@ std::unique_ptr<ampkit::train::Workload> make_workload(const ampkit::TrainConfig
                                          : ampkit::train::make_synthetic(cfg, cpu);
 }
 
-// The hand-written step of tools/bench/handwritten_loop.cpp, on its own copy of the workload.
-class HandWrittenLoop {
- public:
+// The hand-written step (handwritten_step.h) on its own copy of the workload.
+struct HandWrittenLoop {
   HandWrittenLoop(const ampkit::TrainConfig& cfg, bool fused)
-      : cfg_(cfg), workload_(make_workload(cfg)), fp16_(cfg.precision == ampkit::Precision::fp16) {
-    for (const auto& p : workload_->module().parameters()) params_.push_back(p);
-    const auto options = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
-    if (fused)
-      optimizer_ = std::make_unique<ampkit::FusedAdamW>(params_, options);
-    else
-      optimizer_ = std::make_unique<torch::optim::AdamW>(params_, options);
-    scale_ = at::full({1}, fp16_ ? 65536.0 : 1.0, at::kFloat);
-    growth_tracker_ = at::zeros({1}, at::kInt);
-    found_inf_ = at::zeros({1}, at::kFloat);
-  }
-
-  void step(int64_t first_batch) {
-    for (auto& p : params_) p.mutable_grad() = at::Tensor();
-    for (int micro = 0; micro < cfg_.accumulate; ++micro) {
-      at::Tensor loss;
-      {
-        ampkit::AutocastGuard autocast(cfg_.precision, c10::DeviceType::CPU);
-        loss = workload_->loss(first_batch + micro);
-      }
-      (loss.to(at::kFloat) * (scale_ / static_cast<double>(cfg_.accumulate))).backward();
-    }
-    bool stepped = true;
-    if (fp16_) {
-      std::vector<at::Tensor> grads;
-      for (auto& p : params_)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      found_inf_.zero_();
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());
-      stepped = found_inf_.item<float>() == 0.0f;
-    }
-    torch::nn::utils::clip_grad_norm_(params_, 1.0);
-    if (stepped) optimizer_->step();
-    if (fp16_) at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, 2.0, 0.5, 2000);
-  }
-
-  ampkit::train::Workload& workload() { return *workload_; }
-  const std::vector<at::Tensor>& parameters() const { return params_; }
-
- private:
-  const ampkit::TrainConfig& cfg_;
-  std::unique_ptr<ampkit::train::Workload> workload_;
-  bool fp16_;
-  std::vector<at::Tensor> params_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  at::Tensor scale_, growth_tracker_, found_inf_;
+      : workload(make_workload(cfg)), step(workload->module().parameters(), cfg, fused) {}
+  std::unique_ptr<ampkit::train::Workload> workload;
+  ampkit::bench::HandWrittenStep step;
 };
 
 int run(int argc, char** argv) {
@@ -237,7 +187,7 @@ int run(int argc, char** argv) {
     if (step / steps_per_epoch != epoch) {
       epoch = step / steps_per_epoch;
       workload->start_epoch(epoch);
-      loop->workload().start_epoch(epoch);
+      loop->workload->start_epoch(epoch);
     }
     const int64_t first_batch = (step % steps_per_epoch) * cfg.accumulate;
     auto ampkit_step = [&] {
@@ -261,7 +211,7 @@ int run(int argc, char** argv) {
     auto loop_step = [&] {
       const long faults = minor_faults();
       const auto t = Clock::now();
-      loop->step(first_batch);
+      loop->step.step(*loop->workload, first_batch);
       const double ms = ms_since(t);
       if (step >= warmup) loop_faults += minor_faults() - faults;
       return ms;
@@ -283,7 +233,7 @@ int run(int argc, char** argv) {
 
   double max_diff = 0;  // the same math on the same batches: the models should barely differ
   for (size_t i = 0; i < params.size(); ++i)
-    max_diff = std::max(max_diff, (params[i] - loop->parameters()[i]).abs().max().item<double>());
+    max_diff = std::max(max_diff, (params[i] - loop->step.parameters()[i]).abs().max().item<double>());
   const auto [low, high] = bootstrap_median_interval(ratios);
   nlohmann::json result = {
       {"workload", cfg.workload},

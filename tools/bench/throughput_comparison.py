@@ -72,6 +72,19 @@ PRESETS = {
 DEFAULT_WORKLOADS = "mlp-1m,mlp-10m,cnn,gpt"
 
 
+def presets_and_precisions(workloads, precisions):
+    """The comma-separated --workloads and --precisions as lists; ValueError naming the first unknown one."""
+    ws = [w for w in workloads.split(",") if w]
+    ps = [p for p in precisions.split(",") if p]
+    for w in ws:
+        if w not in PRESETS:
+            raise ValueError(f"unknown workload preset '{w}' (presets: {', '.join(PRESETS)})")
+    for p in ps:
+        if p not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"unknown precision '{p}' (fp32, bf16, fp16)")
+    return ws, ps
+
+
 def fail(message, code=2):
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -233,15 +246,11 @@ def main():
     ap.add_argument("--csv", default="", help="also write one row per workload/precision/way here")
     args = ap.parse_args()
 
-    workloads = [w for w in args.workloads.split(",") if w]
-    precisions = [p for p in args.precisions.split(",") if p]
+    try:
+        workloads, precisions = presets_and_precisions(args.workloads, args.precisions)
+    except ValueError as e:
+        fail(str(e))
     ways = [w for w in args.ways.split(",") if w]
-    for w in workloads:
-        if w not in PRESETS:
-            fail(f"unknown workload preset '{w}' (presets: {', '.join(PRESETS)})")
-    for p in precisions:
-        if p not in ("fp32", "bf16", "fp16"):
-            fail(f"unknown precision '{p}' (fp32, bf16, fp16)")
     for w in ways:
         if w not in WAYS:
             fail(f"unknown way '{w}' ({', '.join(WAYS)})")
