@@ -5,7 +5,7 @@ For each workload x precision, one process of build/bin/ampkit-bench-overhead tr
 the same model on the same batches, alternating step by step (ABBA): one through ampkit (plugins
 loaded by name, ampkit::Trainer, the per-step metrics record ampkit-train writes; --clipper norm
 --opt clipper.max_norm=1.0, --scaler dynamic for fp16 and none otherwise, as in
-throughput_comparison.py) and one through the hand-written LibTorch step of handwritten_loop.cpp
+throughput_comparison.py) and one through the hand-written LibTorch step of handwritten_step.h
 with the same optimizer. Load from elsewhere and a process's page placement then hit both alike,
 and the median of the per-pair ratios ampkit/loop measures what the framework adds around the
 same kernels. The 95% interval is a bootstrap over the pairs.
