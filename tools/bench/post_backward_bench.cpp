@@ -16,6 +16,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,12 +33,14 @@ struct Options {
   int threads = 0;  // 0: LibTorch's choice
   double scale = 65536.0;
   double max_norm = 1.0;
+  std::vector<int64_t> mlp;  // --mlp WIDTH,DEPTH,INPUTS,CLASSES: the synthetic MLP's gradients instead
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "ampkit-bench-post-backward: %s\n"
-               "usage: ampkit-bench-post-backward [--reps N] [--warmup N] [--threads N]\n",
+               "usage: ampkit-bench-post-backward [--reps N] [--warmup N] [--threads N]\n"
+               "                                  [--mlp WIDTH,DEPTH,INPUTS,CLASSES]\n",
                why);
   std::exit(2);
 }
@@ -59,7 +62,18 @@ Options parse(int argc, char** argv) {
       o.warmup = next();
     else if (a == "--threads")
       o.threads = next();
-    else if (a == "--help" || a == "-h")
+    else if (a == "--mlp") {
+      if (i + 1 >= argc) usage("missing value after --mlp");
+      std::stringstream list(argv[++i]);
+      std::string item;
+      while (std::getline(list, item, ',')) {
+        char* end = nullptr;
+        const long long v = std::strtoll(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < 1 || v > 1000000) usage("bad value for --mlp");
+        o.mlp.push_back(v);
+      }
+      if (o.mlp.size() != 4) usage("--mlp takes WIDTH,DEPTH,INPUTS,CLASSES");
+    } else if (a == "--help" || a == "-h")
       usage("times the post-backward gradient pipeline");
     else
       usage(("unknown argument " + a).c_str());
@@ -68,10 +82,18 @@ Options parse(int argc, char** argv) {
 }
 
 // 128 tensors shaped like the layers of a mid-sized model: a mix of big matrices, small
-// matrices, and bias-sized vectors (33.7M elements, 135 MB of fp32).
-std::vector<int64_t> tensor_sizes() {
-  const int64_t pattern[] = {768 * 512, 4096, 768 * 768, 256 * 256};
+// matrices, and bias-sized vectors (33.7M elements, 135 MB of fp32). With --mlp, the gradients of
+// ampkit-train's synthetic MLP (--synthetic-width/-depth/-inputs/-classes): few, large tensors.
+std::vector<int64_t> tensor_sizes(const std::vector<int64_t>& mlp) {
   std::vector<int64_t> sizes;
+  if (!mlp.empty()) {
+    const int64_t width = mlp[0], depth = mlp[1], inputs = mlp[2], classes = mlp[3];
+    sizes = {inputs * width, width};
+    for (int64_t d = 1; d < depth; ++d) sizes.insert(sizes.end(), {width * width, width});
+    sizes.insert(sizes.end(), {width * classes, classes});
+    return sizes;
+  }
+  const int64_t pattern[] = {768 * 512, 4096, 768 * 768, 256 * 256};
   for (int i = 0; i < 128; ++i) sizes.push_back(pattern[i % 4]);
   return sizes;
 }
@@ -143,7 +165,7 @@ int main(int argc, char** argv) {
   if (opt.threads > 0) at::set_num_threads(opt.threads);
   at::manual_seed(0);
 
-  const std::vector<int64_t> sizes = tensor_sizes();
+  const std::vector<int64_t> sizes = tensor_sizes(opt.mlp);
   int64_t elements = 0;
   std::vector<at::Tensor> params, grads, source;
   for (int64_t n : sizes) {
@@ -200,6 +222,9 @@ int main(int argc, char** argv) {
     if (!unscale()) return;
     sink += torch::nn::utils::clip_grad_norm_(params, opt.max_norm, 2.0);
   };
+  // An fp32 loop has nothing to unscale: clip_grad_norm_ is its whole post-backward work, the
+  // counterpart of ampkit's way in fp32 and bf16 (whose scale is 1).
+  auto torch_cpp_clip_only = [&] { sink += torch::nn::utils::clip_grad_norm_(params, opt.max_norm, 2.0); };
 
   // (c) The floor: one read pass and one read-write pass over the same bytes.
   auto floor_read = [&] { sink += read_pass(grads); };
@@ -216,6 +241,7 @@ int main(int argc, char** argv) {
       {"ampkit: stats + clip coef + scale_grads_", ampkit_way, 3, {}},
       {"torch: unscale_ + clip_grad_norm_ (python 2.11: foreach)", torch_way, 5, {}},
       {"torch: unscale_ + C++ nn::utils::clip_grad_norm_", torch_cpp_way, 5, {}},
+      {"torch: C++ nn::utils::clip_grad_norm_ alone (no scale)", torch_cpp_clip_only, 3, {}},
       {"floor read: AVX2 float sum (parallel_for)", floor_read, 1, {}},
       {"floor read: at::_foreach_norm", floor_read_foreach_norm, 1, {}},
       {"floor read-write: at::_foreach_mul_", floor_write, 2, {}},
