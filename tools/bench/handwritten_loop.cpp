@@ -37,7 +37,7 @@ int run(int argc, char** argv) {
   std::vector<const char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
-      warmup = std::stoll(argv[++i]);
+      warmup = ampkit::bench::count_option("--warmup", argv[++i]);
       continue;
     }
     args.push_back(argv[i]);

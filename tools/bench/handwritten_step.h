@@ -13,15 +13,28 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
 #include "ampkit/train_config.h"
 #include "workload.h"
 
 namespace ampkit::bench {
+
+// The value of a benchmark's own count option (--warmup, --pairs): a whole number >= 0, or a
+// usage error naming the option.
+inline int64_t count_option(const char* flag, const char* text) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || v < 0)
+    throw Error(ExitCode::usage, std::string(flag) + " takes a whole number >= 0, got '" + text + "'");
+  return v;
+}
 
 // CPU autocast for the step's forward, as torch.autocast does it (cache cleared on exit).
 struct Autocast {

@@ -100,9 +100,9 @@ int run(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--pairs") == 0 && has_value) {
-      pairs = std::stoll(argv[++i]);
+      pairs = ampkit::bench::count_option("--pairs", argv[++i]);
     } else if (std::strcmp(argv[i], "--warmup") == 0 && has_value) {
-      warmup = std::stoll(argv[++i]);
+      warmup = ampkit::bench::count_option("--warmup", argv[++i]);
     } else if (std::strcmp(argv[i], "--loop-first") == 0) {
       loop_first = true;
     } else if (std::strcmp(argv[i], "--loop-optimizer") == 0 && has_value) {
