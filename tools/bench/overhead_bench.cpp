@@ -170,6 +170,14 @@ int run(int argc, char** argv) {
       own_metrics ? std::filesystem::temp_directory_path() /
                         ("ampkit-bench-overhead-" + std::to_string(::getpid()) + ".jsonl")
                   : std::filesystem::path(cfg.metrics_file);
+  // A temporary metrics file goes away however the run ends (an error in a step included).
+  struct RemoveOnExit {
+    std::filesystem::path path;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      if (!path.empty()) std::filesystem::remove(path, ignored);
+    }
+  } remove_metrics{own_metrics ? metrics_path : std::filesystem::path()};
   ampkit::MetricsWriter metrics(metrics_path);
 
   if (!loop) loop = std::make_unique<HandWrittenLoop>(cfg, loop_optimizer == "fused");
@@ -229,7 +237,6 @@ int run(int argc, char** argv) {
     loop_ms.push_back(b);
     ratios.push_back(a / b);
   }
-  if (own_metrics) std::filesystem::remove(metrics_path);
 
   double max_diff = 0;  // the same math on the same batches: the models should barely differ
   for (size_t i = 0; i < params.size(); ++i)
