@@ -72,6 +72,38 @@ size_t lines(const std::string& s) {
 
 }  // namespace
 
+// What users see of the option table (--help, --print-config, errors) stays as recorded in
+// tests/data/host (cases.txt lists the commands; tools/golden/host_cli_goldens.sh rewrites them for
+// an intended change). The plugin folder and the data folder are written as placeholders.
+BOOST_AUTO_TEST_CASE(help_print_config_and_errors_match_the_recorded_outputs) {
+  const std::string data = std::string(AMPKIT_TEST_DATA_DIR) + "/host";
+  const std::string plugin_dir = fs::canonical(AMPKIT_TEST_PLUGIN_DIR).string();
+  std::ifstream cases(data + "/cases.txt");
+  BOOST_REQUIRE(cases);
+  int compared = 0;
+  for (std::string line; std::getline(cases, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t bar1 = line.find('|'), bar2 = line.find('|', bar1 + 1);
+    const std::string name = line.substr(0, bar1);
+    const std::string env = line.substr(bar1 + 1, bar2 - bar1 - 1);
+    std::string args = line.substr(bar2 + 1);
+    for (size_t at; (at = args.find("@DATA@")) != std::string::npos;) args.replace(at, 6, data);
+    const auto r = run("cd " + data + " && env -u AMPKIT_PLUGIN_PATH " + env + " " + train + " " + args);
+    std::string out = without_cpu_note(r.output);
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    for (const auto& [from, to] : {std::pair{plugin_dir, std::string("<PLUGIN_DIR>")}, {data, "<DATA>"}})
+      for (size_t at; (at = out.find(from)) != std::string::npos;) out.replace(at, from.size(), to);
+    std::ifstream golden(data + "/" + name + ".txt");
+    BOOST_REQUIRE_MESSAGE(golden, "missing golden " << name);
+    std::stringstream want;
+    want << golden.rdbuf();
+    BOOST_TEST(("exit " + std::to_string(r.code) + "\n" + out + "\n") == want.str(),
+               "case " << name << " differs from tests/data/host/" << name << ".txt");
+    ++compared;
+  }
+  BOOST_TEST(compared == 15);
+}
+
 BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
   TempDir tmp;
   {
