@@ -145,6 +145,9 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
       {"--data-dir " + tmp.path.string() + " --workload=fashion-mnist", 4,
        "install the Debian package dataset-fashion-mnist"},
       {"--scaler /nonexistent/libx.so", 3, "plugin file /nonexistent/libx.so: does not exist"},
+      // An output file that cannot be written is exit 9, not a usage error or an internal one.
+      {"--metrics /proc/ampkit-none/m.jsonl", 9, "cannot create the folder of /proc/ampkit-none/m.jsonl"},
+      {"--summary /proc/ampkit-none/s.json", 9, "cannot create the folder of /proc/ampkit-none/s.json"},
   };
   for (const auto& c : cases) {
     const std::string workload =

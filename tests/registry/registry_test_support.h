@@ -11,9 +11,9 @@
 #include <vector>
 
 namespace ampkit {
-// Lets BOOST_TEST print exit codes when a comparison fails.
-inline std::ostream& operator<<(std::ostream& out, ExitCode code) {
-  return out << "ExitCode(" << static_cast<int>(code) << ")";
+// Lets BOOST_TEST print error categories when a comparison fails.
+inline std::ostream& operator<<(std::ostream& out, ErrorCategory category) {
+  return out << "ErrorCategory(" << static_cast<int>(category) << ")";
 }
 }  // namespace ampkit
 
@@ -37,7 +37,7 @@ inline ampkit::RegistryOptions only(std::vector<fs::path> dirs) {
 // threw something else (then `message` says what).
 struct Caught {
   bool thrown = false;
-  ampkit::ExitCode code = ampkit::ExitCode::ok;
+  ampkit::ErrorCategory code = ampkit::ErrorCategory::internal;
   std::string message;
 };
 
@@ -49,7 +49,7 @@ Caught catch_error(F&& f) {
     c.message = "(no exception)";
   } catch (const ampkit::Error& e) {
     c.thrown = true;
-    c.code = e.code();
+    c.code = e.category();
     c.message = e.what();
   } catch (const std::exception& e) {
     c.message = std::string("(not an ampkit::Error: ") + e.what() + ")";

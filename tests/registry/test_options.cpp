@@ -14,7 +14,7 @@
 #include "registry_test_support.h"
 
 using namespace ampkit_test;
-using ampkit::ExitCode;
+using ampkit::ErrorCategory;
 using ampkit::OptionInputs;
 using ampkit::ResolvedOptions;
 
@@ -130,13 +130,13 @@ BOOST_AUTO_TEST_CASE(float_values_are_stored_in_shortest_form) {
 BOOST_AUTO_TEST_CASE(unknown_option_suggests_the_right_one) {
   const auto& d = descriptor("scaler", "static");
   Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({{"scael", "2"}})); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'scael' for scaler 'static' (from command line)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
   AMPKIT_CHECK_CONTAINS(e.message, "options: scale");
 
   e = catch_error([&] { ampkit::resolve_options(d, inputs({}, {{"scales", "2"}})); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message, "unknown option 'scales' for scaler 'static' (from config file run.yaml)");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'scale'?");
 }
@@ -145,7 +145,7 @@ BOOST_AUTO_TEST_CASE(text_for_a_float_is_refused) {
   const Caught e = catch_error([&] {
     ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "abc"}}));
   });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "option 'scale' of scaler 'static' must be a finite number, "
                         "got 'abc' (from command line)");
@@ -157,7 +157,7 @@ BOOST_AUTO_TEST_CASE(non_finite_float_is_refused) {
       const Caught e = catch_error([&] {
         ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", text}}));
       });
-      AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+      AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
       AMPKIT_CHECK_CONTAINS(e.message, "must be a finite number");
     }
   }
@@ -169,7 +169,7 @@ BOOST_AUTO_TEST_CASE(value_outside_the_range_is_refused_with_the_range) {
   for (const char* text : {"0", "-1", "4e38"}) {
     BOOST_TEST_CONTEXT("scale=" << text) {
       const Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({{"scale", text}})); });
-      AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+      AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
       AMPKIT_CHECK_CONTAINS(e.message,
                             "option 'scale' of scaler 'static' must be float in (0, 3e+38], got '" +
                                 std::string(text) + "' (from command line)");
@@ -182,7 +182,7 @@ BOOST_AUTO_TEST_CASE(value_outside_the_range_is_refused_with_the_range) {
 BOOST_AUTO_TEST_CASE(value_outside_the_choices_is_refused_with_the_choices) {
   const auto& d = descriptor("clipper", "norm");
   const Caught e = catch_error([&] { ampkit::resolve_options(d, inputs({}, {{"norm_type", "3"}})); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "option 'norm_type' of clipper 'norm' must be one of 2|inf, got '3' "
                         "(from config file run.yaml)");
@@ -194,7 +194,7 @@ BOOST_AUTO_TEST_CASE(misspelt_environment_variable_is_an_error) {
   const ScopedEnv env("AMPKIT_SCALER_SCLAE", "2");
   const Caught e =
       catch_error([&] { ampkit::resolve_options(descriptor("scaler", "static"), inputs({}, {}, true)); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "unknown option 'sclae' for scaler 'static' "
                         "(from environment AMPKIT_SCALER_SCLAE)");
@@ -208,7 +208,7 @@ BOOST_AUTO_TEST_CASE(bad_value_from_the_environment_names_the_variable) {
   const ScopedEnv env("AMPKIT_CLIPPER_MAX_NORM", "-1");
   const Caught e =
       catch_error([&] { ampkit::resolve_options(descriptor("clipper", "norm"), inputs({}, {}, true)); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message,
                         "option 'max_norm' of clipper 'norm' must be float > 0, got '-1' "
                         "(from environment AMPKIT_CLIPPER_MAX_NORM)");
@@ -281,13 +281,13 @@ BOOST_AUTO_TEST_CASE(every_per_precision_default_is_validated_whatever_the_run_p
   const PerPrecisionPlugin bad_value("fp16=1;bf16=-5;fp32=10");
   for (const auto& in : {inputs({}, {}, false, ampkit::Precision::fp32), inputs({{"limit", "3"}})}) {
     const Caught e = catch_error([&] { ampkit::resolve_options(bad_value.descriptor, in); });
-    AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+    AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
     AMPKIT_CHECK_CONTAINS(
         e.message, "option 'limit' of clipper 'fake' must be float > 0, got '-5' (from default for bf16)");
   }
   const PerPrecisionPlugin not_a_number("fp16=1;bf16=abc");
   Caught e = catch_error([&] { ampkit::resolve_options(not_a_number.descriptor, inputs({})); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message, "must be a finite number, got 'abc' (from default for bf16)");
   // A malformed list is the plugin's fault: a plugin error naming the option and the text.
   for (const auto& [text, why] :
@@ -300,7 +300,7 @@ BOOST_AUTO_TEST_CASE(every_per_precision_default_is_validated_whatever_the_run_p
       const PerPrecisionPlugin p(text);
       e = catch_error(
           [&] { ampkit::resolve_options(p.descriptor, inputs({}, {}, false, ampkit::Precision::fp16)); });
-      AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+      AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
       AMPKIT_CHECK_CONTAINS(e.message,
                             "clipper 'fake' declares option 'limit' with a per-precision default '" +
                                 std::string(text) + "' that " + why);

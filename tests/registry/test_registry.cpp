@@ -27,7 +27,7 @@
 #include "registry_test_support.h"
 
 using namespace ampkit_test;
-using ampkit::ExitCode;
+using ampkit::ErrorCategory;
 using ampkit::Registry;
 
 namespace {
@@ -102,7 +102,7 @@ struct DefaultCrashSignals {
 // inspection fails this test instead of killing the whole test program.
 struct Inspection {
   int signal = 0;      // the child died of this signal
-  bool threw = false;  // ampkit::Error with ExitCode::plugin
+  bool threw = false;  // ampkit::Error with ErrorCategory::plugin
   std::string message;
 };
 
@@ -123,7 +123,7 @@ Inspection inspect_in_child(const fs::path& file) {
       ampkit::inspect_plugin_file(file);
     } catch (const ampkit::Error& e) {
       message = e.what();
-      code = e.code() == ExitCode::plugin ? 0 : 2;
+      code = e.category() == ErrorCategory::plugin ? 0 : 2;
     } catch (const std::exception& e) {
       message = std::string("(not an ampkit::Error: ") + e.what() + ")";
       code = 3;
@@ -215,7 +215,7 @@ BOOST_AUTO_TEST_CASE(a_plugin_can_be_selected_by_path) {
 BOOST_AUTO_TEST_CASE(near_miss_name_suggests_the_plugin_and_lists_the_available_ones) {
   const Registry registry(only({kPluginDir}));
   const Caught e = catch_error([&] { registry.find("scaler", "statc"); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "unknown scaler 'statc'");
   AMPKIT_CHECK_CONTAINS(e.message, "did you mean 'static'?");
   AMPKIT_CHECK_CONTAINS(e.message, "available: ");
@@ -228,7 +228,7 @@ BOOST_AUTO_TEST_CASE(near_miss_name_suggests_the_plugin_and_lists_the_available_
 BOOST_AUTO_TEST_CASE(far_off_name_gets_no_suggestion) {
   const Registry registry(only({kPluginDir}));
   const Caught e = catch_error([&] { registry.find("clipper", "qqqqqqqqqq"); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "unknown clipper 'qqqqqqqqqq' (available: ");
   AMPKIT_CHECK_NOT_CONTAINS(e.message, "did you mean");
 }
@@ -236,14 +236,14 @@ BOOST_AUTO_TEST_CASE(far_off_name_gets_no_suggestion) {
 BOOST_AUTO_TEST_CASE(unknown_kind_is_a_usage_error) {
   const Registry registry(only({kPluginDir}));
   const Caught e = catch_error([&] { registry.find("scalar", "static"); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message, "unknown plugin kind 'scalar'");
 }
 
 BOOST_AUTO_TEST_CASE(plugin_dir_that_is_no_folder_is_a_usage_error) {
   const fs::path missing = kBrokenDir / "no-such-folder";
   const Caught e = catch_error([&] { Registry registry(only({missing})); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::usage);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
   AMPKIT_CHECK_CONTAINS(e.message, "--plugin-dir " + missing.string() + " is not a folder");
 }
 
@@ -264,7 +264,7 @@ BOOST_AUTO_TEST_CASE(text_file_is_not_an_elf_library) {
   const fs::path file = broken("not_elf") / "libampkit-scaler-notelf.so";
   const Registry registry(only({broken("not_elf")}));
   const Caught e = catch_error([&] { registry.find("scaler", file.string()); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + file.string());
   AMPKIT_CHECK_CONTAINS(e.message, "is not an ELF shared library");
 
@@ -280,7 +280,7 @@ BOOST_AUTO_TEST_CASE(shared_library_without_entry_is_refused) {
   const fs::path file = broken("no_entry") / "libampkit-scaler-noentry.so";
   const Registry registry(only({broken("no_entry")}));
   const Caught e = catch_error([&] { registry.find("scaler", file.string()); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + file.string());
   AMPKIT_CHECK_CONTAINS(e.message, "has no ampkit plugin entry");
   AMPKIT_CHECK_CONTAINS(e.message, "AMPKIT_PLUGIN");
@@ -297,7 +297,7 @@ BOOST_AUTO_TEST_CASE(truncated_elf_file_is_refused_without_crashing) {
   fs::resize_file(copy.file, 200);
   const Registry registry(only({copy.dir}));
   const Caught e = catch_error([&] { registry.find("scaler", copy.file.string()); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + copy.file.string());
   BOOST_CHECK_MESSAGE(contains(e.message, "truncated") || contains(e.message, "cannot be read"),
                       "the reason is not given in: " << e.message);
@@ -349,7 +349,7 @@ BOOST_AUTO_TEST_CASE(plugins_for_a_newer_or_older_abi_are_refused_before_loading
       BOOST_TEST(info.abi_version == abi);
       BOOST_TEST(info.entry == "ampkit_v" + std::to_string(abi) + "_scaler_" + name);
       const Caught e = catch_error([&] { registry.load(info); });
-      AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+      AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
       BOOST_TEST(e.message ==
                  "plugin file " + info.path.string() + " was built for ampkit ABI " + std::to_string(abi) +
                      " / torch " AMPKIT_TORCH_VERSION ", host has ABI " + std::to_string(host) +
@@ -363,7 +363,7 @@ BOOST_AUTO_TEST_CASE(plugin_for_another_torch_is_refused_before_loading) {
   const ampkit::PluginInfo info = registry.find("scaler", "torch_mismatch");
   BOOST_TEST(info.torch_version == "2.10.0");
   const Caught e = catch_error([&] { registry.load(info); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "torch 2.10.0");
   AMPKIT_CHECK_CONTAINS(
@@ -374,7 +374,7 @@ BOOST_AUTO_TEST_CASE(scaler_selected_as_clipper_is_refused) {
   const fs::path file = broken("wrong_kind") / "libampkit-scaler-wrong_kind.so";
   const Registry registry(only({broken("wrong_kind")}));
   const Caught e = catch_error([&] { registry.find("clipper", file.string()); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + file.string());
   AMPKIT_CHECK_CONTAINS(e.message, "is a scaler plugin ('wrong_kind')");
   AMPKIT_CHECK_CONTAINS(e.message, "not a clipper plugin");
@@ -387,7 +387,7 @@ BOOST_AUTO_TEST_CASE(factory_exception_becomes_an_error_with_its_message) {
   const ampkit::PluginInfo info = registry.find("scaler", "throwing_factory");
   const ampkit::LoadedPlugin& plugin = registry.load(info);  // loading is fine, creating is not
   const Caught e = catch_error([&] { create(plugin); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "scaler 'throwing_factory' (" + info.path.string() + ")");
   AMPKIT_CHECK_CONTAINS(e.message,
                         "could not be created: throwing_factory refuses to start: "
@@ -403,7 +403,7 @@ BOOST_AUTO_TEST_CASE(same_plugin_in_two_folders_names_both_files) {
   const fs::path first = broken("duplicate/first"), second = broken("duplicate/second");
   const Registry registry(only({first, second}));
   const Caught e = catch_error([&] { registry.find("scaler", "duplicate"); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "two plugins offer scaler 'duplicate'");
   AMPKIT_CHECK_CONTAINS(e.message, reported(first / "libampkit-scaler-duplicate.so"));
   AMPKIT_CHECK_CONTAINS(e.message, reported(second / "libampkit-scaler-duplicate.so"));
@@ -420,13 +420,13 @@ BOOST_AUTO_TEST_CASE(crash_in_static_initializer_is_reported_not_shared) {
   BOOST_TEST_REQUIRE(registry.options().probe);
   const ampkit::PluginInfo info = registry.find("scaler", "static_init_crash");
   const Caught e = catch_error([&] { registry.load(info); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "crashed while loading (signal 11");
   AMPKIT_CHECK_CONTAINS(e.message, "static initializer");
   // Still alive, and the refused plugin was not kept: asking again probes (and refuses) again.
   const Caught again = catch_error([&] { registry.load(info); });
-  AMPKIT_REQUIRE_ERROR(again, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(again, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(again.message, "crashed while loading");
 }
 
@@ -436,11 +436,12 @@ BOOST_AUTO_TEST_CASE(load_all_probes_together_and_names_the_plugin_that_crashed)
   const NoCoreDumps no_cores;
   const DefaultCrashSignals default_signals;
   Registry registry(only({kPluginDir, broken("static_init_crash")}));
-  const ampkit::PluginInfo good1 = registry.find("scaler", "dynamic"), good2 = registry.find("clipper", "norm");
+  const ampkit::PluginInfo good1 = registry.find("scaler", "dynamic"),
+                           good2 = registry.find("clipper", "norm");
   const ampkit::PluginInfo bad = registry.find("scaler", "static_init_crash");
   const ampkit::PluginInfo good3 = registry.find("nan_policy", "skip");
   const Caught e = catch_error([&] { registry.load_all({good1, good2, bad, good3}); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + bad.path.string() + " crashed while loading (signal 11");
   BOOST_TEST(e.message.find(good1.path.string()) == std::string::npos);
 
@@ -449,8 +450,8 @@ BOOST_AUTO_TEST_CASE(load_all_probes_together_and_names_the_plugin_that_crashed)
   BOOST_TEST(loaded[0]->info().name == "dynamic");
   BOOST_TEST(loaded[1]->info().name == "norm");
   BOOST_TEST(loaded[2]->info().name == "skip");
-  BOOST_TEST(loaded[3] == loaded[0]);                // the same file once
-  BOOST_TEST(&registry.load(good2) == loaded[1]);     // and kept for later loads
+  BOOST_TEST(loaded[3] == loaded[0]);              // the same file once
+  BOOST_TEST(&registry.load(good2) == loaded[1]);  // and kept for later loads
 }
 
 BOOST_AUTO_TEST_CASE(probe_reports_the_static_initializer_crash) {
@@ -508,7 +509,7 @@ BOOST_AUTO_TEST_CASE(group_writable_file_is_refused) {
   Registry registry(only({copy.dir}));
   const ampkit::PluginInfo info = registry.find("scaler", "static");
   const Caught e = catch_error([&] { registry.load(info); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "refusing untrusted plugin " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message,
                         "the file " + info.path.string() + " is writable by group or others (mode 0664");
@@ -521,7 +522,7 @@ BOOST_AUTO_TEST_CASE(world_writable_file_is_refused) {
   fs::permissions(copy.file, fs::perms::others_write, fs::perm_options::add);
   Registry registry(only({copy.dir}));
   const Caught e = catch_error([&] { registry.load(registry.find("scaler", "static")); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "is writable by group or others (mode 0646");
 }
 
@@ -531,7 +532,7 @@ BOOST_AUTO_TEST_CASE(group_writable_folder_is_refused) {
   Registry registry(only({copy.dir}));
   const ampkit::PluginInfo info = registry.find("scaler", "static");
   const Caught e = catch_error([&] { registry.load(info); });
-  AMPKIT_REQUIRE_ERROR(e, ExitCode::plugin);
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
   AMPKIT_CHECK_CONTAINS(e.message, "refusing untrusted plugin " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "its folder " + info.path.parent_path().string() +
                                        " is writable by group or others (mode 0770");

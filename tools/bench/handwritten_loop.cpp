@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ampkit/error.h"
+#include "ampkit/exit_codes.h"
 #include "ampkit/train_config.h"
 #include "handwritten_step.h"
 #include "workload.h"
@@ -44,7 +45,7 @@ int run(int argc, char** argv) {
   }
   const ampkit::TrainConfig cfg = ampkit::parse_train_config(static_cast<int>(args.size()), args.data());
   if (cfg.device != "cpu")
-    throw ampkit::Error(ampkit::ExitCode::usage, "the hand-written loop runs on --device cpu");
+    throw ampkit::Error(ampkit::ErrorCategory::usage, "the hand-written loop runs on --device cpu");
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   torch::manual_seed(cfg.seed);
   const at::Device device(at::kCPU);
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const ampkit::Error& e) {
     std::fprintf(stderr, "ampkit-bench-handwritten: error: %s\n", e.what());
-    return static_cast<int>(e.code());
+    return ampkit::exit_status(ampkit::exit_code_of(e.category()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampkit-bench-handwritten: error: %s\n", e.what());
     return 1;

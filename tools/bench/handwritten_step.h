@@ -32,7 +32,7 @@ inline int64_t count_option(const char* flag, const char* text) {
   char* end = nullptr;
   const long long v = std::strtoll(text, &end, 10);
   if (end == text || *end != '\0' || v < 0)
-    throw Error(ExitCode::usage, std::string(flag) + " takes a whole number >= 0, got '" + text + "'");
+    throw Error(ErrorCategory::usage, std::string(flag) + " takes a whole number >= 0, got '" + text + "'");
   return v;
 }
 

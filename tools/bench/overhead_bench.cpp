@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "ampkit/error.h"
+#include "ampkit/exit_codes.h"
 #include "ampkit/fused_adamw.h"
 #include "ampkit/metrics.h"
 #include "ampkit/plugin_options.h"
@@ -112,13 +113,13 @@ int run(int argc, char** argv) {
     }
   }
   if (pairs < 2 || warmup < 0)
-    throw ampkit::Error(ampkit::ExitCode::usage, "--pairs must be >= 2 and --warmup >= 0");
+    throw ampkit::Error(ampkit::ErrorCategory::usage, "--pairs must be >= 2 and --warmup >= 0");
   if (loop_optimizer != "fused" && loop_optimizer != "adamw")
-    throw ampkit::Error(ampkit::ExitCode::usage,
+    throw ampkit::Error(ampkit::ErrorCategory::usage,
                         "--loop-optimizer must be fused or adamw, got '" + loop_optimizer + "'");
   ampkit::TrainConfig cfg = ampkit::parse_train_config(static_cast<int>(args.size()), args.data());
   if (cfg.device != "cpu" || cfg.optimizer != "adamw" || cfg.dist.world_size != 1)
-    throw ampkit::Error(ampkit::ExitCode::usage,
+    throw ampkit::Error(ampkit::ErrorCategory::usage,
                         "the overhead benchmark runs one rank on --device cpu with --optimizer adamw");
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   // ampkit-train's malloc settings (hosts/train/src/main.cpp); both ways share them here.
@@ -184,7 +185,7 @@ int run(int argc, char** argv) {
 
   const int64_t steps_per_epoch = workload->batches_per_epoch() / cfg.accumulate;
   if (steps_per_epoch < 1)
-    throw ampkit::Error(ampkit::ExitCode::usage,
+    throw ampkit::Error(ampkit::ErrorCategory::usage,
                         "--batch-size x --accumulate exceeds one epoch of " + cfg.workload);
   const double samples_per_step = static_cast<double>(cfg.batch_size * cfg.accumulate);
   const auto start = Clock::now();
@@ -268,7 +269,7 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const ampkit::Error& e) {
     std::fprintf(stderr, "ampkit-bench-overhead: error: %s\n", e.what());
-    return static_cast<int>(e.code());
+    return ampkit::exit_status(ampkit::exit_code_of(e.category()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampkit-bench-overhead: error: %s\n", e.what());
     return 1;

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "ampkit/exit_codes.h"
+
 namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -51,9 +53,10 @@ Timing one_run(const ampkit::RegistryOptions& options) {
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "ampkit-bench-startup: error: %s (usage: ampkit-bench-startup [--runs N] [--plugin-dir DIR])\n",
-               message.c_str());
-  std::exit(static_cast<int>(ampkit::ExitCode::usage));
+  std::fprintf(
+      stderr, "ampkit-bench-startup: error: %s (usage: ampkit-bench-startup [--runs N] [--plugin-dir DIR])\n",
+      message.c_str());
+  std::exit(ampkit::exit_status(ampkit::ExitCode::usage));
 }
 
 }  // namespace
@@ -82,7 +85,8 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     (void)at::zeros({1});
     const double torch_ms = ms_since(t0);
-    std::printf("plugin start-up inside a process with LibTorch resident (first tensor: %.1f ms)\n", torch_ms);
+    std::printf("plugin start-up inside a process with LibTorch resident (first tensor: %.1f ms)\n",
+                torch_ms);
     std::printf("median of %d runs, each a fresh Registry; first run of each mode shown apart\n\n", runs);
     std::printf("%-28s %8s %12s %12s %12s %12s\n", "mode", "plugins", "scan ms", "load all ms", "total ms",
                 "first run ms");
@@ -105,7 +109,7 @@ int main(int argc, char** argv) {
     std::printf("\ntarget: loading all built-in plugins < 50 ms\n");
   } catch (const ampkit::Error& e) {
     std::fprintf(stderr, "ampkit-bench-startup: error: %s\n", e.what());
-    return static_cast<int>(e.code());
+    return ampkit::exit_status(ampkit::exit_code_of(e.category()));
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ampkit/exit_codes.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 
@@ -14,13 +15,15 @@ using nlohmann::ordered_json;
 namespace ampkit {
 namespace {
 
-const char* kUsage =
+const std::string kUsage =
     "usage: ampkit-plugins list [--json]\n"
     "       ampkit-plugins show NAME [--kind KIND] [--json]\n"
     "       ampkit-plugins check [--json]\n"
     "list reads plugin files without running them; show loads one plugin; check loads every\n"
-    "plugin in a child process and reports crashes. Exit codes: 0 ok, 2 usage, 3 plugin,\n"
-    "8 check found broken plugins.\n";
+    "plugin in a child process and reports crashes.\n" +
+    exit_codes_help(
+        {ExitCode::ok, ExitCode::internal, ExitCode::usage, ExitCode::plugin, ExitCode::check_failed}) +
+    "\n";
 
 ordered_json info_json(const PluginInfo& p) {
   ordered_json j;
@@ -114,13 +117,13 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
     std::vector<std::string> names;
     for (const auto& p : registry.scan().plugins) names.push_back(p.name);
     const std::string hint = did_you_mean(name, names);
-    throw Error(ExitCode::plugin, "no plugin named '" + name + "'" + (hint.empty() ? "" : "; " + hint) +
-                                      " (see ampkit-plugins list)");
+    throw Error(ErrorCategory::plugin, "no plugin named '" + name + "'" + (hint.empty() ? "" : "; " + hint) +
+                                           " (see ampkit-plugins list)");
   }
   if (matches.size() > 1) {
     std::string kinds;
     for (const auto& m : matches) kinds += (kinds.empty() ? "" : ", ") + m.kind;
-    throw Error(ExitCode::usage,
+    throw Error(ErrorCategory::usage,
                 "'" + name + "' names plugins of several kinds (" + kinds + "); add --kind KIND");
   }
   const LoadedPlugin& p = registry.load(matches.front());
@@ -200,7 +203,7 @@ int check(const Registry& registry, bool json) {
     std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2).c_str());
   else
     std::printf("\n%zu checked, %d failed\n", results.size(), failures);
-  return failures ? static_cast<int>(ExitCode::check_failed) : 0;
+  return failures ? ampkit::exit_status(ExitCode::check_failed) : 0;
 }
 
 int run(int argc, char** argv) {
@@ -219,10 +222,10 @@ int run(int argc, char** argv) {
     po::store(po::command_line_parser(argc, argv).options(o).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw Error(ExitCode::usage, std::string(e.what()) + "\n" + kUsage);
+    throw Error(ErrorCategory::usage, std::string(e.what()) + "\n" + kUsage);
   }
   if (vm.count("help")) {
-    std::printf("%s\n%s", kUsage,
+    std::printf("%s\n%s", kUsage.c_str(),
                 [&] {
                   std::ostringstream s;
                   s << o;
@@ -231,7 +234,7 @@ int run(int argc, char** argv) {
                     .c_str());
     return 0;
   }
-  if (!vm.count("command")) throw Error(ExitCode::usage, std::string("no command given\n") + kUsage);
+  if (!vm.count("command")) throw Error(ErrorCategory::usage, "no command given\n" + kUsage);
   const std::string command = vm["command"].as<std::string>();
   RegistryOptions ro;
   if (vm.count("plugin-dir"))
@@ -241,15 +244,15 @@ int run(int argc, char** argv) {
   const bool json = vm["json"].as<bool>();
   const std::string kind = vm["kind"].as<std::string>();
   if (command != "show" && vm.count("name"))
-    throw Error(ExitCode::usage, command + " takes no argument\n" + kUsage);
+    throw Error(ErrorCategory::usage, command + " takes no argument\n" + kUsage);
   if (command == "list") return list(registry, json);
   if (command == "check") return check(registry, json);
   if (command == "show") {
-    if (!vm.count("name")) throw Error(ExitCode::usage, std::string("show needs a plugin NAME\n") + kUsage);
+    if (!vm.count("name")) throw Error(ErrorCategory::usage, "show needs a plugin NAME\n" + kUsage);
     return show(registry, vm["name"].as<std::string>(), kind, json);
   }
   const std::string hint = did_you_mean(command, {"list", "show", "check"});
-  throw Error(ExitCode::usage,
+  throw Error(ErrorCategory::usage,
               "unknown command '" + command + "'" + (hint.empty() ? "" : "; " + hint) + "\n" + kUsage);
 }
 
@@ -261,7 +264,7 @@ int main(int argc, char** argv) {
     return ampkit::run(argc, argv);
   } catch (const ampkit::Error& e) {
     std::fprintf(stderr, "ampkit-plugins: error: %s\n", e.what());
-    return static_cast<int>(e.code());
+    return ampkit::exit_status(ampkit::exit_code_of(e.category()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampkit-plugins: internal error: %s\n", e.what());
     return 1;

@@ -37,7 +37,7 @@ const char* const kManifestFile = "manifest.json";
 const char* const kManifestSumFile = "manifest.sha256";
 
 [[noreturn]] void fail(const std::string& message) {
-  throw Error(ExitCode::checkpoint, message);
+  throw Error(ErrorCategory::checkpoint, message);
 }
 
 std::string errno_text() {
@@ -564,14 +564,14 @@ void MemorySnapshot::capture(const std::vector<std::pair<std::string, at::Tensor
 
 int64_t MemorySnapshot::restore(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                 torch::optim::Optimizer& optimizer) const {
-  if (!captured_) throw Error(ExitCode::internal, "rollback before any snapshot was taken");
+  if (!captured_) throw Error(ErrorCategory::internal, "rollback before any snapshot was taken");
   if (tensors.size() != values_.size())
-    throw Error(ExitCode::internal, "rollback: the model has " + std::to_string(tensors.size()) +
-                                        " tensors, the snapshot " + std::to_string(values_.size()));
+    throw Error(ErrorCategory::internal, "rollback: the model has " + std::to_string(tensors.size()) +
+                                             " tensors, the snapshot " + std::to_string(values_.size()));
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].first != names_[i] || tensors[i].second.sizes() != values_[i].sizes())
-      throw Error(ExitCode::internal,
+      throw Error(ErrorCategory::internal,
                   "rollback: tensor '" + tensors[i].first + "' does not match the snapshot");
     at::Tensor target = tensors[i].second;
     target.copy_(values_[i]);

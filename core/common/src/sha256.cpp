@@ -17,7 +17,7 @@ struct Sha256::Impl {
 Sha256::Sha256() : impl_(std::make_unique<Impl>()) {
   impl_->ctx = EVP_MD_CTX_new();
   if (!impl_->ctx || EVP_DigestInit_ex(impl_->ctx, EVP_sha256(), nullptr) != 1)
-    throw Error(ExitCode::internal, "OpenSSL SHA-256 initialisation failed");
+    throw Error(ErrorCategory::internal, "OpenSSL SHA-256 initialisation failed");
 }
 
 Sha256::~Sha256() {
@@ -43,7 +43,7 @@ std::string Sha256::hex() {
 
 std::string sha256_file(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(ExitCode::internal, "cannot read " + file.string());
+  if (!in) throw Error(ErrorCategory::internal, "cannot read " + file.string());
   Sha256 h;
   std::vector<char> buffer(1 << 20);
   while (in) {

@@ -100,22 +100,23 @@ std::vector<std::string> option_names(const po::options_description& o) {
 }
 
 std::string scalar_text(const YAML::Node& n, const std::string& where) {
-  if (!n.IsScalar()) throw Error(ExitCode::usage, where + " must be a single value");
+  if (!n.IsScalar()) throw Error(ErrorCategory::usage, where + " must be a single value");
   return n.as<std::string>();
 }
 
 // Turns the YAML file into command-line words so one parser validates both sources.
 std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
-  if (!std::filesystem::exists(file)) throw Error(ExitCode::usage, "config file " + file + " does not exist");
+  if (!std::filesystem::exists(file))
+    throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
   YAML::Node root;
   try {
     root = YAML::LoadFile(file);
   } catch (const YAML::Exception& e) {
-    throw Error(ExitCode::usage, "config file " + file + " is not valid YAML: " + e.what());
+    throw Error(ErrorCategory::usage, "config file " + file + " is not valid YAML: " + e.what());
   }
   if (root.IsNull()) return {};
   if (!root.IsMap())
-    throw Error(ExitCode::usage, "config file " + file + " must be a mapping of option: value");
+    throw Error(ErrorCategory::usage, "config file " + file + " must be a mapping of option: value");
   const auto known = option_names(host_options());
   std::vector<std::string> words;
   for (const auto& item : root) {
@@ -123,18 +124,18 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
     const std::string where = "key '" + key + "' in config file " + file;
     if (key == "opt") {
       if (!item.second.IsMap())
-        throw Error(ExitCode::usage,
+        throw Error(ErrorCategory::usage,
                     where + " must map plugin kinds to options, e.g. opt: {scaler: {scale: 512}}");
       for (const auto& kind_item : item.second) {
         const std::string kind = kind_item.first.as<std::string>();
         if (std::find(kKinds.begin(), kKinds.end(), kind) == kKinds.end()) {
           const std::string hint = did_you_mean(kind, kKinds);
-          throw Error(ExitCode::usage, "unknown plugin kind '" + kind + "' under opt: in config file " +
-                                           file + (hint.empty() ? "" : "; " + hint) +
-                                           " (kinds: scaler, clipper, nan_policy, comm)");
+          throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' under opt: in config file " +
+                                                file + (hint.empty() ? "" : "; " + hint) +
+                                                " (kinds: scaler, clipper, nan_policy, comm)");
         }
         if (!kind_item.second.IsMap())
-          throw Error(ExitCode::usage,
+          throw Error(ErrorCategory::usage,
                       "opt." + kind + " in config file " + file + " must map option names to values");
         for (const auto& o : kind_item.second)
           cfg.plugin_options_file[kind][o.first.as<std::string>()] = scalar_text(
@@ -143,10 +144,10 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
       continue;
     }
     if (key == "config" || key == "help" || key == "print-config")
-      throw Error(ExitCode::usage, where + " is only accepted on the command line");
+      throw Error(ErrorCategory::usage, where + " is only accepted on the command line");
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       const std::string hint = did_you_mean(key, known);
-      throw Error(ExitCode::usage, "unknown " + where + (hint.empty() ? "" : "; " + hint));
+      throw Error(ErrorCategory::usage, "unknown " + where + (hint.empty() ? "" : "; " + hint));
     }
     if (item.second.IsSequence()) {
       for (const auto& v : item.second) words.push_back("--" + key + "=" + scalar_text(v, where));
@@ -155,7 +156,7 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
       if (v == "true")
         words.push_back("--" + key);
       else if (v != "false")
-        throw Error(ExitCode::usage, where + " must be true or false, got '" + v + "'");
+        throw Error(ErrorCategory::usage, where + " must be true or false, got '" + v + "'");
     } else {
       words.push_back("--" + key + "=" + scalar_text(item.second, where));
     }
@@ -242,7 +243,7 @@ int parse_int_setting(const std::string& name, const std::string& value, const s
     if (used == value.size() && v >= INT32_MIN && v <= INT32_MAX) return static_cast<int>(v);
   } catch (const std::exception&) {
   }
-  throw Error(ExitCode::usage, "--" + name + " must be an integer, got '" + value + "' from " + source);
+  throw Error(ErrorCategory::usage, "--" + name + " must be an integer, got '" + value + "' from " + source);
 }
 
 bool mentions(const po::parsed_options& parsed, const std::string& name) {
@@ -252,7 +253,7 @@ bool mentions(const po::parsed_options& parsed, const std::string& name) {
 }
 
 void require(bool ok, const std::string& message) {
-  if (!ok) throw Error(ExitCode::usage, message);
+  if (!ok) throw Error(ErrorCategory::usage, message);
 }
 
 }  // namespace
@@ -266,12 +267,7 @@ std::string train_options_help() {
        "MASTER_PORT; "
        "SLURM_PROCID/NTASKS/LOCALID/NODEID/NNODES/NTASKS_PER_NODE/JOB_NODELIST; "
        "OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/"
-       "LOCAL_SIZE (override the config file; the command line overrides them).\n"
-       "Exit codes: 0 ok, 1 internal error, 2 usage, 3 plugin, 4 data, 5 NaN abort, 6 checkpoint, 7 "
-       "distributed "
-       "(rendezvous failed, a rank was lost or timed out), 130 "
-       "interrupted/preempted "
-       "(docs/configuration.md).\n";
+       "LOCAL_SIZE (override the config file; the command line overrides them).\n";
   return s.str();
 }
 
@@ -325,10 +321,10 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
     std::string name = e.get_option_name();
     while (!name.empty() && name.front() == '-') name.erase(0, 1);
     const std::string hint = did_you_mean(name, option_names(options));
-    throw Error(ExitCode::usage,
+    throw Error(ErrorCategory::usage,
                 std::string(e.what()) + (hint.empty() ? "" : "; " + hint) + " (see ampkit-train --help)");
   } catch (const po::error& e) {
-    throw Error(ExitCode::usage, std::string(e.what()) + " (see ampkit-train --help)");
+    throw Error(ErrorCategory::usage, std::string(e.what()) + " (see ampkit-train --help)");
   }
 
   cfg.help = vm.count("help") > 0;
@@ -354,7 +350,7 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   auto setting_of = [&](const std::string& name) -> TrainConfig::Setting& {
     for (auto& s : cfg.settings)
       if (s.name == name) return s;
-    throw Error(ExitCode::internal, "no setting " + name);
+    throw Error(ErrorCategory::internal, "no setting " + name);
   };
   auto int_setting = [&](const std::string& name) {
     const auto& s = setting_of(name);
@@ -410,7 +406,7 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   else if (precision == "fp16")
     cfg.precision = Precision::fp16;
   else
-    throw Error(ExitCode::usage, "--precision must be fp32, bf16 or fp16, got '" + precision + "'");
+    throw Error(ErrorCategory::usage, "--precision must be fp32, bf16 or fp16, got '" + precision + "'");
   require(!(vm.count("epochs") && vm.count("steps")), "give --epochs or --steps, not both");
   if (vm.count("epochs")) cfg.epochs = vm["epochs"].as<int64_t>();
   if (vm.count("steps")) cfg.steps = vm["steps"].as<int64_t>();
@@ -464,9 +460,9 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
       const std::string kind = item.substr(0, dot);
       if (std::find(kKinds.begin(), kKinds.end(), kind) == kKinds.end()) {
         const std::string hint = did_you_mean(kind, kKinds);
-        throw Error(ExitCode::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
-                                         (hint.empty() ? "" : "; " + hint) +
-                                         " (kinds: scaler, clipper, nan_policy, comm)");
+        throw Error(ErrorCategory::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
+                                              (hint.empty() ? "" : "; " + hint) +
+                                              " (kinds: scaler, clipper, nan_policy, comm)");
       }
       // From a config file, --opt words would arrive here too; they are command line only.
       cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);

@@ -17,7 +17,8 @@ namespace ampkit {
 namespace {
 
 [[noreturn]] void bad(const std::string& spec, const std::string& why) {
-  throw Error(ExitCode::usage, "--inject '" + spec + "': " + why + " (expected " + kFaultSpecGrammar + ")");
+  throw Error(ErrorCategory::usage,
+              "--inject '" + spec + "': " + why + " (expected " + kFaultSpecGrammar + ")");
 }
 
 int64_t parse_int(const std::string& spec, const std::string& key, const std::string& text) {
@@ -127,13 +128,13 @@ void validate_faults(const std::vector<Fault>& faults, const std::vector<std::st
       std::string list;
       for (const auto& h : hook_points) list += (list.empty() ? "" : ", ") + h;
       const std::string m = did_you_mean(f.layer, hook_points);
-      throw Error(ExitCode::usage, "--inject '" + f.spec + "': the model has no layer '" + f.layer + "'" +
-                                       (m.empty() ? "" : "; " + m) + " (layers: " + list + ")");
+      throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': the model has no layer '" + f.layer +
+                                            "'" + (m.empty() ? "" : "; " + m) + " (layers: " + list + ")");
     }
     if (f.rank >= world_size)
-      throw Error(ExitCode::usage, "--inject '" + f.spec + "': rank " + std::to_string(f.rank) +
-                                       " does not exist in a run of " + std::to_string(world_size) +
-                                       " rank(s)");
+      throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': rank " + std::to_string(f.rank) +
+                                            " does not exist in a run of " + std::to_string(world_size) +
+                                            " rank(s)");
   }
 }
 

@@ -81,7 +81,7 @@ Run run_once(const std::function<at::Tensor()>& loss_fn, const LocatorInputs& in
     loss = loss_fn();
   }
   if (!loss.defined() || loss.numel() != 1)
-    throw Error(ExitCode::internal, "the forward function must return a scalar loss");
+    throw Error(ErrorCategory::internal, "the forward function must return a scalar loss");
   loss = loss.to(at::kFloat);
   Run r;
   r.loss = loss.item<double>();

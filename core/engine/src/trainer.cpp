@@ -61,16 +61,18 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
       strategies_(strategies),
       schedule_(schedule) {
   if (accumulation_steps_ < 1)
-    throw Error(ExitCode::usage,
+    throw Error(ErrorCategory::usage,
                 "accumulation steps must be >= 1, got " + std::to_string(accumulation_steps_));
   if (!strategies_.scaler || !strategies_.clipper || !strategies_.nan_policy || !strategies_.comm)
-    throw Error(ExitCode::internal, "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
+    throw Error(ErrorCategory::internal,
+                "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
   if (names_.size() != parameters_.size())
-    throw Error(ExitCode::internal, "Trainer: parameter names and parameters differ in count");
+    throw Error(ErrorCategory::internal, "Trainer: parameter names and parameters differ in count");
   for (const auto& p : parameters_)
     if (p.scalar_type() != at::kFloat)
-      throw Error(ExitCode::usage, "master weights must be fp32 (autocast lowers precision per op); got " +
-                                       std::string(c10::toString(p.scalar_type())));
+      throw Error(ErrorCategory::usage,
+                  "master weights must be fp32 (autocast lowers precision per op); got " +
+                      std::string(c10::toString(p.scalar_type())));
   set_lr(schedule_.at(0));
 }
 
@@ -116,11 +118,11 @@ void check_same_layout(CommBackend& comm, const std::vector<at::Tensor>& tensors
       return "rank " + std::to_string(q) + " has " + std::to_string(field(q, 0)) + " tensors with " +
              std::to_string(field(q, 1)) + " elements";
     };
-    throw Error(ExitCode::distributed, "the ranks' models differ: " + describe(0) + ", " + describe(r) +
-                                           (field(r, 0) == field(0, 0) && field(r, 1) == field(0, 1)
-                                                ? " (their shapes or dtypes differ)"
-                                                : "") +
-                                           "; every rank must build the same model");
+    throw Error(ErrorCategory::distributed, "the ranks' models differ: " + describe(0) + ", " + describe(r) +
+                                                (field(r, 0) == field(0, 0) && field(r, 1) == field(0, 1)
+                                                     ? " (their shapes or dtypes differ)"
+                                                     : "") +
+                                                "; every rank must build the same model");
   }
 }
 
@@ -131,7 +133,8 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
   data_parallel_ = options;
   if (comm.world_size() == 1 && comm.process_group() == nullptr) return;
   if (!(options.bucket_cap_mb > 0))
-    throw Error(ExitCode::usage, "bucket_cap_mb must be > 0, got " + std::to_string(options.bucket_cap_mb));
+    throw Error(ErrorCategory::usage,
+                "bucket_cap_mb must be > 0, got " + std::to_string(options.bucket_cap_mb));
   {
     std::vector<at::Tensor> model = parameters_;
     model.insert(model.end(), options.buffers.begin(), options.buffers.end());
@@ -145,7 +148,7 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
     try {
       c10d::verify_params_across_processes(group, parameters_, std::nullopt);
     } catch (const c10::Error& e) {
-      throw Error(ExitCode::distributed, "the ranks' models differ: " + e.msg());
+      throw Error(ErrorCategory::distributed, "the ranks' models differ: " + e.msg());
     }
   }
   {
@@ -190,9 +193,9 @@ void Trainer::start(const RunInfo& extra) {
 void Trainer::restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips, int64_t discarded,
                                int64_t rollbacks) {
   if (taken < 0 || discarded < 0 || taken + discarded > attempted)
-    throw Error(ExitCode::checkpoint, "inconsistent step counters: attempted " + std::to_string(attempted) +
-                                          ", taken " + std::to_string(taken) + ", discarded " +
-                                          std::to_string(discarded));
+    throw Error(ErrorCategory::checkpoint,
+                "inconsistent step counters: attempted " + std::to_string(attempted) + ", taken " +
+                    std::to_string(taken) + ", discarded " + std::to_string(discarded));
   attempted_ = attempted;
   taken_ = taken;
   discarded_ = discarded;
@@ -251,7 +254,7 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
       loss = forward(micro);
     }
     if (!loss.defined() || loss.numel() != 1)
-      throw Error(ExitCode::internal, "the forward function must return a scalar loss");
+      throw Error(ErrorCategory::internal, "the forward function must return a scalar loss");
     loss = loss.to(at::kFloat);
     loss_sum += loss.item<double>();
     at::Tensor scaled = loss * (scale / accumulation_steps_);
@@ -309,7 +312,8 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     // 6. Clipper coefficient from the unscaled statistics; unscale and clip in one multiply.
     const ClipResult clip = strategies_.clipper->clip(stats);
     if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
-      throw Error(ExitCode::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
+      throw Error(ErrorCategory::internal,
+                  "clipper returned coefficient " + std::to_string(clip.coefficient));
     out.clip_coefficient = std::min(clip.coefficient, 1.0);
     out.clip_threshold = clip.threshold;
     out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
@@ -337,13 +341,13 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
     if (action == NanAction::rollback) {
       if (!rollback_)
-        throw Error(ExitCode::usage,
-                    "the NaN policy asked for a rollback, but this run has no snapshot to roll back to");
+        throw Error(ErrorCategory::internal,
+                    "the NaN policy asked for a rollback, but the host gave the Trainer no rollback handler");
       const int64_t restored_taken = rollback_();
       if (restored_taken < 0 || restored_taken > taken_)
-        throw Error(ExitCode::internal, "rollback restored a snapshot from the future (step " +
-                                            std::to_string(restored_taken) + " of " + std::to_string(taken_) +
-                                            ")");
+        throw Error(ErrorCategory::internal, "rollback restored a snapshot from the future (step " +
+                                                 std::to_string(restored_taken) + " of " +
+                                                 std::to_string(taken_) + ")");
       discarded_ += taken_ - restored_taken;
       taken_ = restored_taken;
       ++rollbacks_;

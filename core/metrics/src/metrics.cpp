@@ -38,13 +38,21 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 namespace {
+// The folder an output file goes into, created if missing; a failure is an output error.
+void create_parent_folder(const std::filesystem::path& file) {
+  std::error_code ec;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
+  if (ec)
+    throw Error(ErrorCategory::output, "cannot create the folder of " + file.string() + ": " + ec.message());
+}
+
 // Opens a per-step log for a run that starts at `first_step`. A resumed run keeps the earlier
 // lines whose step (read by `step_of`, -1 for a header, nullopt for a torn line) is before
 // first_step — the steps after the checkpoint are run again and written again — so the file
 // holds each step exactly once, as an uninterrupted run's would.
 void open_log(std::ofstream& out, const std::filesystem::path& file, int64_t first_step, const char* what,
               const std::function<std::optional<int64_t>(const std::string&)>& step_of) {
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  create_parent_folder(file);
   std::string kept;
   if (first_step > 0 && std::filesystem::exists(file)) {
     std::ifstream in(file);
@@ -55,7 +63,8 @@ void open_log(std::ofstream& out, const std::filesystem::path& file, int64_t fir
     }
   }
   out.open(file, std::ios::out | std::ios::trunc);
-  if (!out) throw Error(ExitCode::usage, std::string("cannot write ") + what + " file " + file.string());
+  if (!out)
+    throw Error(ErrorCategory::output, std::string("cannot write ") + what + " file " + file.string());
   out << kept;
 }
 }  // namespace
@@ -104,8 +113,9 @@ nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_
 nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
                           int64_t k) {
   if (names.size() != norms.size())
-    throw Error(ExitCode::internal, "top_layers: " + std::to_string(names.size()) + " parameter names for " +
-                                        std::to_string(norms.size()) + " gradient norms");
+    throw Error(ErrorCategory::internal, "top_layers: " + std::to_string(names.size()) +
+                                             " parameter names for " + std::to_string(norms.size()) +
+                                             " gradient norms");
   std::vector<size_t> order(norms.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const size_t n = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0)));
@@ -144,8 +154,9 @@ void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names,
                             const std::vector<double>& norms) {
   if (!out_.is_open()) return;
   if (names.size() != norms.size())
-    throw Error(ExitCode::internal, "layer norms: " + std::to_string(names.size()) + " parameter names for " +
-                                        std::to_string(norms.size()) + " gradient norms");
+    throw Error(ErrorCategory::internal, "layer norms: " + std::to_string(names.size()) +
+                                             " parameter names for " + std::to_string(norms.size()) +
+                                             " gradient norms");
   for (size_t i = 0; i < norms.size(); ++i) {
     std::string name = names[i];
     if (name.find_first_of(",\"\n") != std::string::npos) {  // RFC 4180 quoting
@@ -202,13 +213,13 @@ std::string parameter_sha256(const std::vector<at::Tensor>& parameters) {
 }
 
 void write_json_file(const std::filesystem::path& file, const nlohmann::json& summary) {
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  create_parent_folder(file);
   const std::filesystem::path tmp = file.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw Error(ExitCode::usage, "cannot write " + file.string());
+    if (!out) throw Error(ErrorCategory::output, "cannot write " + file.string());
     out << summary.dump(2) << '\n';
-    if (!out) throw Error(ExitCode::usage, "cannot write " + file.string());
+    if (!out) throw Error(ErrorCategory::output, "cannot write " + file.string());
   }
   std::filesystem::rename(tmp, file);
 }

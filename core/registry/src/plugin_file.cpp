@@ -22,7 +22,7 @@ const std::vector<std::string> kPluginKinds = {"scaler", "clipper", "nan_policy"
 namespace {
 
 [[noreturn]] void fail(const fs::path& file, const std::string& what) {
-  throw Error(ExitCode::plugin, "plugin file " + file.string() + ": " + what);
+  throw Error(ErrorCategory::plugin, "plugin file " + file.string() + ": " + what);
 }
 
 // A bounds-checked reader of an ELF64 file's sections and symbols: every offset and size is
@@ -196,20 +196,20 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
 void check_compatible(const PluginInfo& info) {
   const std::string host_abi = std::to_string(AMPKIT_ABI_VERSION);
   if (info.abi_version != AMPKIT_ABI_VERSION || info.torch_version != AMPKIT_TORCH_VERSION)
-    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " was built for ampkit ABI " +
-                                      std::to_string(info.abi_version) + " / torch " + info.torch_version +
-                                      ", host has ABI " + host_abi +
-                                      " / torch " AMPKIT_TORCH_VERSION
-                                      "; rebuild the plugin against this ampkit SDK");
+    throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " was built for ampkit ABI " +
+                                           std::to_string(info.abi_version) + " / torch " +
+                                           info.torch_version + ", host has ABI " + host_abi +
+                                           " / torch " AMPKIT_TORCH_VERSION
+                                           "; rebuild the plugin against this ampkit SDK");
   if (info.cxx11_abi != AMPKIT_CXX11_ABI)
-    throw Error(ExitCode::plugin,
+    throw Error(ErrorCategory::plugin,
                 "plugin file " + info.path.string() + " was built with _GLIBCXX_USE_CXX11_ABI=" +
                     std::to_string(info.cxx11_abi) + ", host uses " + std::to_string(AMPKIT_CXX11_ABI));
   bool known = false;
   for (const auto& k : kPluginKinds) known = known || k == info.kind;
   if (!known)
-    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " is of unknown kind '" + info.kind +
-                                      "' (kinds: scaler, clipper, nan_policy, comm)");
+    throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " is of unknown kind '" +
+                                           info.kind + "' (kinds: scaler, clipper, nan_policy, comm)");
 }
 
 void check_trusted(const fs::path& file, bool allow_untrusted) {
@@ -235,8 +235,8 @@ void check_trusted(const fs::path& file, bool allow_untrusted) {
   if (why.empty()) why = problem(target.parent_path(), "its folder");
   if (why.empty()) return;
   if (!allow_untrusted)
-    throw Error(ExitCode::plugin, "refusing untrusted plugin " + file.string() + ": " + why +
-                                      "; --allow-untrusted-plugins overrides");
+    throw Error(ErrorCategory::plugin, "refusing untrusted plugin " + file.string() + ": " + why +
+                                           "; --allow-untrusted-plugins overrides");
   std::cerr << "ampkit: WARNING: loading untrusted plugin " << file.string() << ": " << why
             << " (allowed by --allow-untrusted-plugins)\n";
 }

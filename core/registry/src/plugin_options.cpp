@@ -38,8 +38,9 @@ std::string upper(std::string s) {
 std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec& spec,
                      const std::string& text, const std::string& source) {
   auto bad = [&](const std::string& why) -> Error {
-    return Error(ExitCode::usage, "option '" + std::string(spec.name) + "' of " + d.kind + " '" + d.name +
-                                      "' " + why + ", got '" + text + "' (from " + source + ")");
+    return Error(ErrorCategory::usage, "option '" + std::string(spec.name) + "' of " + d.kind + " '" +
+                                           d.name + "' " + why + ", got '" + text + "' (from " + source +
+                                           ")");
   };
   switch (spec.type) {
     case AMPKIT_OPTION_BOOL: {
@@ -88,8 +89,8 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
       return integer ? std::to_string(as_integer) : format_number(v);
     }
     default:
-      throw Error(ExitCode::plugin, std::string(d.kind) + " '" + d.name + "' declares option '" + spec.name +
-                                        "' of unknown type " + std::to_string(spec.type));
+      throw Error(ErrorCategory::plugin, std::string(d.kind) + " '" + d.name + "' declares option '" +
+                                             spec.name + "' of unknown type " + std::to_string(spec.type));
   }
 }
 
@@ -100,9 +101,9 @@ std::vector<std::pair<std::string, std::string>> precision_defaults(const ampkit
   const std::string who = std::string(d.kind) + " '" + d.name + "'";
   const std::string text = spec.default_value ? spec.default_value : "";
   auto malformed = [&](const std::string& why) {
-    return Error(ExitCode::plugin, who + " declares option '" + spec.name +
-                                       "' with a per-precision default '" + text + "' that " + why +
-                                       " (expected PRECISION=VALUE;... with PRECISION fp32|bf16|fp16)");
+    return Error(ErrorCategory::plugin, who + " declares option '" + spec.name +
+                                            "' with a per-precision default '" + text + "' that " + why +
+                                            " (expected PRECISION=VALUE;... with PRECISION fp32|bf16|fp16)");
   };
   std::vector<std::pair<std::string, std::string>> out;
   if (text.empty()) throw malformed("is empty");
@@ -166,9 +167,9 @@ ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionI
     const std::string hint = did_you_mean(option, names);
     std::string known;
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    return Error(ExitCode::usage, "unknown option '" + option + "' for " + who + " (from " + source + ")" +
-                                      (hint.empty() ? "" : "; " + hint) +
-                                      (known.empty() ? "; it has no options" : "; options: " + known));
+    return Error(ErrorCategory::usage, "unknown option '" + option + "' for " + who + " (from " + source +
+                                           ")" + (hint.empty() ? "" : "; " + hint) +
+                                           (known.empty() ? "; it has no options" : "; options: " + known));
   };
 
   std::map<std::string, std::string> environment;

@@ -48,23 +48,23 @@ bool is_candidate(const fs::path& p) {
 void validate_descriptor(const PluginInfo& info, const ampkit_plugin_descriptor* d) {
   const std::string file = info.is_static ? "static plugin " + info.kind + " '" + info.name + "'"
                                           : "plugin file " + info.path.string();
-  if (d == nullptr) throw Error(ExitCode::plugin, file + ": its entry returned no descriptor");
+  if (d == nullptr) throw Error(ErrorCategory::plugin, file + ": its entry returned no descriptor");
   if (d->abi_version != static_cast<uint32_t>(AMPKIT_ABI_VERSION))
-    throw Error(ExitCode::plugin, file + ": descriptor has ABI " + std::to_string(d->abi_version) +
-                                      ", host has ABI " + std::to_string(AMPKIT_ABI_VERSION));
+    throw Error(ErrorCategory::plugin, file + ": descriptor has ABI " + std::to_string(d->abi_version) +
+                                           ", host has ABI " + std::to_string(AMPKIT_ABI_VERSION));
   if (d->struct_size < sizeof(ampkit_plugin_descriptor))
-    throw Error(ExitCode::plugin, file + ": descriptor is smaller than ABI " +
-                                      std::to_string(AMPKIT_ABI_VERSION) + " requires");
+    throw Error(ErrorCategory::plugin, file + ": descriptor is smaller than ABI " +
+                                           std::to_string(AMPKIT_ABI_VERSION) + " requires");
   if (!d->kind || !d->name || info.kind != d->kind || info.name != d->name)
-    throw Error(ExitCode::plugin, file + ": descriptor (" + std::string(d->kind ? d->kind : "?") + " '" +
-                                      (d->name ? d->name : "?") + "') disagrees with its metadata (" +
-                                      info.kind + " '" + info.name + "')");
-  if (d->create == nullptr) throw Error(ExitCode::plugin, file + ": descriptor has no factory");
+    throw Error(ErrorCategory::plugin, file + ": descriptor (" + std::string(d->kind ? d->kind : "?") + " '" +
+                                           (d->name ? d->name : "?") + "') disagrees with its metadata (" +
+                                           info.kind + " '" + info.name + "')");
+  if (d->create == nullptr) throw Error(ErrorCategory::plugin, file + ": descriptor has no factory");
   if (d->option_count > 0 && d->options == nullptr)
-    throw Error(ExitCode::plugin, file + ": descriptor declares options but gives none");
+    throw Error(ErrorCategory::plugin, file + ": descriptor declares options but gives none");
   for (uint32_t i = 0; i < d->option_count; ++i)
     if (d->options[i].name == nullptr || d->options[i].help == nullptr)
-      throw Error(ExitCode::plugin, file + ": option " + std::to_string(i) + " has no name or help");
+      throw Error(ErrorCategory::plugin, file + ": option " + std::to_string(i) + " has no name or help");
 }
 
 const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info) {
@@ -72,10 +72,12 @@ const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info) {
   try {
     lib.load(info.path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " cannot be loaded: " + e.what());
+    throw Error(ErrorCategory::plugin,
+                "plugin file " + info.path.string() + " cannot be loaded: " + e.what());
   }
   if (!lib.has(info.entry))
-    throw Error(ExitCode::plugin, "plugin file " + info.path.string() + " does not export " + info.entry);
+    throw Error(ErrorCategory::plugin,
+                "plugin file " + info.path.string() + " does not export " + info.entry);
   auto& entry = lib.get_alias<const ampkit_plugin_descriptor*()>(info.entry);
   const ampkit_plugin_descriptor* d = entry();
   validate_descriptor(info, d);
@@ -113,15 +115,17 @@ std::unique_ptr<Strategy> LoadedPlugin::create(const OptionValues& values) const
   char error[1024] = {};
   void* object = descriptor_->create(&values, error, sizeof error);
   if (object == nullptr)
-    throw Error(ExitCode::plugin, info_.kind + " '" + info_.name + "' (" + describe(info_) +
-                                      ") could not be created: " + (error[0] ? error : "no reason given"));
+    throw Error(ErrorCategory::plugin,
+                info_.kind + " '" + info_.name + "' (" + describe(info_) +
+                    ") could not be created: " + (error[0] ? error : "no reason given"));
   return std::unique_ptr<Strategy>(static_cast<Strategy*>(object));
 }
 
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
   std::vector<fs::path> dirs;
   for (const auto& d : options_.plugin_dirs) {
-    if (!fs::is_directory(d)) throw Error(ExitCode::usage, "--plugin-dir " + d.string() + " is not a folder");
+    if (!fs::is_directory(d))
+      throw Error(ErrorCategory::usage, "--plugin-dir " + d.string() + " is not a folder");
     dirs.push_back(d);
   }
   if (options_.use_environment) {
@@ -133,7 +137,7 @@ Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
         const std::string item = list.substr(start, end - start);
         if (!item.empty()) {
           if (!fs::is_directory(item))
-            throw Error(ExitCode::usage, "AMPKIT_PLUGIN_PATH names " + item + ", which is not a folder");
+            throw Error(ErrorCategory::usage, "AMPKIT_PLUGIN_PATH names " + item + ", which is not a folder");
           dirs.emplace_back(item);
         }
         start = end + 1;
@@ -182,14 +186,14 @@ ScanResult Registry::scan() const {
 
 PluginInfo Registry::find(const std::string& kind, const std::string& name_or_path) const {
   if (std::find(kPluginKinds.begin(), kPluginKinds.end(), kind) == kPluginKinds.end())
-    throw Error(ExitCode::usage,
+    throw Error(ErrorCategory::usage,
                 "unknown plugin kind '" + kind + "' (kinds: scaler, clipper, nan_policy, comm)");
-  if (name_or_path.empty()) throw Error(ExitCode::usage, "empty " + kind + " name");
+  if (name_or_path.empty()) throw Error(ErrorCategory::usage, "empty " + kind + " name");
   if (looks_like_path(name_or_path)) {
     PluginInfo info = inspect_plugin_file(name_or_path);
     if (info.kind != kind)
-      throw Error(ExitCode::plugin, "plugin file " + name_or_path + " is a " + info.kind + " plugin ('" +
-                                        info.name + "'), not a " + kind + " plugin");
+      throw Error(ErrorCategory::plugin, "plugin file " + name_or_path + " is a " + info.kind + " plugin ('" +
+                                             info.name + "'), not a " + kind + " plugin");
     return info;
   }
   const ScanResult found = scan();
@@ -208,8 +212,8 @@ PluginInfo Registry::find(const std::string& kind, const std::string& name_or_pa
   if (matches.size() > 1) {
     std::string where;
     for (const auto& m : matches) where += (where.empty() ? "" : " and ") + describe(m);
-    throw Error(ExitCode::plugin, "two plugins offer " + kind + " '" + name_or_path + "': " + where +
-                                      "; remove one or select it by path");
+    throw Error(ErrorCategory::plugin, "two plugins offer " + kind + " '" + name_or_path + "': " + where +
+                                           "; remove one or select it by path");
   }
   // Say why a file that looks like the wanted plugin was not taken, or that the name exists
   // under another kind: both are more useful than "unknown".
@@ -223,10 +227,10 @@ PluginInfo Registry::find(const std::string& kind, const std::string& name_or_pa
   std::string available;
   for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
   std::string hint = did_you_mean(name_or_path, names);
-  throw Error(ExitCode::plugin, "unknown " + kind + " '" + name_or_path + "'" + why +
-                                    (hint.empty() ? "" : "; " + hint) +
-                                    " (available: " + (available.empty() ? "none found" : available) +
-                                    "; see ampkit-plugins list)");
+  throw Error(ErrorCategory::plugin, "unknown " + kind + " '" + name_or_path + "'" + why +
+                                         (hint.empty() ? "" : "; " + hint) +
+                                         " (available: " + (available.empty() ? "none found" : available) +
+                                         "; see ampkit-plugins list)");
 }
 
 namespace {
@@ -237,7 +241,9 @@ std::string load_key(const PluginInfo& info) {
 
 }  // namespace
 
-const LoadedPlugin& Registry::load(const PluginInfo& info) { return *load_all({info}).front(); }
+const LoadedPlugin& Registry::load(const PluginInfo& info) {
+  return *load_all({info}).front();
+}
 
 std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo>& infos) {
   // Trust and compatibility first, for every file; then one child probes them all (one fork,
@@ -247,12 +253,13 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
     if (info.is_static || loaded_.count(load_key(info))) continue;
     check_trusted(info.path, options_.allow_untrusted);
     check_compatible(info);
-    if (std::none_of(to_probe.begin(), to_probe.end(), [&](const PluginInfo* p) { return p->path == info.path; }))
+    if (std::none_of(to_probe.begin(), to_probe.end(),
+                     [&](const PluginInfo* p) { return p->path == info.path; }))
       to_probe.push_back(&info);
   }
   if (options_.probe && !to_probe.empty()) {
     const ProbeResult probe = probe_plugins(to_probe, /*create=*/false);
-    if (!probe.ok) throw Error(ExitCode::plugin, probe.message);
+    if (!probe.ok) throw Error(ErrorCategory::plugin, probe.message);
   }
   std::vector<const LoadedPlugin*> out;
   out.reserve(infos.size());
@@ -284,7 +291,8 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
 ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create, double timeout_seconds) {
   if (infos.empty()) return {true, false, ""};
   int fds[2];
-  if (::pipe(fds) != 0) return {false, false, "cannot create a pipe to probe " + infos.front()->path.string()};
+  if (::pipe(fds) != 0)
+    return {false, false, "cannot create a pipe to probe " + infos.front()->path.string()};
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) return {false, false, "cannot fork to probe " + infos.front()->path.string()};
@@ -360,8 +368,9 @@ ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool crea
                      std::to_string(static_cast<int>(timeout_seconds)) + " s)";
   } else if (WIFSIGNALED(status)) {
     result.crashed = true;
-    result.message = "plugin file " + path + " crashed while loading (signal " + std::to_string(WTERMSIG(status)) +
-                     ", " + strsignal(WTERMSIG(status)) + "), probably in a static initializer";
+    result.message = "plugin file " + path + " crashed while loading (signal " +
+                     std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
+                     "), probably in a static initializer";
   } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && passed == infos.size()) {
     result.ok = true;
   } else {

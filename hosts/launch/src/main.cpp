@@ -15,13 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "ampkit/exit_codes.h"
+
 namespace po = boost::program_options;
 
 namespace {
 
 // Exit codes (docs/configuration.md): a failed rank's own code is passed on.
-constexpr int kUsage = 2;
-constexpr int kLaunchFailed = 7;
+constexpr int kUsage = ampkit::exit_status(ampkit::ExitCode::usage);
+constexpr int kLaunchFailed = ampkit::exit_status(ampkit::ExitCode::distributed);
 
 int g_signal_pipe[2] = {-1, -1};
 
@@ -62,7 +64,7 @@ std::string describe(int status) {
   return "stopped";
 }
 
-int exit_code_of(int status) {
+int exit_code_of_status(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return kLaunchFailed;
@@ -101,7 +103,9 @@ int main(int argc, char** argv) {
            "ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Output lines are prefixed with [rank R].\n"
            "SIGINT/SIGTERM are forwarded to every rank. When a rank fails, the others get SIGTERM, then\n"
            "SIGKILL after --grace-seconds; the exit code is the first failed rank's (128+signal if killed).\n"
-           "Exit codes: 0 every rank succeeded, 2 usage, 7 a rank could not be started.\n";
+        << ampkit::exit_codes_help(
+               {ampkit::ExitCode::ok, ampkit::ExitCode::usage, ampkit::ExitCode::distributed})
+        << " 7 here: a rank could not be started.\n";
     return 0;
   }
   const int nproc = vm["nproc-per-node"].as<int>(), nnodes = vm["nnodes"].as<int>();
@@ -197,7 +201,7 @@ int main(int argc, char** argv) {
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && first_failed < 0 && !stopping && signals_seen == 0) {
         first_failed = r.rank;
-        exit_code = exit_code_of(status);
+        exit_code = exit_code_of_status(status);
         std::fprintf(stderr, "ampkit-launch: rank %d %s; stopping the other ranks\n", r.rank,
                      describe(status).c_str());
         stopping = true;
@@ -206,7 +210,7 @@ int main(int argc, char** argv) {
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(grace));
       } else if (failed && exit_code == 0) {
-        exit_code = exit_code_of(status);
+        exit_code = exit_code_of_status(status);
       }
     }
   };
@@ -278,7 +282,7 @@ int main(int argc, char** argv) {
   if (exit_code == 0)
     for (const auto& r : ranks)
       if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) {
-        exit_code = exit_code_of(r.status);
+        exit_code = exit_code_of_status(r.status);
         break;
       }
   return exit_code;

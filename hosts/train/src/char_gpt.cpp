@@ -82,9 +82,10 @@ struct GptImpl : torch::nn::Module {
 at::Tensor read_corpus(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw Error(ExitCode::data, "text folder " + dir.string() +
-                                    " is missing; install the Debian package fortunes (tools/setup.sh does) "
-                                    "or point --text-dir at a folder of text files");
+    throw Error(ErrorCategory::data,
+                "text folder " + dir.string() +
+                    " is missing; install the Debian package fortunes (tools/setup.sh does) "
+                    "or point --text-dir at a folder of text files");
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string ext = e.path().extension().string();
@@ -99,8 +100,9 @@ at::Tensor read_corpus(const fs::path& dir) {
     text += s.str();
   }
   if (text.size() < 10000)
-    throw Error(ExitCode::data, "text folder " + dir.string() + " holds only " + std::to_string(text.size()) +
-                                    " bytes of text; char-gpt needs at least 10000");
+    throw Error(ErrorCategory::data, "text folder " + dir.string() + " holds only " +
+                                         std::to_string(text.size()) +
+                                         " bytes of text; char-gpt needs at least 10000");
   at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
   std::memcpy(bytes.data_ptr(), text.data(), text.size());
   return bytes.to(at::kLong);

@@ -23,18 +23,18 @@ namespace {
 
 std::vector<uint8_t> read_gz(const std::filesystem::path& file) {
   if (!std::filesystem::exists(file))
-    throw Error(ExitCode::data, "Fashion-MNIST file " + file.string() +
-                                    " is missing; install the Debian package dataset-fashion-mnist "
-                                    "(tools/setup.sh does) or point --data-dir at the IDX .gz files");
+    throw Error(ErrorCategory::data, "Fashion-MNIST file " + file.string() +
+                                         " is missing; install the Debian package dataset-fashion-mnist "
+                                         "(tools/setup.sh does) or point --data-dir at the IDX .gz files");
   gzFile f = gzopen(file.c_str(), "rb");
-  if (!f) throw Error(ExitCode::data, "cannot open " + file.string());
+  if (!f) throw Error(ErrorCategory::data, "cannot open " + file.string());
   std::vector<uint8_t> out;
   uint8_t buffer[1 << 16];
   int n = 0;
   while ((n = gzread(f, buffer, sizeof buffer)) > 0) out.insert(out.end(), buffer, buffer + n);
   const bool bad = n < 0;
   gzclose(f);
-  if (bad) throw Error(ExitCode::data, file.string() + " is not a valid gzip file");
+  if (bad) throw Error(ErrorCategory::data, file.string() + " is not a valid gzip file");
   return out;
 }
 
@@ -46,10 +46,10 @@ uint32_t be32(const std::vector<uint8_t>& b, size_t at) {
 at::Tensor read_images(const std::filesystem::path& file) {
   const auto b = read_gz(file);
   if (b.size() < 16 || be32(b, 0) != 2051)
-    throw Error(ExitCode::data, file.string() + " is not an IDX image file");
+    throw Error(ErrorCategory::data, file.string() + " is not an IDX image file");
   const int64_t n = be32(b, 4), rows = be32(b, 8), cols = be32(b, 12);
   if (rows != 28 || cols != 28 || b.size() != size_t(16 + n * rows * cols))
-    throw Error(ExitCode::data, file.string() + " has an unexpected size (expected 28x28 images)");
+    throw Error(ErrorCategory::data, file.string() + " has an unexpected size (expected 28x28 images)");
   at::Tensor bytes = at::empty({n, 1, rows, cols}, at::kByte);
   std::memcpy(bytes.data_ptr(), b.data() + 16, size_t(n * rows * cols));
   // Normalised with the training set's mean and standard deviation.
@@ -59,9 +59,9 @@ at::Tensor read_images(const std::filesystem::path& file) {
 at::Tensor read_labels(const std::filesystem::path& file) {
   const auto b = read_gz(file);
   if (b.size() < 8 || be32(b, 0) != 2049)
-    throw Error(ExitCode::data, file.string() + " is not an IDX label file");
+    throw Error(ErrorCategory::data, file.string() + " is not an IDX label file");
   const int64_t n = be32(b, 4);
-  if (b.size() != size_t(8 + n)) throw Error(ExitCode::data, file.string() + " is truncated");
+  if (b.size() != size_t(8 + n)) throw Error(ErrorCategory::data, file.string() + " is truncated");
   at::Tensor bytes = at::empty({n}, at::kByte);
   std::memcpy(bytes.data_ptr(), b.data() + 8, size_t(n));
   return bytes.to(at::kLong);
@@ -97,11 +97,11 @@ class FashionMnist final : public Workload {
     test_x_ = read_images(dir / "t10k-images-idx3-ubyte.gz");
     test_y_ = read_labels(dir / "t10k-labels-idx1-ubyte.gz");
     if (train_x_.size(0) != train_y_.size(0) || test_x_.size(0) != test_y_.size(0))
-      throw Error(ExitCode::data, "Fashion-MNIST image and label counts differ in " + cfg.data_dir);
+      throw Error(ErrorCategory::data, "Fashion-MNIST image and label counts differ in " + cfg.data_dir);
     if (batch_size_ * ranks_ > train_x_.size(0))
-      throw Error(ExitCode::usage, "--batch-size " + std::to_string(batch_size_) + " x " +
-                                       std::to_string(ranks_) + " ranks exceeds the " +
-                                       std::to_string(train_x_.size(0)) + " training images");
+      throw Error(ErrorCategory::usage, "--batch-size " + std::to_string(batch_size_) + " x " +
+                                            std::to_string(ranks_) + " ranks exceeds the " +
+                                            std::to_string(train_x_.size(0)) + " training images");
     model_->to(device_);
     order_ = at::arange(train_x_.size(0), at::kLong);
   }

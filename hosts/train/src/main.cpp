@@ -26,6 +26,7 @@
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/device_support.h"
+#include "ampkit/exit_codes.h"
 #include "ampkit/fault_injection.h"
 #include "ampkit/fused_adamw.h"
 #include "ampkit/metrics.h"
@@ -72,7 +73,7 @@ std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, 
 }
 
 void on_stop_signal(int signal_number) {
-  if (g_stop_signal != 0 || g_in_rendezvous != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
+  if (g_stop_signal != 0 || g_in_rendezvous != 0) ::_exit(exit_status(ExitCode::interrupted));
   g_stop_signal = signal_number;
 }
 
@@ -107,9 +108,9 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg,
     for (const auto& r : ckpt.manifest.plugins)
       if (r.kind == p.kind) saved = &r;
     if (saved == nullptr)
-      throw Error(ExitCode::checkpoint, where + " has no state for a " + p.kind + " plugin");
+      throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
     if (saved->name != info.name || saved->version != info.version)
-      throw Error(ExitCode::checkpoint,
+      throw Error(ErrorCategory::checkpoint,
                   where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version +
                       ", this run selects " + p.kind + " '" + info.name + "' " + info.version +
                       "; select the same plugin, or pass --weights-only to load only the parameters");
@@ -117,9 +118,9 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg,
   for (const auto& s : ckpt.manifest.config) {
     if (s.value("name", "") != "optimizer") continue;
     if (s.value("value", "") != cfg.optimizer)
-      throw Error(ExitCode::checkpoint, where + " was written with --optimizer " + s.value("value", "") +
-                                            ", this run uses --optimizer " + cfg.optimizer +
-                                            "; pass --weights-only to load only the parameters");
+      throw Error(ErrorCategory::checkpoint, where + " was written with --optimizer " + s.value("value", "") +
+                                                 ", this run uses --optimizer " + cfg.optimizer +
+                                                 "; pass --weights-only to load only the parameters");
   }
 }
 
@@ -258,7 +259,11 @@ int run(int argc, const char* const argv[]) {
   Registry registry(registry_options);
 
   if (cfg.help) {
-    std::printf("%s", train_options_help().c_str());
+    std::printf("%s%s\n", train_options_help().c_str(),
+                exit_codes_help({ExitCode::ok, ExitCode::internal, ExitCode::usage, ExitCode::plugin,
+                                 ExitCode::data, ExitCode::aborted, ExitCode::checkpoint,
+                                 ExitCode::distributed, ExitCode::output, ExitCode::interrupted})
+                    .c_str());
     for (const auto& kind : kPluginKinds) {
       const std::string option = std::string(selector_flag(kind)).substr(2);
       if (!given_on_command_line(cfg, option)) continue;
@@ -313,11 +318,11 @@ int run(int argc, const char* const argv[]) {
         static_cast<int>(std::max(1u, cores / static_cast<unsigned>(cfg.dist.nproc_per_node))));
   }
   if (cfg.device == "cuda" && !torch::cuda::is_available())
-    throw Error(ExitCode::usage, "--device cuda, but no CUDA device is visible to LibTorch");
+    throw Error(ErrorCategory::usage, "--device cuda, but no CUDA device is visible to LibTorch");
   if (cfg.device == "cuda")
     if (const auto capability = cuda_compute_capability(0))
       if (const std::string problem = cuda_precision_problem(cfg.precision, *capability); !problem.empty())
-        throw Error(ExitCode::usage, problem);
+        throw Error(ErrorCategory::usage, problem);
   const at::Device device(cfg.device == "cuda" ? at::kCUDA : at::kCPU);
   torch::manual_seed(cfg.seed);
   std::unique_ptr<Workload> workload = cfg.workload == "fashion-mnist" ? make_fashion_mnist(cfg, device)
@@ -330,7 +335,7 @@ int run(int argc, const char* const argv[]) {
   FaultInjector injector(faults);
   const RollbackPlan rollback_plan = nan_policy->rollback_plan();
   if (rollback_plan.from_checkpoint && cfg.checkpoint_dir.empty())
-    throw Error(ExitCode::usage,
+    throw Error(ErrorCategory::usage,
                 "nan_policy '" + plugins[2].plugin->info().name +
                     "' rolls back to the newest checkpoint (snapshot=checkpoint): give --checkpoint-dir");
 
@@ -338,17 +343,17 @@ int run(int argc, const char* const argv[]) {
   // instead of one rank leaving the others waiting in the rendezvous.
   auto* comm = static_cast<CommBackend*>(plugins[3].strategy.get());
   try {
-    if (g_stop_signal != 0) ::_exit(static_cast<int>(ExitCode::interrupted));
+    if (g_stop_signal != 0) ::_exit(exit_status(ExitCode::interrupted));
     g_in_rendezvous = 1;
     comm->init(cfg.dist);
     g_in_rendezvous = 0;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(ExitCode::distributed, "comm '" + plugins[3].plugin->info().name + "': " + e.what());
+    throw Error(ErrorCategory::distributed, "comm '" + plugins[3].plugin->info().name + "': " + e.what());
   }
   if (comm->world_size() != cfg.dist.world_size || comm->rank() != cfg.dist.rank)
-    throw Error(ExitCode::distributed,
+    throw Error(ErrorCategory::distributed,
                 "comm '" + plugins[3].plugin->info().name + "' reports rank " + std::to_string(comm->rank()) +
                     " of " + std::to_string(comm->world_size()) + ", the job says rank " +
                     std::to_string(cfg.dist.rank) + " of " + std::to_string(cfg.dist.world_size));
@@ -383,7 +388,7 @@ int run(int argc, const char* const argv[]) {
 
   const int64_t steps_per_epoch = workload->batches_per_epoch() / cfg.accumulate;
   if (steps_per_epoch < 1)
-    throw Error(ExitCode::usage, "--batch-size x --accumulate exceeds one epoch of " + cfg.workload);
+    throw Error(ErrorCategory::usage, "--batch-size x --accumulate exceeds one epoch of " + cfg.workload);
   const int64_t total_steps = cfg.steps > 0 ? cfg.steps : cfg.epochs * steps_per_epoch;
   LrSchedule schedule;
   schedule.kind = cfg.lr_schedule == "cosine" ? LrSchedule::Kind::cosine : LrSchedule::Kind::constant;
@@ -423,7 +428,7 @@ int run(int argc, const char* const argv[]) {
     } else {
       const std::filesystem::path given(cfg.resume);
       if (std::filesystem::exists(given / "latest") && !std::filesystem::exists(given / "manifest.json"))
-        throw Error(ExitCode::usage,
+        throw Error(ErrorCategory::usage,
                     "--resume " + cfg.resume +
                         " holds checkpoints; name one of its step-N folders, or use --checkpoint-dir " +
                         cfg.resume + " --resume auto");
@@ -433,7 +438,7 @@ int run(int argc, const char* const argv[]) {
       if (!cfg.weights_only) check_resumable(*ckpt, cfg, plugins);
       restore_tensors(*ckpt, model_tensors(workload->module()));
       if (parameter_sha256(params) != ckpt->manifest.param_sha256)
-        throw Error(ExitCode::checkpoint,
+        throw Error(ErrorCategory::checkpoint,
                     "checkpoint " + ckpt->folder.string() +
                         ": the restored parameters do not hash to the manifest's param_sha256");
       if (!cfg.weights_only) {
@@ -444,8 +449,9 @@ int run(int argc, const char* const argv[]) {
             try {
               p.strategy->load(r.state);
             } catch (const std::exception& e) {
-              throw Error(ExitCode::checkpoint, "checkpoint " + ckpt->folder.string() + ": " + p.kind + " '" +
-                                                    r.name + "' cannot load its saved state: " + e.what());
+              throw Error(ErrorCategory::checkpoint, "checkpoint " + ckpt->folder.string() + ": " + p.kind +
+                                                         " '" + r.name +
+                                                         "' cannot load its saved state: " + e.what());
             }
           }
         }
@@ -522,7 +528,7 @@ int run(int argc, const char* const argv[]) {
       }
       const auto folder = find_resume_checkpoint(cfg.checkpoint_dir);
       if (!folder)
-        throw Error(ExitCode::checkpoint,
+        throw Error(ErrorCategory::checkpoint,
                     "rollback: no valid checkpoint in " + cfg.checkpoint_dir + " to roll back to");
       const LoadedCheckpoint ckpt = read_checkpoint(*folder);
       restore_tensors(ckpt, model_tensors(workload->module()));
@@ -614,8 +620,8 @@ int run(int argc, const char* const argv[]) {
     });
     if (faulty)
       for (const Fault& f : injector.unreached())
-        throw Error(ExitCode::usage, "--inject '" + f.spec + "': layer '" + f.layer +
-                                         "' never produced an output in " + cfg.workload + "'s forward");
+        throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': layer '" + f.layer +
+                                              "' never produced an output in " + cfg.workload + "'s forward");
     if (out.decision.action == NanAction::rollback) {
       data_skip += out.decision.skip_batches;
       std::fprintf(stderr, "ampkit-train: step %lld: rolled back to the %s; skipping %lld batches\n",
@@ -661,7 +667,7 @@ int run(int argc, const char* const argv[]) {
         per_rank.push_back(f[0]);
         if (f[1] != 0) agreed_stop = static_cast<int>(f[1]);
         if (f[2] != all[2] || f[3] != all[3])
-          throw Error(ExitCode::distributed,
+          throw Error(ErrorCategory::distributed,
                       "ranks disagree at step " + std::to_string(step) + ": rank 0 decided " +
                           to_string(static_cast<NanAction>(static_cast<int>(all[2]))) + " with scale " +
                           std::to_string(all[3]) + ", rank " + std::to_string(r) + " decided " +
@@ -766,7 +772,7 @@ int run(int argc, const char* const argv[]) {
     std::fprintf(stderr, "ampkit-train: training aborted by %s '%s' at step %lld: %s\n",
                  by_scaler ? "scaler" : "nan_policy", plugins[by_scaler ? 0 : 2].plugin->info().name.c_str(),
                  static_cast<long long>(trainer.steps_attempted() - 1), abort_reason.c_str());
-    return static_cast<int>(ExitCode::nan_abort);
+    return exit_status(ExitCode::aborted);
   }
   if (stop_signal != 0) {
     std::fprintf(stderr, "ampkit-train: interrupted by %s after step %lld%s\n", signal_name(stop_signal),
@@ -774,7 +780,7 @@ int run(int argc, const char* const argv[]) {
                  !cfg.checkpoint_dir.empty() && !is_root ? "; rank 0 wrote the checkpoint"
                  : last_checkpoint.empty()               ? " (no --checkpoint-dir: nothing saved)"
                                                          : "; resume with --resume auto");
-    return static_cast<int>(ExitCode::interrupted);
+    return exit_status(ExitCode::interrupted);
   }
   return 0;
 }
@@ -793,8 +799,8 @@ namespace {
   std::fprintf(stderr, "ampkit-train: error: rank %d: %s\n", comm->rank(), why.c_str());
   std::fflush(stdout);
   std::fflush(stderr);
-  std::_Exit(static_cast<int>(lost || distributed_error ? ampkit::ExitCode::distributed
-                                                        : ampkit::ExitCode::internal));
+  std::_Exit(ampkit::exit_status(lost || distributed_error ? ampkit::ExitCode::distributed
+                                                           : ampkit::ExitCode::internal));
 }
 
 }  // namespace
@@ -806,20 +812,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ampkit-train: error: %s\n", e.what());
     if (ampkit::train::g_comm != nullptr) {  // the other ranks are told by the lost connection
       std::fflush(stderr);
-      std::_Exit(static_cast<int>(e.code()));
+      std::_Exit(ampkit::exit_status(ampkit::exit_code_of(e.category())));
     }
-    return static_cast<int>(e.code());
+    return ampkit::exit_status(ampkit::exit_code_of(e.category()));
   } catch (const c10::DistError& e) {
     if (ampkit::train::g_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), true);
     std::fprintf(stderr, "ampkit-train: error: %s\n", e.what_without_backtrace());
-    return static_cast<int>(ampkit::ExitCode::distributed);
+    return exit_status(ampkit::ExitCode::distributed);
   } catch (const c10::Error& e) {
     if (ampkit::train::g_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), false);
     std::fprintf(stderr, "ampkit-train: LibTorch error: %s\n", e.what_without_backtrace());
-    return static_cast<int>(ampkit::ExitCode::internal);
+    return exit_status(ampkit::ExitCode::internal);
   } catch (const std::exception& e) {
     if (ampkit::train::g_comm != nullptr) exit_lost_rank(e.what(), false);
     std::fprintf(stderr, "ampkit-train: internal error: %s\n", e.what());
-    return static_cast<int>(ampkit::ExitCode::internal);
+    return exit_status(ampkit::ExitCode::internal);
   }
 }

@@ -361,7 +361,8 @@ BOOST_AUTO_TEST_CASE(bad_option_values_are_refused_with_the_option_named) {
     const std::string option = options.begin()->first;
     BOOST_TEST_CONTEXT(name << " " << option << "=" << options.begin()->second) {
       BOOST_CHECK_EXCEPTION(plugins.clipper(name, options), Error, [&](const Error& e) {
-        return e.code() == ExitCode::usage && std::string(e.what()).find(option) != std::string::npos;
+        return e.category() == ErrorCategory::usage &&
+               std::string(e.what()).find(option) != std::string::npos;
       });
     }
   }

@@ -402,7 +402,7 @@ BOOST_AUTO_TEST_CASE(bad_options_are_refused_with_the_option_named) {
       plugins.make("scaler", c.scaler, c.options);
     } catch (const Error& e) {
       message = e.what();
-      BOOST_TEST((e.code() == ExitCode::usage || e.code() == ExitCode::plugin));
+      BOOST_TEST((e.category() == ErrorCategory::usage || e.category() == ErrorCategory::plugin));
     }
     for (const auto& part : c.expect)
       BOOST_TEST_CONTEXT(c.scaler << " " << c.options.begin()->first << "=" << c.options.begin()->second) {
@@ -437,7 +437,7 @@ BOOST_AUTO_TEST_CASE(constructors_check_ranges_without_the_host) {
       p.create(values);
     } catch (const Error& e) {
       message = e.what();
-      BOOST_TEST((e.code() == ExitCode::plugin));
+      BOOST_TEST((e.category() == ErrorCategory::plugin));
     }
     BOOST_TEST_CONTEXT(c.scaler << " " << c.option << "=" << c.value) {
       BOOST_TEST(contains(message, c.expect), message);

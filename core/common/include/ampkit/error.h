@@ -1,4 +1,4 @@
-// The host's error type: a message a user can act on plus the exit code the CLI returns.
+// ampkit's error type: a message a user can act on plus the category of the failure.
 #pragma once
 
 #include <stdexcept>
@@ -7,27 +7,27 @@
 
 namespace ampkit {
 
-// Exit codes of ampkit-train and ampkit-plugins (documented in docs/configuration.md).
-enum class ExitCode : int {
-  ok = 0,
-  internal = 1,       // a bug or an unexpected failure (LibTorch error, out of memory)
-  usage = 2,          // bad command line, option value, config file or environment variable
-  plugin = 3,         // plugin not found, unreadable, untrusted, incompatible, or failed to create
-  data = 4,           // dataset missing or malformed
-  nan_abort = 5,      // the NaN policy stopped training (report written)
-  checkpoint = 6,     // checkpoint unreadable, corrupt or incompatible
-  distributed = 7,    // rendezvous failed, a rank died or timed out
-  check_failed = 8,   // ampkit-plugins check found broken plugins
-  interrupted = 130,  // stopped by a signal
+// What kind of failure an Error reports. Library code says what went wrong; only the programs
+// (ampkit-train, ampkit-plugins, ampkit-launch, the benchmarks) turn a category into their exit
+// code, through hosts/common/include/ampkit/exit_codes.h.
+enum class ErrorCategory {
+  internal,     // a bug or an unexpected failure (LibTorch error, out of memory)
+  usage,        // bad command line, option value, config file or environment variable
+  plugin,       // plugin not found, unreadable, untrusted, incompatible, or failed to create
+  data,         // dataset missing or malformed
+  checkpoint,   // checkpoint unreadable, corrupt, incompatible or not writable
+  distributed,  // rendezvous failed, a rank died or timed out
+  output,       // a metrics, summary or report file cannot be written
 };
 
 class Error : public std::runtime_error {
  public:
-  Error(ExitCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
-  ExitCode code() const { return code_; }
+  Error(ErrorCategory category, const std::string& message)
+      : std::runtime_error(message), category_(category) {}
+  ErrorCategory category() const { return category_; }
 
  private:
-  ExitCode code_;
+  ErrorCategory category_;
 };
 
 // "did you mean 'x'?" for the closest candidate within a small edit distance, or "".
