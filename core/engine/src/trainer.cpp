@@ -1,7 +1,6 @@
 // The AMP step pipeline (docs/architecture.md, "One optimizer step").
 #include "ampkit/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -19,25 +18,6 @@
 #include "ampkit/grad_stats.h"
 
 namespace ampkit {
-
-AutocastGuard::AutocastGuard(Precision precision, c10::DeviceType device) : device_(device) {
-  if (precision == Precision::fp32) return;
-  active_ = true;
-  previous_enabled_ = at::autocast::is_autocast_enabled(device);
-  previous_dtype_ = at::autocast::get_autocast_dtype(device);
-  at::autocast::set_autocast_enabled(device, true);
-  at::autocast::set_autocast_dtype(device, precision == Precision::bf16 ? at::kBFloat16 : at::kHalf);
-  at::autocast::increment_nesting();
-}
-
-AutocastGuard::~AutocastGuard() {
-  if (!active_) return;
-  // Casts of weights are cached while autocast is on; drop them when the outermost scope ends,
-  // as torch.autocast's __exit__ does, so the cache never holds stale weights.
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(device_, previous_enabled_);
-  at::autocast::set_autocast_dtype(device_, previous_dtype_);
-}
 
 double LrSchedule::at(int64_t k) const {
   if (warmup_steps > 0 && k < warmup_steps)
@@ -220,22 +200,41 @@ void Trainer::zero_grad() {
   for (auto& p : parameters_) p.mutable_grad() = at::Tensor();
 }
 
+// One optimizer step, in the order of docs/architecture.md's "One optimizer step".
 StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   if (!started_) start(RunInfo{});
   StepOutcome out;
-  StepStats& stats = out.stats;
-  stats.step = attempted_;
-  stats.consecutive_skips = consecutive_skips_;
-  // 2. The scale is read once: every micro-batch of this step uses the same value.
-  const double scale = strategies_.scaler->scale();
-  stats.scale = scale;
-  out.lr = schedule_.at(taken_);
-  const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
+  begin_step(out);
+  out.stats.loss = forward_backward(forward, out.stats.scale);      // 1, 2
+  std::vector<at::Tensor> grads = average_across_ranks(out.stats);  // 3
+  measure_gradients(grads, out.stats);                              // 4
+  const NanAction action = decide(out);                             // 5
+  if (action == NanAction::proceed) {
+    clip_unscaled(grads, out);  // 6
+    take_optimizer_step(out);   // 7
+  } else {
+    recover(action, out, forward);  // 5: skip, backoff or rollback
+  }
+  ++attempted_;
+  update_scaler(out, action);  // 8
+  return out;
+}
 
-  CommBackend& comm = *strategies_.comm;
+void Trainer::begin_step(StepOutcome& out) {
+  out.stats.step = attempted_;
+  out.stats.consecutive_skips = consecutive_skips_;
+  // 2. The scale is read once: every micro-batch of this step uses the same value.
+  out.stats.scale = strategies_.scaler->scale();
+  out.lr = schedule_.at(taken_);
+}
+
+// 1, 2: each micro-batch's forward under autocast, then the backward of loss * scale / accumulate.
+// Returns the mean loss over the micro-batches (unscaled, this rank's).
+double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, double scale) {
+  const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
   if (reducer_ && data_parallel_.broadcast_buffers && !data_parallel_.buffers.empty()) {
     at::NoGradGuard no_grad;
-    comm.broadcast(data_parallel_.buffers, 0);
+    strategies_.comm->broadcast(data_parallel_.buffers, 0);
   }
   zero_grad();
   double loss_sum = 0.0;
@@ -257,16 +256,21 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
       throw Error(ErrorCategory::internal, "the forward function must return a scalar loss");
     loss = loss.to(at::kFloat);
     loss_sum += loss.item<double>();
-    at::Tensor scaled = loss * (scale / accumulation_steps_);
+    at::Tensor scaled = loss * (scale / accumulation_steps_);  // 2. scaled backward
     if (sync)
       reducer_->prepare_for_backward(data_parallel_.find_unused_parameters ? std::vector<at::Tensor>{scaled}
                                                                            : std::vector<at::Tensor>{});
     scaled.backward();
   }
-  stats.loss = loss_sum / accumulation_steps_;
+  return loss_sum / accumulation_steps_;
+}
+
+// 3. Average across ranks: the gradients by the Reducer during backward, otherwise here (identity
+// for one process); the loss of the global batch always, so every rank logs the same number and a
+// non-finite loss on any rank makes every rank take the same decision.
+std::vector<at::Tensor> Trainer::average_across_ranks(StepStats& stats) {
+  CommBackend& comm = *strategies_.comm;
   if (comm.world_size() > 1) {
-    // The loss of the global batch: every rank logs the same number, and a non-finite loss on
-    // any rank makes every rank's loss non-finite, so every rank takes the same decision.
     std::vector<at::Tensor> loss_tensor = {
         at::full({1}, stats.loss,
                  at::TensorOptions()
@@ -276,9 +280,6 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
     stats.loss = loss_tensor[0].item<double>();
   }
   stats.loss_finite = std::isfinite(stats.loss);
-
-  // 3. Average across ranks: done by the Reducer during backward; otherwise here (identity for
-  // one process).
   std::vector<at::Tensor> grads = gradients();
   if (!reducer_) {
     std::vector<at::Tensor> defined;
@@ -286,8 +287,12 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
       if (g.defined()) defined.push_back(g);
     comm.all_reduce_mean(defined);
   }
+  return grads;
+}
 
-  // 4. One statistics pass over the scaled gradients.
+// 4. One statistics pass over the scaled gradients; everything a strategy sees is unscaled.
+void Trainer::measure_gradients(const std::vector<at::Tensor>& grads, StepStats& stats) const {
+  const double scale = stats.scale;
   const GradStats g = compute_grad_stats(grads);
   stats.grad_norm_scaled = std::sqrt(g.sum_squares);
   stats.grad_norm = stats.grad_norm_scaled / scale;
@@ -298,69 +303,76 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   stats.found_inf = !stats.loss_finite || !g.finite();
   stats.tensor_norms.reserve(g.tensor_sum_squares.size());
   for (double s : g.tensor_sum_squares) stats.tensor_norms.push_back(std::sqrt(s) / scale);
+}
 
-  // 5. The NaN policy decides.
-  out.decision = strategies_.nan_policy->decide(stats);
-  NanAction action = out.decision.action;
-  if (action == NanAction::proceed && stats.found_inf) {
-    // A policy may not step on non-finite gradients: the parameters would be destroyed.
-    action = NanAction::skip;
+// 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters would
+// be destroyed), so its proceed is overruled then.
+NanAction Trainer::decide(StepOutcome& out) const {
+  out.decision = strategies_.nan_policy->decide(out.stats);
+  if (out.decision.action == NanAction::proceed && out.stats.found_inf)
     out.decision = {NanAction::skip, "non-finite gradients (the policy said proceed; skipped anyway)"};
-  }
+  return out.decision.action;
+}
 
-  if (action == NanAction::proceed) {
-    // 6. Clipper coefficient from the unscaled statistics; unscale and clip in one multiply.
-    const ClipResult clip = strategies_.clipper->clip(stats);
-    if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
-      throw Error(ErrorCategory::internal,
-                  "clipper returned coefficient " + std::to_string(clip.coefficient));
-    out.clip_coefficient = std::min(clip.coefficient, 1.0);
-    out.clip_threshold = clip.threshold;
-    out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
-    scale_grads_(grads, out.clip_coefficient / scale);
-    if (strategies_.clipper->clips_elementwise()) {
-      // value/agc need the tensors: the documented extra pass, on gradients already unscaled.
-      // Detached parameters carry no .grad(), so no kept handle reaches a later scaled gradient.
-      std::vector<at::Tensor> weights;
-      weights.reserve(parameters_.size());
-      for (const auto& p : parameters_) weights.push_back(p.detach());
-      out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
-      out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
-    }
-    // 7. Optimizer step; the schedule advances only with it.
-    optimizer_.step();
-    ++taken_;
-    set_lr(schedule_.at(taken_));
-    out.stepped = true;
-    consecutive_skips_ = 0;
-  } else {
-    zero_grad();
-    ++skipped_;
-    ++consecutive_skips_;
-    if (bad_step_observer_) bad_step_observer_(out, forward);
-    if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
-    if (action == NanAction::rollback) {
-      if (!rollback_)
-        throw Error(ErrorCategory::internal,
-                    "the NaN policy asked for a rollback, but the host gave the Trainer no rollback handler");
-      const int64_t restored_taken = rollback_();
-      if (restored_taken < 0 || restored_taken > taken_)
-        throw Error(ErrorCategory::internal, "rollback restored a snapshot from the future (step " +
-                                                 std::to_string(restored_taken) + " of " +
-                                                 std::to_string(taken_) + ")");
-      discarded_ += taken_ - restored_taken;
-      taken_ = restored_taken;
-      ++rollbacks_;
-      consecutive_skips_ = 0;
-      set_lr(schedule_.at(taken_));
-    }
-  }
-  ++attempted_;
-  // 8. Scaler update with this step's statistics (after the step: never re-divide). A scaler
-  // that refuses to go on (a collapsing scale, on_min_scale=error) stops the run the way a NaN
-  // policy's abort does: with its reason in the summary and the same exit code.
+// 5. A step not taken: the bad-step observer (the host's NaN locator) sees it first, while the
+// parameters are still those the step saw; then the scaler's extra backoff or the rollback.
+void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward) {
+  zero_grad();
+  ++skipped_;
+  ++consecutive_skips_;
+  if (bad_step_observer_) bad_step_observer_(out, forward);
+  if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
+  if (action != NanAction::rollback) return;
+  if (!rollback_)
+    throw Error(ErrorCategory::internal,
+                "the NaN policy asked for a rollback, but the host gave the Trainer no rollback handler");
+  const int64_t restored_taken = rollback_();
+  if (restored_taken < 0 || restored_taken > taken_)
+    throw Error(ErrorCategory::internal, "rollback restored a snapshot from the future (step " +
+                                             std::to_string(restored_taken) + " of " +
+                                             std::to_string(taken_) + ")");
+  discarded_ += taken_ - restored_taken;
+  taken_ = restored_taken;
+  ++rollbacks_;
+  consecutive_skips_ = 0;
+  set_lr(schedule_.at(taken_));
+}
+
+// 6. The clipper's coefficient from the unscaled statistics; unscale and clip in one multiply.
+void Trainer::clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out) {
+  const StepStats& stats = out.stats;
+  const ClipResult clip = strategies_.clipper->clip(stats);
+  if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
+    throw Error(ErrorCategory::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
+  out.clip_coefficient = std::min(clip.coefficient, 1.0);
+  out.clip_threshold = clip.threshold;
+  out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+  scale_grads_(grads, out.clip_coefficient / stats.scale);
+  if (!strategies_.clipper->clips_elementwise()) return;
+  // value/agc need the tensors: the documented extra pass, on gradients already unscaled.
+  // Detached parameters carry no .grad(), so no kept handle reaches a later scaled gradient.
+  std::vector<at::Tensor> weights;
+  weights.reserve(parameters_.size());
+  for (const auto& p : parameters_) weights.push_back(p.detach());
+  out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
+  out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+}
+
+// 7. The optimizer step; the schedule advances only with it.
+void Trainer::take_optimizer_step(StepOutcome& out) {
+  optimizer_.step();
+  ++taken_;
+  set_lr(schedule_.at(taken_));
+  out.stepped = true;
+  consecutive_skips_ = 0;
+}
+
+// 8. The scaler's update with this step's statistics (after the step: never re-divide). A scaler
+// that refuses to go on (a collapsing scale, on_min_scale=error) stops the run the way a NaN
+// policy's abort does: with its reason in the summary and the same exit code.
+void Trainer::update_scaler(StepOutcome& out, NanAction action) {
   try {
-    strategies_.scaler->update(stats);
+    strategies_.scaler->update(out.stats);
   } catch (const std::exception& e) {
     action = NanAction::abort;
     out.decision.reason =
@@ -368,7 +380,6 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   }
   out.scale_next = strategies_.scaler->scale();
   out.decision.action = action;
-  return out;
 }
 
 }  // namespace ampkit

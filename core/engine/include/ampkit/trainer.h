@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ampkit/autocast_guard.h>
 #include <ampkit/comm_backend.h>
 #include <ampkit/grad_clipper.h>
 #include <ampkit/loss_scaler.h>
@@ -21,21 +22,6 @@ class Reducer;
 }
 
 namespace ampkit {
-
-// Enables autocast for a precision on a device type for the guard's lifetime (nothing for fp32).
-class AutocastGuard {
- public:
-  AutocastGuard(Precision precision, c10::DeviceType device);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  bool active_ = false;
-  c10::DeviceType device_;
-  bool previous_enabled_ = false;
-  c10::ScalarType previous_dtype_;
-};
 
 // Learning rate as a function of the number of optimizer steps actually taken.
 struct LrSchedule {
@@ -131,6 +117,17 @@ class Trainer {
                         int64_t rollbacks = 0);
 
  private:
+  // The phases of step(), numbered as docs/architecture.md's "One optimizer step".
+  void begin_step(StepOutcome& out);  // counters, the scale read once (2), the lr
+  double forward_backward(const std::function<at::Tensor(int)>& forward, double scale);             // 1, 2
+  std::vector<at::Tensor> average_across_ranks(StepStats& stats);                                   // 3
+  void measure_gradients(const std::vector<at::Tensor>& grads, StepStats& stats) const;             // 4
+  NanAction decide(StepOutcome& out) const;                                                         // 5
+  void recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
+  void clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out);                             // 6
+  void take_optimizer_step(StepOutcome& out);                                                       // 7
+  void update_scaler(StepOutcome& out, NanAction action);                                           // 8
+
   std::vector<at::Tensor> gradients() const;
   void set_lr(double lr);
   void zero_grad();

@@ -1,0 +1,26 @@
+// Autocast for a scope, as `with torch.autocast(device, dtype):` does it.
+#pragma once
+
+#include <ampkit/step.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+namespace ampkit {
+
+// Enables autocast for a precision on a device type for the guard's lifetime (nothing for fp32);
+// restores the previous state and, when the outermost guard ends, clears the cast cache.
+class AutocastGuard {
+ public:
+  AutocastGuard(Precision precision, c10::DeviceType device);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType device_;
+  bool previous_enabled_ = false;
+  c10::ScalarType previous_dtype_;
+};
+
+}  // namespace ampkit

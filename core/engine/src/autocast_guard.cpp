@@ -1,0 +1,27 @@
+// Autocast for a scope (torch.autocast's __enter__/__exit__ in C++).
+#include "ampkit/autocast_guard.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace ampkit {
+
+AutocastGuard::AutocastGuard(Precision precision, c10::DeviceType device) : device_(device) {
+  if (precision == Precision::fp32) return;
+  active_ = true;
+  previous_enabled_ = at::autocast::is_autocast_enabled(device);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_enabled(device, true);
+  at::autocast::set_autocast_dtype(device, precision == Precision::bf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  // Casts of weights are cached while autocast is on; drop them when the outermost scope ends,
+  // as torch.autocast's __exit__ does, so the cache never holds stale weights.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_, previous_dtype_);
+}
+
+}  // namespace ampkit
