@@ -119,6 +119,89 @@ std::string jump_text(const char* what, double q) {
   return line;
 }
 
+// The first non-finite value of one micro-batch's re-run: a module output, the loss, or a module's
+// output gradient (backward order); a non-finite gradient under finite activations is blamed on
+// the first output that jumped against a healthy batch, when a reference is given.
+NanLocation first_nonfinite_in(Run& r, int micro, const LocatorInputs& in,
+                               const std::vector<at::Tensor>& parameters) {
+  NanLocation loc;
+  loc.micro_batch = micro;
+  loc.loss = r.loss;
+  const auto first_nonfinite = [&loc](const std::vector<ModuleObservation>& seen, const char* phase,
+                                      const char* finding) {
+    for (const auto& o : seen) {
+      if (o.value.nonfinite == 0) continue;
+      loc.found = true;
+      loc.module = o.module;
+      loc.phase = phase;
+      loc.finding = finding;
+      loc.observation = o;
+      return;
+    }
+  };
+  first_nonfinite(r.forward, "forward", "first non-finite output");
+  if (!loc.found && !std::isfinite(r.loss)) {
+    loc.found = true;
+    loc.phase = "loss";
+    loc.finding = "the loss is non-finite while every module output is finite: look at the loss function";
+  }
+  if (!loc.found)
+    first_nonfinite(r.backward, "backward",
+                    "first non-finite gradient (backward order) of a module's output");
+  if (loc.found && loc.phase == "backward" && in.reference) {
+    // Gradients that overflow under finite activations often follow a spike upstream: name it.
+    const Run ref = run_once(in.reference, in, parameters);
+    double q = 0;
+    const int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
+    if (i >= 0) {
+      loc.finding = jump_text("output", q) + "; then the gradient of '" + loc.module + "' went non-finite";
+      loc.module = r.forward[i].module;
+      loc.phase = "forward";
+      loc.observation = r.forward[i];
+      loc.reference_absmax = ref.forward[i].value.absmax;
+    }
+  }
+  if (loc.found) {
+    loc.forward = std::move(r.forward);
+    loc.backward = std::move(r.backward);
+  }
+  return loc;
+}
+
+// No non-finite value anywhere: the module whose magnitude jumped most against a healthy batch.
+NanLocation largest_jump(const std::vector<Run>& runs, const LocatorInputs& in,
+                         const std::vector<at::Tensor>& parameters) {
+  NanLocation best;
+  const Run ref = run_once(in.reference, in, parameters);
+  double best_ratio = 0;
+  for (size_t m = 0; m < runs.size(); ++m) {
+    const Run& r = runs[m];
+    double q = 0;
+    const char* phase = "forward";
+    int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
+    if (i < 0) {
+      phase = "backward";
+      i = first_jump(r.backward, ref.backward, in.spike_ratio, &q);
+    }
+    if (i < 0 || q <= best_ratio) continue;
+    const ModuleObservation& o = (phase[0] == 'f' ? r.forward : r.backward)[static_cast<size_t>(i)];
+    best_ratio = q;
+    best = NanLocation{};
+    best.found = true;
+    best.micro_batch = static_cast<int>(m);
+    best.loss = r.loss;
+    best.module = o.module;
+    best.phase = phase;
+    best.finding = jump_text(phase[0] == 'f' ? "output" : "output gradient", q);
+    best.observation = o;
+    best.reference_absmax =
+        (phase[0] == 'f' ? ref.forward : ref.backward)[static_cast<size_t>(i)].value.absmax;
+    best.forward = r.forward;
+    best.backward = r.backward;
+  }
+  return best;
+}
+
 }  // namespace
 
 NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>& parameters) {
@@ -126,83 +209,12 @@ NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>&
   std::vector<Run> runs;
   for (int micro = 0; micro < in.micro_batches; ++micro) {
     Run r = run_once([&] { return in.forward(micro); }, in, parameters);
-    NanLocation loc;
-    loc.micro_batch = micro;
-    loc.loss = r.loss;
-    // The first observation (in recording order) with a non-finite value, if any, becomes the finding.
-    const auto first_nonfinite = [&loc](const std::vector<ModuleObservation>& seen, const char* phase,
-                                        const char* finding) {
-      for (const auto& o : seen) {
-        if (o.value.nonfinite == 0) continue;
-        loc.found = true;
-        loc.module = o.module;
-        loc.phase = phase;
-        loc.finding = finding;
-        loc.observation = o;
-        return;
-      }
-    };
-    first_nonfinite(r.forward, "forward", "first non-finite output");
-    if (!loc.found && !std::isfinite(r.loss)) {
-      loc.found = true;
-      loc.phase = "loss";
-      loc.finding = "the loss is non-finite while every module output is finite: look at the loss function";
-    }
-    if (!loc.found)
-      first_nonfinite(r.backward, "backward",
-                      "first non-finite gradient (backward order) of a module's output");
-    if (loc.found && loc.phase == "backward" && in.reference) {
-      // Gradients that overflow under finite activations often follow a spike upstream: name it.
-      const Run ref = run_once(in.reference, in, parameters);
-      double q = 0;
-      const int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
-      if (i >= 0) {
-        loc.finding = jump_text("output", q) + "; then the gradient of '" + loc.module + "' went non-finite";
-        loc.module = r.forward[i].module;
-        loc.phase = "forward";
-        loc.observation = r.forward[i];
-        loc.reference_absmax = ref.forward[i].value.absmax;
-      }
-    }
-    if (loc.found) {
-      loc.forward = std::move(r.forward);
-      loc.backward = std::move(r.backward);
-      return loc;
-    }
+    NanLocation loc = first_nonfinite_in(r, micro, in, parameters);
+    if (loc.found) return loc;
     runs.push_back(std::move(r));
   }
-
-  // No non-finite value: look for the module whose magnitude jumped against a healthy batch.
   NanLocation best;
-  if (in.reference && !runs.empty()) {
-    const Run ref = run_once(in.reference, in, parameters);
-    double best_ratio = 0;
-    for (size_t m = 0; m < runs.size(); ++m) {
-      const Run& r = runs[m];
-      double q = 0;
-      const char* phase = "forward";
-      int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
-      if (i < 0) {
-        phase = "backward";
-        i = first_jump(r.backward, ref.backward, in.spike_ratio, &q);
-      }
-      if (i < 0 || q <= best_ratio) continue;
-      const ModuleObservation& o = (phase[0] == 'f' ? r.forward : r.backward)[static_cast<size_t>(i)];
-      best_ratio = q;
-      best = NanLocation{};
-      best.found = true;
-      best.micro_batch = static_cast<int>(m);
-      best.loss = r.loss;
-      best.module = o.module;
-      best.phase = phase;
-      best.finding = jump_text(phase[0] == 'f' ? "output" : "output gradient", q);
-      best.observation = o;
-      best.reference_absmax =
-          (phase[0] == 'f' ? ref.forward : ref.backward)[static_cast<size_t>(i)].value.absmax;
-      best.forward = r.forward;
-      best.backward = r.backward;
-    }
-  }
+  if (in.reference && !runs.empty()) best = largest_jump(runs, in, parameters);
   if (!best.found) {
     best.finding = "not located: the re-run found no non-finite value and no module more than " +
                    std::to_string(static_cast<int>(in.spike_ratio)) + "x a healthy batch";

@@ -109,12 +109,14 @@ class ElfFile {
 
 }  // namespace
 
-PluginInfo inspect_plugin_file(const fs::path& file) {
+namespace {
+
+// A readable 64-bit little-endian ELF shared library for this CPU, or one line saying what it is.
+void check_elf_header(const fs::path& file) {
   std::error_code ec;
   const auto status = fs::status(file, ec);
   if (ec || !fs::exists(status)) fail(file, "does not exist");
   if (!fs::is_regular_file(status)) fail(file, "is not a regular file");
-
   char magic[5] = {};
   {
     std::ifstream in(file, std::ios::binary);
@@ -126,26 +128,25 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
       fail(file, "is not an ELF shared library");
     if (magic[4] != ELFCLASS64) fail(file, "is a 32-bit ELF file; ampkit plugins are 64-bit");
   }
-  {
-    Elf64_Ehdr eh{};
-    std::ifstream in(file, std::ios::binary);
-    in.read(reinterpret_cast<char*>(&eh), sizeof eh);
-    if (!in || eh.e_type != ET_DYN) fail(file, "is an ELF file but not a shared library");
+  Elf64_Ehdr eh{};
+  std::ifstream in(file, std::ios::binary);
+  in.read(reinterpret_cast<char*>(&eh), sizeof eh);
+  if (!in || eh.e_type != ET_DYN) fail(file, "is an ELF file but not a shared library");
 #if defined(__x86_64__)
-    constexpr uint16_t kHostMachine = EM_X86_64;
+  constexpr uint16_t kHostMachine = EM_X86_64;
 #elif defined(__aarch64__)
-    constexpr uint16_t kHostMachine = EM_AARCH64;
+  constexpr uint16_t kHostMachine = EM_AARCH64;
 #else
-    constexpr uint16_t kHostMachine = EM_NONE;  // unchecked; dlopen will refuse a foreign file
+  constexpr uint16_t kHostMachine = EM_NONE;  // unchecked; dlopen will refuse a foreign file
 #endif
-    if (eh.e_ident[EI_DATA] != ELFDATA2LSB || (kHostMachine != EM_NONE && eh.e_machine != kHostMachine))
-      fail(file, "is built for another CPU (ELF machine " + std::to_string(eh.e_machine) + ")");
-  }
+  if (eh.e_ident[EI_DATA] != ELFDATA2LSB || (kHostMachine != EM_NONE && eh.e_machine != kHostMachine))
+    fail(file, "is built for another CPU (ELF machine " + std::to_string(eh.e_machine) + ")");
+}
 
-  ElfFile elf(file);
-  const std::vector<std::string> symbols = elf.symbols_in("ampkit");
+// The one ampkit_v<abi>_<kind>_<name> symbol of the file's 'ampkit' section.
+std::string plugin_entry(const fs::path& file, ElfFile& elf) {
   std::vector<std::string> entries;
-  for (const auto& s : symbols)
+  for (const auto& s : elf.symbols_in("ampkit"))
     if (s.rfind("ampkit_v", 0) == 0) entries.push_back(s);
   if (entries.empty())
     fail(file,
@@ -153,17 +154,13 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
          "'ampkit'); it was not built with AMPKIT_PLUGIN");
   if (entries.size() > 1)
     fail(file, "exports " + std::to_string(entries.size()) + " ampkit entries; a plugin file holds one");
+  return entries.front();
+}
 
-  PluginInfo info;
-  info.path = file;
-  info.entry = entries.front();
-  const auto meta = elf.section(AMPKIT_PLUGIN_META_SECTION);
-  if (!meta)
-    fail(file, "has the entry " + info.entry +
-                   " but no '" AMPKIT_PLUGIN_META_SECTION
-                   "' metadata section; it was not built with AMPKIT_PLUGIN");
+// The key=value lines of the metadata section into `info`.
+void read_metadata(const fs::path& file, const std::string& meta, PluginInfo& info) {
   std::map<std::string, std::string> fields;
-  std::istringstream lines(meta->substr(0, meta->find('\0')));
+  std::istringstream lines(meta.substr(0, meta.find('\0')));
   std::string line;
   while (std::getline(lines, line)) {
     const auto eq = line.find('=');
@@ -186,6 +183,22 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
   info.summary = field("summary");
   info.torch_version = field("torch");
   info.compiler = field("compiler");
+}
+
+}  // namespace
+
+PluginInfo inspect_plugin_file(const fs::path& file) {
+  check_elf_header(file);
+  ElfFile elf(file);
+  PluginInfo info;
+  info.path = file;
+  info.entry = plugin_entry(file, elf);
+  const auto meta = elf.section(AMPKIT_PLUGIN_META_SECTION);
+  if (!meta)
+    fail(file, "has the entry " + info.entry +
+                   " but no '" AMPKIT_PLUGIN_META_SECTION
+                   "' metadata section; it was not built with AMPKIT_PLUGIN");
+  read_metadata(file, *meta, info);
   const std::string expected_entry =
       "ampkit_v" + std::to_string(info.abi_version) + "_" + info.kind + "_" + info.name;
   if (info.entry != expected_entry)

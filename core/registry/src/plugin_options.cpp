@@ -159,92 +159,117 @@ std::string describe_option_type(const ampkit_option_spec& spec) {
   return base;
 }
 
+namespace {
+
+// "unknown option 'x' for scaler 'static' (from SOURCE); did you mean ...; options: ..."
+Error unknown_option(const ampkit_plugin_descriptor& d, const std::vector<std::string>& names,
+                     const std::string& option, const std::string& source) {
+  const std::string hint = did_you_mean(option, names);
+  std::string known;
+  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+  return Error(ErrorCategory::usage, "unknown option '" + option + "' for " + d.kind + " '" + d.name +
+                                         "' (from " + source + ")" + (hint.empty() ? "" : "; " + hint) +
+                                         (known.empty() ? "; it has no options" : "; options: " + known));
+}
+
+// The plugin's AMPKIT_<KIND>_<OPTION> variables; one for an option it does not have is an error.
+std::map<std::string, std::string> environment_options(const ampkit_plugin_descriptor& d,
+                                                       const std::vector<std::string>& names) {
+  std::map<std::string, std::string> environment;
+  const std::string prefix = "AMPKIT_" + upper(d.kind) + "_";
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind(prefix, 0) != 0) continue;
+    const auto eq = entry.find('=');
+    const std::string var = entry.substr(0, eq);
+    bool matched = false;
+    for (const auto& n : names)
+      if (option_environment_name(d.kind, n) == var) {
+        environment[n] = entry.substr(eq + 1);
+        matched = true;
+      }
+    if (!matched) {
+      std::string lower = var.substr(prefix.size());
+      for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      throw unknown_option(d, names, lower, "environment " + var);
+    }
+  }
+  return environment;
+}
+
+// The default of one option for this run: the plain one, or the one for the run's precision.
+// Fills the setting's default_value and precision_defaults; returns false when there is none.
+bool option_default(const ampkit_plugin_descriptor& d, const ampkit_option_spec& spec,
+                    const OptionInputs& inputs, OptionSetting& s, std::string& text, std::string& source) {
+  source = "default";
+  if (!(spec.flags & AMPKIT_OPTION_PER_PRECISION)) {
+    if (spec.default_value != nullptr) text = spec.default_value;
+    return spec.default_value != nullptr;
+  }
+  s.precision_defaults = precision_defaults(d, spec);  // validates every pair, whatever the run
+  s.default_value.clear();
+  bool found = false;
+  for (const auto& [p, v] : s.precision_defaults) {
+    s.default_value += (s.default_value.empty() ? "" : ";") + p + "=" + v;
+    if (inputs.precision && p == to_string(*inputs.precision)) {
+      text = v;
+      source = "default for " + p;
+      found = true;
+    }
+  }
+  return found;
+}
+
+// One option's setting by precedence: command line, environment, config file, default.
+OptionSetting resolve_one(const ampkit_plugin_descriptor& d, const ampkit_option_spec& spec,
+                          const OptionInputs& inputs, const std::map<std::string, std::string>& environment) {
+  OptionSetting s;
+  s.name = spec.name;
+  s.type = describe_option_type(spec);
+  s.help = spec.help;
+  s.default_value = spec.default_value ? spec.default_value : "";
+  std::string default_text, default_source;
+  const bool has_default = option_default(d, spec, inputs, s, default_text, default_source);
+  std::string text;
+  if (auto it = inputs.command_line.find(s.name); it != inputs.command_line.end()) {
+    text = it->second;
+    s.source = "command line";
+  } else if (auto it2 = environment.find(s.name); it2 != environment.end()) {
+    text = it2->second;
+    s.source = "environment " + option_environment_name(d.kind, s.name);
+  } else if (auto it3 = inputs.config_file.find(s.name); it3 != inputs.config_file.end()) {
+    text = it3->second;
+    s.source = "config file " + inputs.config_file_name;
+  } else if (has_default) {
+    text = default_text;
+    s.source = default_source;
+  } else {
+    s.source = "unset";
+  }
+  if (s.source != "unset") {
+    s.value = validate(d, spec, text, s.source);
+    s.set = true;
+  }
+  return s;
+}
+
+}  // namespace
+
 ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionInputs& inputs) {
   std::vector<std::string> names;
   for (uint32_t i = 0; i < d.option_count; ++i) names.emplace_back(d.options[i].name);
-  const std::string who = std::string(d.kind) + " '" + d.name + "'";
-  auto unknown = [&](const std::string& option, const std::string& source) {
-    const std::string hint = did_you_mean(option, names);
-    std::string known;
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    return Error(ErrorCategory::usage, "unknown option '" + option + "' for " + who + " (from " + source +
-                                           ")" + (hint.empty() ? "" : "; " + hint) +
-                                           (known.empty() ? "; it has no options" : "; options: " + known));
-  };
-
   std::map<std::string, std::string> environment;
-  if (inputs.read_environment) {
-    const std::string prefix = "AMPKIT_" + upper(d.kind) + "_";
-    for (char** e = environ; e && *e; ++e) {
-      const std::string entry = *e;
-      if (entry.rfind(prefix, 0) != 0) continue;
-      const auto eq = entry.find('=');
-      const std::string var = entry.substr(0, eq);
-      bool matched = false;
-      for (const auto& n : names)
-        if (option_environment_name(d.kind, n) == var) {
-          environment[n] = entry.substr(eq + 1);
-          matched = true;
-        }
-      if (!matched) {
-        std::string lower = var.substr(prefix.size());
-        for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        throw unknown(lower, "environment " + var);
-      }
-    }
-  }
-  const std::string config_source = "config file " + inputs.config_file_name;
+  if (inputs.read_environment) environment = environment_options(d, names);
   for (const auto& [k, v] : inputs.command_line)
-    if (std::find(names.begin(), names.end(), k) == names.end()) throw unknown(k, "command line");
+    if (std::find(names.begin(), names.end(), k) == names.end())
+      throw unknown_option(d, names, k, "command line");
   for (const auto& [k, v] : inputs.config_file)
-    if (std::find(names.begin(), names.end(), k) == names.end()) throw unknown(k, config_source);
-
+    if (std::find(names.begin(), names.end(), k) == names.end())
+      throw unknown_option(d, names, k, "config file " + inputs.config_file_name);
   ResolvedOptions out;
   for (uint32_t i = 0; i < d.option_count; ++i) {
-    const ampkit_option_spec& spec = d.options[i];
-    OptionSetting s;
-    s.name = spec.name;
-    s.type = describe_option_type(spec);
-    s.help = spec.help;
-    s.default_value = spec.default_value ? spec.default_value : "";
-    std::string default_text, default_source = "default";
-    bool has_default = spec.default_value != nullptr;
-    if (spec.flags & AMPKIT_OPTION_PER_PRECISION) {
-      s.precision_defaults = precision_defaults(d, spec);  // validates every pair, whatever the run
-      s.default_value.clear();
-      has_default = false;
-      for (const auto& [p, v] : s.precision_defaults) {
-        s.default_value += (s.default_value.empty() ? "" : ";") + p + "=" + v;
-        if (inputs.precision && p == to_string(*inputs.precision)) {
-          default_text = v;
-          default_source = "default for " + p;
-          has_default = true;
-        }
-      }
-    } else if (has_default) {
-      default_text = spec.default_value;
-    }
-    std::string text;
-    if (auto it = inputs.command_line.find(s.name); it != inputs.command_line.end()) {
-      text = it->second;
-      s.source = "command line";
-    } else if (auto it2 = environment.find(s.name); it2 != environment.end()) {
-      text = it2->second;
-      s.source = "environment " + option_environment_name(d.kind, s.name);
-    } else if (auto it3 = inputs.config_file.find(s.name); it3 != inputs.config_file.end()) {
-      text = it3->second;
-      s.source = config_source;
-    } else if (has_default) {
-      text = default_text;
-      s.source = default_source;
-    } else {
-      s.source = "unset";
-    }
-    if (s.source != "unset") {
-      s.value = validate(d, spec, text, s.source);
-      s.set = true;
-      out.values.set(s.name, s.value);
-    }
+    OptionSetting s = resolve_one(d, d.options[i], inputs, environment);
+    if (s.set) out.values.set(s.name, s.value);
     out.settings.push_back(std::move(s));
   }
   return out;

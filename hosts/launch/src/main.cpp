@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,26 +71,32 @@ int exit_code_of_status(int status) {
   return kLaunchFailed;
 }
 
-}  // namespace
+struct LaunchOptions {
+  int nproc = 1, nnodes = 1, node_rank = 0, port = 29500;
+  double grace = 5.0;
+  std::string addr;
+  int split = 0;  // argv index of "--"; the program is argv[split + 1]
+};
 
-int main(int argc, char** argv) {
+// Parses and checks the options; returns an exit code when the launcher should stop (help, usage).
+std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
   // Everything after "--" is the program and its arguments.
-  int split = 1;
-  while (split < argc && std::strcmp(argv[split], "--") != 0) ++split;
+  o.split = 1;
+  while (o.split < argc && std::strcmp(argv[o.split], "--") != 0) ++o.split;
   po::options_description options("usage: ampkit-launch [options] -- PROGRAM [ARGS...]\n\noptions");
   // clang-format off
   options.add_options()
     ("help,h", "Show this help.")
-    ("nproc-per-node", po::value<int>()->default_value(1), "Ranks to start on this node.")
-    ("nnodes", po::value<int>()->default_value(1), "Nodes in the job; run ampkit-launch once on each.")
-    ("node-rank", po::value<int>()->default_value(0), "This node's index in [0, nnodes); node 0 runs rank 0, which hosts the rendezvous store.")
-    ("master-addr", po::value<std::string>()->default_value("127.0.0.1"), "Address of node 0, reachable from every node.")
-    ("master-port", po::value<int>()->default_value(29500), "Free TCP port on node 0 for the rendezvous store.")
-    ("grace-seconds", po::value<double>()->default_value(5.0), "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL.");
+    ("nproc-per-node", po::value<int>(&o.nproc)->default_value(1), "Ranks to start on this node.")
+    ("nnodes", po::value<int>(&o.nnodes)->default_value(1), "Nodes in the job; run ampkit-launch once on each.")
+    ("node-rank", po::value<int>(&o.node_rank)->default_value(0), "This node's index in [0, nnodes); node 0 runs rank 0, which hosts the rendezvous store.")
+    ("master-addr", po::value<std::string>(&o.addr)->default_value("127.0.0.1"), "Address of node 0, reachable from every node.")
+    ("master-port", po::value<int>(&o.port)->default_value(29500), "Free TCP port on node 0 for the rendezvous store.")
+    ("grace-seconds", po::value<double>(&o.grace)->default_value(5.0), "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL.");
   // clang-format on
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(split, argv).options(options).run(), vm);
+    po::store(po::command_line_parser(o.split, argv).options(options).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "ampkit-launch: error: %s (see ampkit-launch --help)\n", e.what());
@@ -108,39 +115,58 @@ int main(int argc, char** argv) {
         << " 7 here: a rank could not be started.\n";
     return 0;
   }
-  const int nproc = vm["nproc-per-node"].as<int>(), nnodes = vm["nnodes"].as<int>();
-  const int node_rank = vm["node-rank"].as<int>(), port = vm["master-port"].as<int>();
-  const double grace = vm["grace-seconds"].as<double>();
-  const std::string addr = vm["master-addr"].as<std::string>();
   auto usage = [](const std::string& message) {
     std::fprintf(stderr, "ampkit-launch: error: %s\n", message.c_str());
     return kUsage;
   };
-  if (split >= argc - 1) return usage("no program given: ampkit-launch [options] -- PROGRAM [ARGS...]");
-  if (nproc < 1 || nproc > 1024)
-    return usage("--nproc-per-node must be in [1, 1024], got " + std::to_string(nproc));
-  if (nnodes < 1) return usage("--nnodes must be >= 1, got " + std::to_string(nnodes));
-  if (node_rank < 0 || node_rank >= nnodes)
-    return usage("--node-rank " + std::to_string(node_rank) + " is outside [0, " + std::to_string(nnodes) +
-                 ")");
-  if (port < 1 || port > 65535)
-    return usage("--master-port must be in 1..65535, got " + std::to_string(port));
-  if (!(grace >= 0)) return usage("--grace-seconds must be >= 0");
+  if (o.split >= argc - 1) return usage("no program given: ampkit-launch [options] -- PROGRAM [ARGS...]");
+  if (o.nproc < 1 || o.nproc > 1024)
+    return usage("--nproc-per-node must be in [1, 1024], got " + std::to_string(o.nproc));
+  if (o.nnodes < 1) return usage("--nnodes must be >= 1, got " + std::to_string(o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
+    return usage("--node-rank " + std::to_string(o.node_rank) + " is outside [0, " +
+                 std::to_string(o.nnodes) + ")");
+  if (o.port < 1 || o.port > 65535)
+    return usage("--master-port must be in 1..65535, got " + std::to_string(o.port));
+  if (!(o.grace >= 0)) return usage("--grace-seconds must be >= 0");
+  return std::nullopt;
+}
 
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return kLaunchFailed;
-  struct sigaction action {};
-  action.sa_handler = on_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::sigaction(s, &action, nullptr);
+// In the forked child: torchrun's environment, then the program. Never returns.
+[[noreturn]] void exec_rank(const LaunchOptions& o, char** argv, int rank, int local, int out_fd,
+                            int err_fd) {
+  ::dup2(out_fd, 1);
+  ::dup2(err_fd, 2);
+  for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::signal(s, SIG_DFL);
+  ::close(g_signal_pipe[0]);
+  ::close(g_signal_pipe[1]);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int world = o.nproc * o.nnodes;
+  auto set = [](const char* k, int v) { ::setenv(k, std::to_string(v).c_str(), 1); };
+  set("RANK", rank);
+  set("WORLD_SIZE", world);
+  set("LOCAL_RANK", local);
+  set("LOCAL_WORLD_SIZE", o.nproc);
+  set("GROUP_RANK", o.node_rank);
+  set("ROLE_RANK", rank);
+  set("ROLE_WORLD_SIZE", world);
+  set("MASTER_PORT", o.port);
+  ::setenv("MASTER_ADDR", o.addr.c_str(), 1);
+  ::execvp(argv[o.split + 1], argv + o.split + 1);
+  std::fprintf(stderr, "ampkit-launch: error: cannot run %s: %s\n", argv[o.split + 1], std::strerror(errno));
+  ::_exit(127);
+}
 
-  const int world = nproc * nnodes;
-  std::vector<Rank> ranks(static_cast<size_t>(nproc));
-  for (int local = 0; local < nproc; ++local) {
+// Starts this node's ranks with their output on pipes; false (after one line) when one cannot start.
+bool start_ranks(const LaunchOptions& o, char** argv, std::vector<Rank>& ranks) {
+  ranks.resize(static_cast<size_t>(o.nproc));
+  for (int local = 0; local < o.nproc; ++local) {
     Rank& r = ranks[static_cast<size_t>(local)];
-    r.rank = node_rank * nproc + local;
+    r.rank = o.node_rank * o.nproc + local;
     int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return kLaunchFailed;
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return false;
     // Signals stay blocked across fork until the child has dropped our handlers: a SIGTERM
     // caught in between would otherwise be written into our own signal pipe.
     sigset_t all, previous;
@@ -150,111 +176,88 @@ int main(int argc, char** argv) {
     if (r.pid != 0) ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     if (r.pid < 0) {
       std::fprintf(stderr, "ampkit-launch: error: cannot start rank %d: %s\n", r.rank, std::strerror(errno));
-      return kLaunchFailed;
+      return false;
     }
-    if (r.pid == 0) {
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::signal(s, SIG_DFL);
-      ::close(g_signal_pipe[0]);
-      ::close(g_signal_pipe[1]);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      auto set = [](const char* k, int v) { ::setenv(k, std::to_string(v).c_str(), 1); };
-      set("RANK", r.rank);
-      set("WORLD_SIZE", world);
-      set("LOCAL_RANK", local);
-      set("LOCAL_WORLD_SIZE", nproc);
-      set("GROUP_RANK", node_rank);
-      set("ROLE_RANK", r.rank);
-      set("ROLE_WORLD_SIZE", world);
-      set("MASTER_PORT", port);
-      ::setenv("MASTER_ADDR", addr.c_str(), 1);
-      ::execvp(argv[split + 1], argv + split + 1);
-      std::fprintf(stderr, "ampkit-launch: error: cannot run %s: %s\n", argv[split + 1],
-                   std::strerror(errno));
-      ::_exit(127);
-    }
+    if (r.pid == 0) exec_rank(o, argv, r.rank, local, out[1], err[1]);
     ::close(out[1]);
     ::close(err[1]);
     r.out = out[0];
     r.err = err[0];
   }
+  return true;
+}
 
-  int exit_code = 0;
-  int first_failed = -1;
-  int signals_seen = 0;
-  bool stopping = false;
-  std::chrono::steady_clock::time_point kill_at{};
-  auto signal_all = [&](int s) {
-    for (auto& r : ranks)
-      if (r.running) ::kill(r.pid, s);
-  };
-  auto reap = [&]() {
-    for (auto& r : ranks) {
-      if (!r.running) continue;
-      int status = 0;
-      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.running = false;
-      r.status = status;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && first_failed < 0 && !stopping && signals_seen == 0) {
-        first_failed = r.rank;
-        exit_code = exit_code_of_status(status);
-        std::fprintf(stderr, "ampkit-launch: rank %d %s; stopping the other ranks\n", r.rank,
-                     describe(status).c_str());
-        stopping = true;
-        signal_all(SIGTERM);
-        kill_at = std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(grace));
-      } else if (failed && exit_code == 0) {
-        exit_code = exit_code_of_status(status);
-      }
+// Watches the ranks: prefixes and forwards their output, forwards signals, stops the others when
+// one fails (SIGTERM, then SIGKILL after the grace period) and keeps the first failure's code.
+class Supervisor {
+ public:
+  Supervisor(std::vector<Rank>& ranks, double grace) : ranks_(ranks), grace_(grace) {}
+
+  int run() {
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<std::pair<size_t, bool>> owner;  // rank index, is stderr
+      watch_list(fds, owner);
+      bool any_running = false;
+      for (const auto& r : ranks_) any_running |= r.running;
+      if (!any_running && fds.size() == 1) break;
+      ::poll(fds.data(), fds.size(), 200);
+      if (fds[0].revents & POLLIN) forward_signals();
+      pump_output(fds, owner);
+      reap();
+      kill_stragglers();
     }
-  };
+    // A rank that died of a forwarded signal is reported by its status; 130 on Ctrl-C as usual.
+    if (exit_code_ == 0)
+      for (const auto& r : ranks_)
+        if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) return exit_code_of_status(r.status);
+    return exit_code_;
+  }
 
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, bool>> owner;  // rank index, is stderr
+ private:
+  void signal_all(int s) {
+    for (auto& r : ranks_)
+      if (r.running) ::kill(r.pid, s);
+  }
+
+  void watch_list(std::vector<pollfd>& fds, std::vector<std::pair<size_t, bool>>& owner) const {
     fds.push_back({g_signal_pipe[0], POLLIN, 0});
     owner.emplace_back(0, false);
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i].out >= 0) {
-        fds.push_back({ranks[i].out, POLLIN, 0});
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].out >= 0) {
+        fds.push_back({ranks_[i].out, POLLIN, 0});
         owner.emplace_back(i, false);
       }
-      if (ranks[i].err >= 0) {
-        fds.push_back({ranks[i].err, POLLIN, 0});
+      if (ranks_[i].err >= 0) {
+        fds.push_back({ranks_[i].err, POLLIN, 0});
         owner.emplace_back(i, true);
       }
     }
-    bool any_running = false;
-    for (const auto& r : ranks) any_running |= r.running;
-    if (!any_running && fds.size() == 1) break;
-    ::poll(fds.data(), fds.size(), 200);
-    if (fds[0].revents & POLLIN) {
-      char buf[64];
-      const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof buf);
-      for (ssize_t k = 0; k < n; ++k) {
-        const int s = buf[k];
-        if (s == SIGCHLD) continue;
-        // From here ranks exiting non-zero (130 after a checkpoint) are the signal's doing: they
-        // are waited for, not stopped, so each can finish its own shutdown.
-        ++signals_seen;
-        if (signals_seen == 1) {
-          std::fprintf(stderr, "ampkit-launch: %s: forwarding to every rank\n", strsignal(s));
-          signal_all(s);
-        } else {
-          std::fprintf(stderr, "ampkit-launch: second signal: killing every rank\n");
-          signal_all(SIGKILL);
-        }
+  }
+
+  void forward_signals() {
+    char buf[64];
+    const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof buf);
+    for (ssize_t k = 0; k < n; ++k) {
+      const int s = buf[k];
+      if (s == SIGCHLD) continue;
+      // From here ranks exiting non-zero (130 after a checkpoint) are the signal's doing: they
+      // are waited for, not stopped, so each can finish its own shutdown.
+      ++signals_seen_;
+      if (signals_seen_ == 1) {
+        std::fprintf(stderr, "ampkit-launch: %s: forwarding to every rank\n", strsignal(s));
+        signal_all(s);
+      } else {
+        std::fprintf(stderr, "ampkit-launch: second signal: killing every rank\n");
+        signal_all(SIGKILL);
       }
     }
+  }
+
+  void pump_output(std::vector<pollfd>& fds, const std::vector<std::pair<size_t, bool>>& owner) {
     for (size_t f = 1; f < fds.size(); ++f) {
       if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Rank& r = ranks[owner[f].first];
+      Rank& r = ranks_[owner[f].first];
       const bool is_err = owner[f].second;
       char buf[65536];
       const ssize_t n = ::read(fds[f].fd, buf, sizeof buf);
@@ -267,23 +270,64 @@ int main(int argc, char** argv) {
         (is_err ? r.err : r.out) = -1;
       }
     }
-    reap();
-    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
-      bool left = false;
-      for (const auto& r : ranks) left |= r.running;
-      if (left) {
-        std::fprintf(stderr, "ampkit-launch: ranks still running %.1f s after SIGTERM: SIGKILL\n", grace);
-        signal_all(SIGKILL);
+  }
+
+  void reap() {
+    for (auto& r : ranks_) {
+      if (!r.running) continue;
+      int status = 0;
+      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && first_failed_ < 0 && !stopping_ && signals_seen_ == 0) {
+        first_failed_ = r.rank;
+        exit_code_ = exit_code_of_status(status);
+        std::fprintf(stderr, "ampkit-launch: rank %d %s; stopping the other ranks\n", r.rank,
+                     describe(status).c_str());
+        stopping_ = true;
+        signal_all(SIGTERM);
+        kill_at_ = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(grace_));
+      } else if (failed && exit_code_ == 0) {
+        exit_code_ = exit_code_of_status(status);
       }
-      kill_at = std::chrono::steady_clock::time_point::max();
     }
   }
-  // A rank that died of a forwarded signal is reported by its status; 130 on Ctrl-C as usual.
-  if (exit_code == 0)
-    for (const auto& r : ranks)
-      if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) {
-        exit_code = exit_code_of_status(r.status);
-        break;
-      }
-  return exit_code;
+
+  void kill_stragglers() {
+    if (!stopping_ || std::chrono::steady_clock::now() < kill_at_) return;
+    bool left = false;
+    for (const auto& r : ranks_) left |= r.running;
+    if (left) {
+      std::fprintf(stderr, "ampkit-launch: ranks still running %.1f s after SIGTERM: SIGKILL\n", grace_);
+      signal_all(SIGKILL);
+    }
+    kill_at_ = std::chrono::steady_clock::time_point::max();
+  }
+
+  std::vector<Rank>& ranks_;
+  double grace_;
+  int exit_code_ = 0;
+  int first_failed_ = -1;
+  int signals_seen_ = 0;
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point kill_at_{};
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  LaunchOptions o;
+  if (const auto stop = parse_options(argc, argv, o)) return *stop;
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return kLaunchFailed;
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::sigaction(s, &action, nullptr);
+  std::vector<Rank> ranks;
+  if (!start_ranks(o, argv, ranks)) return kLaunchFailed;
+  return Supervisor(ranks, o.grace).run();
 }
