@@ -61,9 +61,34 @@ AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 
   "('ema_norm', '1.0.0', 5, 'completed')" ] || fail "summary: $(cat "$work/train.json")"
 [ "$(wc -l <"$work/train.jsonl")" -eq 5 ] || fail "expected 5 metrics records"
 
-step "building the embedding example out of tree"
+step "building the embedding example out of tree, with yaml-cpp and Boost.Program_options hidden"
+# ampkit::ampkit is libampkit alone: ampkit-train's configuration (and its Boost.Program_options
+# and yaml-cpp) stays in hosts/train. In a private mount namespace, empty folders and /dev/null are
+# mounted over those packages' CMake files, headers and libraries, so the consumer cannot find
+# them; where namespaces are not permitted, only the link-line check below runs (it says so).
 embed=$work/embed_trainer
-configure "$examples/embed_trainer" "$embed"
+hide=""
+for p in /usr/lib/*/cmake/boost_program_options-* /usr/lib/*/cmake/yaml-cpp /usr/share/cmake/yaml-cpp \
+         /usr/include/yaml-cpp /usr/include/boost/program_options /usr/include/boost/program_options.hpp \
+         /usr/lib/*/libyaml-cpp* /usr/lib/*/libboost_program_options*; do
+  [ -e "$p" ] || continue
+  if [ -d "$p" ]; then hide="$hide mount --bind $work/empty $p &&"; else hide="$hide mount --bind /dev/null $p &&"; fi
+done
+mkdir -p "$work/empty"
+consumer="cmake -S $examples/embed_trainer -B $embed -G '$generator' -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
+  ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher} >$embed.configure.log 2>&1 &&
+  cmake --build $embed -j ${AMPKIT_JOBS:-1} >$embed.build.log 2>&1"
+if unshare -m true 2>/dev/null; then
+  unshare -m bash -c "$hide [ ! -e /usr/include/yaml-cpp/yaml.h ] && $consumer" ||
+    { cat "$embed.configure.log" "$embed.build.log" 2>/dev/null; fail "building embed_trainer with yaml-cpp and Boost.Program_options hidden"; }
+else
+  echo "test_install: note: no private mount namespace here; yaml-cpp and Boost.Program_options stay visible, only the link line is checked"
+  bash -c "$consumer" || { cat "$embed.configure.log" "$embed.build.log"; fail "building embed_trainer"; }
+fi
+if grep -E "libyaml-cpp|libboost_program_options" "$embed/build.ninja" "$embed"/CMakeFiles/*/link.txt 2>/dev/null; then
+  fail "embed_trainer links yaml-cpp or Boost.Program_options (above)"
+fi
 AMPKIT_PLUGIN_PATH=$ema "$embed/embed_trainer" --precision fp16 --scaler dynamic --clipper ema_norm \
   --nan-policy backoff --steps 40 --opt clipper.factor=3 --metrics "$work/embed.jsonl" >"$work/embed.json" ||
   fail "embed_trainer exited with $?: $(cat "$work/embed.json")"

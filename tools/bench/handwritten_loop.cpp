@@ -20,9 +20,9 @@
 
 #include "ampkit/error.h"
 #include "ampkit/exit_codes.h"
-#include "ampkit/train_config.h"
+#include "config/train_config.h"
 #include "handwritten_step.h"
-#include "workload.h"
+#include "workloads/workload.h"
 
 namespace {
 

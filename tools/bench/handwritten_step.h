@@ -21,8 +21,8 @@
 
 #include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
-#include "ampkit/train_config.h"
-#include "workload.h"
+#include "config/train_config.h"
+#include "workloads/workload.h"
 
 namespace ampkit::bench {
 

@@ -36,10 +36,10 @@
 #include "ampkit/metrics.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
-#include "ampkit/train_config.h"
+#include "config/train_config.h"
 #include "ampkit/trainer.h"
 #include "handwritten_step.h"
-#include "workload.h"
+#include "workloads/workload.h"
 
 namespace {
 

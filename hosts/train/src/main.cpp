@@ -33,9 +33,9 @@
 #include "ampkit/nan_locator.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
-#include "ampkit/train_config.h"
+#include "config/train_config.h"
 #include "ampkit/trainer.h"
-#include "workload.h"
+#include "workloads/workload.h"
 
 namespace ampkit::train {
 

@@ -13,7 +13,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/probe.h"
-#include "workload.h"
+#include "workloads/workload.h"
 
 namespace F = torch::nn::functional;
 

@@ -1,7 +1,7 @@
 // A reference workload: a model, its training batches, its loss and (optionally) a test metric.
 #pragma once
 
-#include <ampkit/train_config.h>
+#include "config/train_config.h"
 #include <torch/nn/module.h>
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "ampkit/probe.h"
-#include "workload.h"
+#include "workloads/workload.h"
 
 namespace F = torch::nn::functional;
 

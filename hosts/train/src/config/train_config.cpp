@@ -1,5 +1,5 @@
 // Command line and YAML parsing for ampkit-train, on Boost.Program_options and yaml-cpp.
-#include "ampkit/train_config.h"
+#include "config/train_config.h"
 
 #include <yaml-cpp/yaml.h>
 
