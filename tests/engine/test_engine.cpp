@@ -10,11 +10,14 @@
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <memory>
 #include <sstream>
 
 #include "ampkit/fused_adamw.h"
 #include "ampkit/grad_stats.h"
+#include "ampkit/host_reads.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
@@ -417,4 +420,130 @@ BOOST_AUTO_TEST_CASE(fused_adamw_follows_libtorch_adamw_and_shares_its_checkpoin
     second.optimizer->step();
   }
   BOOST_TEST(max_rel_error(detached(second.params), detached(unbroken.params)) < 1e-6);
+}
+
+// The device path of the statistics pass (issue 20), run on CPU tensors: the same statistics as
+// the fast path, from one packed tensor.
+BOOST_AUTO_TEST_CASE(device_path_statistics_equal_the_fast_path) {
+  for (double scale : {1.0, 65536.0}) {
+    std::vector<at::Tensor> grads = make_grads(11, scale);
+    grads[1].view(-1).slice(0, 0, 100).zero_();     // exact zeros to count
+    grads.insert(grads.begin() + 2, at::Tensor());  // an undefined gradient counts as empty
+    const GradStats fast = compute_grad_stats(grads);
+    std::vector<double> scalars;
+    const GradStats device = compute_grad_stats_on_device(grads, {at::full({}, 2.5f)}, scalars);
+    BOOST_TEST_CONTEXT("scale " << scale) {
+      BOOST_TEST(std::abs(device.sum_squares - fast.sum_squares) <= 1e-6 * fast.sum_squares);
+      BOOST_TEST(device.max_abs == fast.max_abs);
+      BOOST_TEST(device.zeros == fast.zeros);
+      BOOST_TEST(device.zeros >= 100);
+      BOOST_TEST(device.elements == fast.elements);
+      BOOST_REQUIRE(device.tensor_sum_squares.size() == fast.tensor_sum_squares.size());
+      for (size_t t = 0; t < fast.tensor_sum_squares.size(); ++t)
+        BOOST_TEST(std::abs(device.tensor_sum_squares[t] - fast.tensor_sum_squares[t]) <=
+                   1e-6 * fast.tensor_sum_squares[t]);
+      BOOST_TEST(scalars == std::vector<double>({2.5}), boost::test_tools::per_element());
+    }
+  }
+  for (float bad : {NAN, INFINITY}) {
+    std::vector<at::Tensor> grads = make_grads(12, 1.0);
+    grads[5][1234] = bad;
+    std::vector<double> scalars;
+    BOOST_TEST(!compute_grad_stats_on_device(grads, {}, scalars).finite());
+  }
+}
+
+namespace {
+
+// Two trainers on identical models, data and strategies; one on each statistics path.
+struct PathPair {
+  Plugins plugins;
+  std::unique_ptr<StrategySet> set_fast, set_device;
+  TinyModel fast_model, device_model;
+  std::unique_ptr<torch::optim::SGD> opt_fast, opt_device;
+  std::unique_ptr<Trainer> fast, device;
+
+  PathPair(const std::map<std::string, StrategyChoice>& choices, int accumulate) {
+    set_fast = plugins.strategies(choices);
+    set_device = plugins.strategies(choices);
+    {
+      torch::NoGradGuard g;
+      device_model.layer->weight.copy_(fast_model.layer->weight);
+      device_model.layer->bias.copy_(fast_model.layer->bias);
+    }
+    opt_fast = std::make_unique<torch::optim::SGD>(fast_model.params(), torch::optim::SGDOptions(0.1));
+    opt_device = std::make_unique<torch::optim::SGD>(device_model.params(), torch::optim::SGDOptions(0.1));
+    LrSchedule schedule;
+    schedule.base_lr = 0.1;
+    fast = std::make_unique<Trainer>(Precision::fp32, accumulate, fast_model.params(), fast_model.names(),
+                                     *opt_fast, Plugins::of(*set_fast), schedule);
+    device = std::make_unique<Trainer>(Precision::fp32, accumulate, device_model.params(),
+                                       device_model.names(), *opt_device, Plugins::of(*set_device), schedule);
+    fast->set_stats_path(Trainer::StatsPath::cpu_fast);
+    device->set_stats_path(Trainer::StatsPath::device);
+  }
+};
+
+at::Tensor tiny_loss(TinyModel& m, int64_t step, int micro, bool poisoned) {
+  const at::Tensor loss = m.layer->forward(batch_x(step * 8 + micro)).pow(2).mean();
+  return poisoned ? loss * std::numeric_limits<float>::quiet_NaN() : loss;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(device_path_steps_like_the_fast_path) {
+  PathPair pair({{"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}})},
+                 {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})}},
+                /*accumulate=*/2);
+  for (int64_t step = 0; step < 6; ++step) {
+    const bool poisoned = step == 3;
+    const StepOutcome a =
+        pair.fast->step([&](int m) { return tiny_loss(pair.fast_model, step, m, poisoned); });
+    const StepOutcome b =
+        pair.device->step([&](int m) { return tiny_loss(pair.device_model, step, m, poisoned); });
+    BOOST_TEST_CONTEXT("step " << step) {
+      BOOST_TEST(a.stats.found_inf == poisoned);
+      BOOST_TEST(b.stats.found_inf == a.stats.found_inf);
+      BOOST_TEST(b.stepped == a.stepped);
+      BOOST_TEST(b.stats.loss_finite == a.stats.loss_finite);
+      if (!poisoned) {
+        BOOST_TEST(b.stats.loss == a.stats.loss);  // float64 sums of the same float losses
+        BOOST_TEST(std::abs(b.stats.grad_norm - a.stats.grad_norm) <= 1e-6 * a.stats.grad_norm);
+        BOOST_TEST(b.stats.grad_max_abs == a.stats.grad_max_abs);
+        BOOST_TEST(b.stats.zero_fraction == a.stats.zero_fraction);
+        BOOST_TEST(b.stats.grad_elements == a.stats.grad_elements);
+        BOOST_TEST(std::abs(b.grad_norm_clipped - a.grad_norm_clipped) <= 1e-6 * a.grad_norm_clipped);
+      }
+      BOOST_TEST(b.scale_next == a.scale_next);
+    }
+  }
+  BOOST_TEST(max_rel_error(pair.device_model.params(), pair.fast_model.params()) <= 1e-6);
+}
+
+// The device path reads the host once per healthy step, whatever the strategies: the
+// statistics and the loss come in one copy; the CPU fast path reads each micro-batch's loss.
+BOOST_AUTO_TEST_CASE(device_path_reads_the_host_once_per_healthy_step) {
+  int combinations = 0;
+  for (const std::string scaler : {"none", "static", "dynamic", "predictive"})
+    for (const std::string policy : {"skip", "backoff", "abort", "rollback"}) {
+      PathPair pair({{"scaler", Plugins::choice(scaler)},
+                     {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})},
+                     {"nan_policy", Plugins::choice(policy)}},
+                    /*accumulate=*/3);
+      for (int64_t step = 0; step < 4; ++step) {
+        const int64_t before_device = host_reads();
+        const StepOutcome b =
+            pair.device->step([&](int m) { return tiny_loss(pair.device_model, step, m, false); });
+        const int64_t device_reads = host_reads() - before_device;
+        const int64_t before_fast = host_reads();
+        pair.fast->step([&](int m) { return tiny_loss(pair.fast_model, step, m, false); });
+        BOOST_TEST_CONTEXT(scaler << " + " << policy << ", step " << step) {
+          BOOST_TEST(b.stepped);
+          BOOST_TEST(device_reads == 1);
+          BOOST_TEST(host_reads() - before_fast == 3);  // one loss per micro-batch
+        }
+      }
+      ++combinations;
+    }
+  BOOST_TEST(combinations == 16);
 }

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "ampkit/host_reads.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -200,9 +202,9 @@ bool scanned_as_cpu_float(const at::Tensor& g) {
 Partial scan_generic(const at::Tensor& g) {
   const at::Tensor f = g.to(at::kFloat);
   Partial out;
-  out.sum_squares = at::pow(f.to(at::kDouble), 2).sum().item<double>();
-  out.max_abs = at::abs(f).max().item<float>();
-  out.zeros = at::eq(f, 0).sum().item<int64_t>();
+  out.sum_squares = read_scalar(at::pow(f.to(at::kDouble), 2).sum());
+  out.max_abs = static_cast<float>(read_scalar(at::abs(f).max()));
+  out.zeros = static_cast<int64_t>(read_scalar(at::eq(f, 0).sum()));
   return out;
 }
 
@@ -257,6 +259,47 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
     stats.zeros += p.zeros;
     stats.elements += g.numel();
   }
+  return stats;
+}
+
+GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
+                                       const std::vector<at::Tensor>& scalars,
+                                       std::vector<double>& scalar_values) {
+  std::vector<at::Tensor> live;
+  for (const auto& g : grads)
+    if (g.defined() && g.numel() > 0) live.push_back(g);
+  const at::Device device = !live.empty()      ? live.front().device()
+                            : !scalars.empty() ? scalars.front().device()
+                                               : at::Device(at::kCPU);
+  std::vector<at::Tensor> parts;
+  if (!live.empty()) {
+    const std::vector<at::Tensor> l2 = at::_foreach_norm(live, 2, at::kDouble);
+    const std::vector<at::Tensor> linf = at::_foreach_norm(live, INFINITY, at::kDouble);
+    std::vector<at::Tensor> nonzeros;
+    nonzeros.reserve(live.size());
+    for (const auto& g : live) nonzeros.push_back(at::count_nonzero(g));
+    parts.push_back(at::stack(l2).pow(2));
+    parts.push_back(at::stack(linf).max().reshape({1}));
+    parts.push_back(at::stack(nonzeros).sum().to(at::kDouble).reshape({1}));
+  }
+  for (const auto& s : scalars) parts.push_back(s.detach().to(device, at::kDouble).reshape({1}));
+  GradStats stats;
+  scalar_values.clear();
+  if (parts.empty()) return stats;
+  const at::Tensor host = read_to_host(at::cat(parts)).contiguous();  // the step's one read
+  const double* v = host.data_ptr<double>();
+  size_t next = 0;
+  for (const auto& g : grads) {
+    const bool counted = g.defined() && g.numel() > 0;
+    stats.tensor_sum_squares.push_back(counted ? v[next++] : 0.0);
+    stats.sum_squares += stats.tensor_sum_squares.back();
+    stats.elements += counted ? g.numel() : 0;
+  }
+  if (!live.empty()) {
+    stats.max_abs = v[next++];
+    stats.zeros = stats.elements - static_cast<int64_t>(v[next++]);
+  }
+  for (size_t i = 0; i < scalars.size(); ++i) scalar_values.push_back(v[next++]);
   return stats;
 }
 

@@ -10,12 +10,14 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <unordered_map>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
+#include "ampkit/host_reads.h"
 
 namespace ampkit {
 
@@ -90,7 +92,7 @@ void check_same_layout(CommBackend& comm, const std::vector<at::Tensor>& tensors
   for (int i = 0; i < 3; ++i) all[comm.rank() * 3 + i] = mine[static_cast<size_t>(i)];
   std::vector<at::Tensor> buffer = {all.to(device)};
   comm.all_reduce_mean(buffer);
-  const at::Tensor sum = buffer[0].cpu() * static_cast<double>(world);
+  const at::Tensor sum = read_to_host(buffer[0]) * static_cast<double>(world);
   auto field = [&sum](int r, int i) { return std::llround(sum[r * 3 + i].item<double>()); };
   for (int r = 1; r < world; ++r) {
     if (field(r, 0) == field(0, 0) && field(r, 1) == field(0, 1) && field(r, 2) == field(0, 2)) continue;
@@ -237,6 +239,8 @@ double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, 
     strategies_.comm->broadcast(data_parallel_.buffers, 0);
   }
   zero_grad();
+  const bool on_device = uses_device_stats();
+  device_loss_ = at::Tensor();
   double loss_sum = 0.0;
   for (int micro = 0; micro < accumulation_steps_; ++micro) {
     // 3. With the Reducer, only the last micro-batch's backward communicates (DDP's no_sync for
@@ -255,14 +259,29 @@ double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, 
     if (!loss.defined() || loss.numel() != 1)
       throw Error(ErrorCategory::internal, "the forward function must return a scalar loss");
     loss = loss.to(at::kFloat);
-    loss_sum += loss.item<double>();
+    if (on_device)  // summed in float64 on the device, read with the statistics (step 4)
+      device_loss_ = device_loss_.defined() ? device_loss_ + loss.detach().to(at::kDouble)
+                                            : loss.detach().to(at::kDouble);
+    else
+      loss_sum += read_scalar(loss);
     at::Tensor scaled = loss * (scale / accumulation_steps_);  // 2. scaled backward
     if (sync)
       reducer_->prepare_for_backward(data_parallel_.find_unused_parameters ? std::vector<at::Tensor>{scaled}
                                                                            : std::vector<at::Tensor>{});
     scaled.backward();
   }
+  if (on_device) {
+    device_loss_ = device_loss_ / static_cast<double>(accumulation_steps_);
+    return std::numeric_limits<double>::quiet_NaN();  // known after the statistics' read
+  }
   return loss_sum / accumulation_steps_;
+}
+
+bool Trainer::uses_device_stats() const {
+  if (stats_path_ != StatsPath::automatic) return stats_path_ == StatsPath::device;
+  for (const auto& p : parameters_)
+    if (!p.device().is_cpu() || p.scalar_type() != at::kFloat) return true;
+  return false;
 }
 
 // 3. Average across ranks: the gradients by the Reducer during backward, otherwise here (identity
@@ -270,14 +289,20 @@ double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, 
 // non-finite loss on any rank makes every rank take the same decision.
 std::vector<at::Tensor> Trainer::average_across_ranks(StepStats& stats) {
   CommBackend& comm = *strategies_.comm;
-  if (comm.world_size() > 1) {
+  if (device_loss_.defined()) {  // the device path: averaged on the device, read in step 4
+    if (comm.world_size() > 1) {
+      std::vector<at::Tensor> loss_tensor = {device_loss_.reshape({1})};
+      comm.all_reduce_mean(loss_tensor);
+      device_loss_ = loss_tensor[0];
+    }
+  } else if (comm.world_size() > 1) {
     std::vector<at::Tensor> loss_tensor = {
         at::full({1}, stats.loss,
                  at::TensorOptions()
                      .dtype(at::kDouble)
                      .device(parameters_.empty() ? at::Device(at::kCPU) : parameters_.front().device()))};
     comm.all_reduce_mean(loss_tensor);
-    stats.loss = loss_tensor[0].item<double>();
+    stats.loss = read_scalar(loss_tensor[0]);
   }
   stats.loss_finite = std::isfinite(stats.loss);
   std::vector<at::Tensor> grads = gradients();
@@ -293,7 +318,15 @@ std::vector<at::Tensor> Trainer::average_across_ranks(StepStats& stats) {
 // 4. One statistics pass over the scaled gradients; everything a strategy sees is unscaled.
 void Trainer::measure_gradients(const std::vector<at::Tensor>& grads, StepStats& stats) const {
   const double scale = stats.scale;
-  const GradStats g = compute_grad_stats(grads);
+  GradStats g;
+  if (device_loss_.defined()) {
+    std::vector<double> loss;
+    g = compute_grad_stats_on_device(grads, {device_loss_}, loss);
+    stats.loss = loss.at(0);
+    stats.loss_finite = std::isfinite(stats.loss);
+  } else {
+    g = compute_grad_stats(grads);
+  }
   stats.grad_norm_scaled = std::sqrt(g.sum_squares);
   stats.grad_norm = stats.grad_norm_scaled / scale;
   stats.grad_max_abs_scaled = g.max_abs;

@@ -24,6 +24,15 @@ struct GradStats {
 // result does not depend on the thread count.
 GradStats compute_grad_stats(const std::vector<at::Tensor>& grads);
 
+// The device path of the same pass, for gradients on a GPU (and, for tests, on the CPU): tensor
+// ops on the gradients' device (_foreach_norm in float64 for the per-tensor sums of squares and
+// max-abs, count_nonzero for the zeros) packed with `scalars` (e.g. the step's loss) into one
+// float64 tensor, read to the host once (read_to_host). `scalar_values` receives the scalars.
+// Sums of squares are float64 reductions: within 1e-6 relative of the CPU fast path's.
+GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
+                                       const std::vector<at::Tensor>& scalars,
+                                       std::vector<double>& scalar_values);
+
 // grads *= factor, in place: one read-write pass; a factor of exactly 1 touches nothing.
 void scale_grads_(const std::vector<at::Tensor>& grads, double factor);
 

@@ -100,6 +100,14 @@ class Trainer {
       std::function<void(const StepOutcome& outcome, const std::function<at::Tensor(int)>& forward)>;
   void set_bad_step_observer(BadStepObserver observer) { bad_step_observer_ = std::move(observer); }
 
+  // Where the statistics pass runs. automatic: the CPU fast path for fp32 CPU parameters, the
+  // device path otherwise (one host read per healthy step: the gradients' statistics and the
+  // loss in one copy; docs/architecture.md). device forces the device path, on CPU tensors too
+  // (tests compare it with the fast path and count its reads, see host_reads.h).
+  enum class StatsPath { automatic, cpu_fast, device };
+  void set_stats_path(StatsPath path) { stats_path_ = path; }
+  bool uses_device_stats() const;
+
   // Every attempted step is exactly one of: taken (its update is in the parameters), skipped
   // (a bad step, never applied) or discarded (applied, then undone by a rollback).
   int64_t steps_attempted() const { return attempted_; }
@@ -144,6 +152,8 @@ class Trainer {
   std::unique_ptr<c10d::Reducer> reducer_;
   std::function<int64_t()> rollback_;
   BadStepObserver bad_step_observer_;
+  StatsPath stats_path_ = StatsPath::automatic;
+  at::Tensor device_loss_;  // the device path's step loss, read with the statistics
   bool started_ = false;
   int64_t attempted_ = 0;
   int64_t taken_ = 0;
