@@ -375,6 +375,7 @@ void Trainer::update_scaler(StepOutcome& out, NanAction action) {
     strategies_.scaler->update(out.stats);
   } catch (const std::exception& e) {
     action = NanAction::abort;
+    out.aborted_by_scaler = true;
     out.decision.reason =
         (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
   }

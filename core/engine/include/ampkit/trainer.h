@@ -50,6 +50,7 @@ struct StepOutcome {
   double grad_norm_clipped = 0.0;  // unscaled total norm after clipping
   double scale_next = 1.0;         // the scale after the scaler's update
   double lr = 0.0;                 // learning rate used by this step
+  bool aborted_by_scaler = false;  // the abort comes from the loss scaler (its update threw)
 };
 
 // Data-parallel settings (torch DDP's, with its defaults); see Trainer::enable_data_parallel.

@@ -1,0 +1,66 @@
+// One loaded plugin of each kind, with its resolved options and its strategy, reached by type.
+#pragma once
+
+#include <ampkit/comm_backend.h>
+#include <ampkit/grad_clipper.h>
+#include <ampkit/loss_scaler.h>
+#include <ampkit/nan_policy.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampkit/plugin_options.h"
+#include "ampkit/registry.h"
+
+namespace ampkit {
+
+// What to load for one kind: a plugin name (or a path to its file) and its option inputs.
+struct StrategyChoice {
+  std::string name;
+  OptionInputs options;
+};
+
+// A selected plugin: its file, its resolved options and, once created, its strategy.
+struct SelectedStrategy {
+  std::string kind;
+  const LoadedPlugin* plugin = nullptr;
+  ResolvedOptions options;
+  std::unique_ptr<Strategy> strategy;
+};
+
+// The four strategies of a run (loss scaler, gradient clipper, NaN policy, comm backend), loaded
+// by name in one call:
+//   auto set = StrategySet::load(registry, {{"scaler", {"dynamic", inputs}}, ...});
+//   set->create();
+//   Trainer trainer(..., {&set->scaler(), &set->clipper(), &set->nan_policy(), &set->comm()}, ...);
+class StrategySet {
+ public:
+  // Finds the plugin of every kind in kPluginKinds (a kind missing from `choices` gets its
+  // default name "none", "none", "skip", "local"), loads them together (one crash probe for all)
+  // and resolves their options. Throws ampkit::Error (plugin, usage) naming what is wrong.
+  static std::unique_ptr<StrategySet> load(Registry& registry,
+                                           const std::map<std::string, StrategyChoice>& choices);
+
+  // Creates the strategies from the resolved options (the plugins' factories run here).
+  void create();
+
+  LossScaler& scaler() const;
+  GradClipper& clipper() const;
+  NanPolicy& nan_policy() const;
+  CommBackend& comm() const;
+
+  // The selected plugin of a kind; every kind is present.
+  const SelectedStrategy& selected(const std::string& kind) const;
+  SelectedStrategy& selected(const std::string& kind);
+  // All of them, in kPluginKinds order.
+  const std::vector<SelectedStrategy>& all() const { return selected_; }
+  std::vector<SelectedStrategy>& all() { return selected_; }
+
+ private:
+  Strategy& created(const std::string& kind) const;
+  std::vector<SelectedStrategy> selected_;
+};
+
+}  // namespace ampkit

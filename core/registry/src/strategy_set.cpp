@@ -1,0 +1,73 @@
+// Loading the four strategies of a run by name, and reaching each by its type.
+#include "ampkit/strategy_set.h"
+
+#include "ampkit/error.h"
+
+namespace ampkit {
+
+namespace {
+const std::map<std::string, std::string> kDefaultNames = {
+    {"scaler", "none"}, {"clipper", "none"}, {"nan_policy", "skip"}, {"comm", "local"}};
+}  // namespace
+
+std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
+                                               const std::map<std::string, StrategyChoice>& choices) {
+  for (const auto& [kind, choice] : choices)
+    if (kDefaultNames.count(kind) == 0)
+      throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "'");
+  std::vector<PluginInfo> found;
+  std::vector<StrategyChoice> chosen;
+  for (const auto& kind : kPluginKinds) {
+    const auto it = choices.find(kind);
+    chosen.push_back(it != choices.end() ? it->second : StrategyChoice{kDefaultNames.at(kind), {}});
+    found.push_back(registry.find(kind, chosen.back().name));
+  }
+  // All found first, then loaded together: their crash probe is one child, not four.
+  const std::vector<const LoadedPlugin*> loaded = registry.load_all(found);
+  auto set = std::make_unique<StrategySet>();
+  for (size_t i = 0; i < kPluginKinds.size(); ++i) {
+    SelectedStrategy s;
+    s.kind = kPluginKinds[i];
+    s.plugin = loaded[i];
+    s.options = resolve_options(s.plugin->descriptor(), chosen[i].options);
+    set->selected_.push_back(std::move(s));
+  }
+  return set;
+}
+
+void StrategySet::create() {
+  for (auto& s : selected_) s.strategy = s.plugin->create(s.options.values);
+}
+
+const SelectedStrategy& StrategySet::selected(const std::string& kind) const {
+  for (const auto& s : selected_)
+    if (s.kind == kind) return s;
+  throw Error(ErrorCategory::internal, "no " + kind + " plugin in the strategy set");
+}
+
+SelectedStrategy& StrategySet::selected(const std::string& kind) {
+  return const_cast<SelectedStrategy&>(static_cast<const StrategySet&>(*this).selected(kind));
+}
+
+Strategy& StrategySet::created(const std::string& kind) const {
+  const SelectedStrategy& s = selected(kind);
+  if (!s.strategy) throw Error(ErrorCategory::internal, kind + " strategy used before StrategySet::create()");
+  return *s.strategy;
+}
+
+// The registry checked each plugin's kind against its interface before loading it, so these
+// casts cannot pick the wrong type; they are the only ones (the host and the tests use these).
+LossScaler& StrategySet::scaler() const {
+  return static_cast<LossScaler&>(created("scaler"));
+}
+GradClipper& StrategySet::clipper() const {
+  return static_cast<GradClipper&>(created("clipper"));
+}
+NanPolicy& StrategySet::nan_policy() const {
+  return static_cast<NanPolicy&>(created("nan_policy"));
+}
+CommBackend& StrategySet::comm() const {
+  return static_cast<CommBackend&>(created("comm"));
+}
+
+}  // namespace ampkit

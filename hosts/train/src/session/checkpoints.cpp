@@ -1,0 +1,178 @@
+// Resume, checkpoints and rollback snapshots of a session.
+#include "session/checkpoints.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include "ampkit/error.h"
+
+namespace ampkit::train {
+
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+namespace {
+
+// A full resume needs the plugins and the optimizer the checkpoint was written with.
+void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const StrategySet& strategies) {
+  const std::string where = "checkpoint " + ckpt.folder.string();
+  for (const auto& p : strategies.all()) {
+    const PluginInfo& info = p.plugin->info();
+    const PluginStateRecord* saved = nullptr;
+    for (const auto& r : ckpt.manifest.plugins)
+      if (r.kind == p.kind) saved = &r;
+    if (saved == nullptr)
+      throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
+    if (saved->name != info.name || saved->version != info.version)
+      throw Error(ErrorCategory::checkpoint,
+                  where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version +
+                      ", this run selects " + p.kind + " '" + info.name + "' " + info.version +
+                      "; select the same plugin, or pass --weights-only to load only the parameters");
+  }
+  for (const auto& s : ckpt.manifest.config) {
+    if (s.value("name", "") != "optimizer") continue;
+    if (s.value("value", "") != cfg.optimizer)
+      throw Error(ErrorCategory::checkpoint, where + " was written with --optimizer " + s.value("value", "") +
+                                                 ", this run uses --optimizer " + cfg.optimizer +
+                                                 "; pass --weights-only to load only the parameters");
+  }
+}
+
+// The checkpoint --resume names: auto picks the newest valid one in --checkpoint-dir (none: a
+// fresh start, with a note); a path must be a step-N folder.
+std::optional<LoadedCheckpoint> checkpoint_to_resume(const TrainConfig& cfg) {
+  if (cfg.resume == "auto") {
+    std::vector<std::string> skipped;
+    const auto folder = find_resume_checkpoint(cfg.checkpoint_dir, &skipped);
+    for (const auto& w : skipped) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
+    if (folder) return read_checkpoint(*folder);
+    std::fprintf(stderr, "ampkit-train: note: --resume auto: no valid checkpoint in %s; starting fresh\n",
+                 cfg.checkpoint_dir.c_str());
+    return std::nullopt;
+  }
+  const std::filesystem::path given(cfg.resume);
+  if (std::filesystem::exists(given / "latest") && !std::filesystem::exists(given / "manifest.json"))
+    throw Error(ErrorCategory::usage, "--resume " + cfg.resume +
+                                          " holds checkpoints; name one of its step-N folders, or use "
+                                          "--checkpoint-dir " +
+                                          cfg.resume + " --resume auto");
+  return read_checkpoint(given);
+}
+
+// Everything but the parameters: optimizer, plugin states, counters, host state, RNG.
+void restore_run_state(RunParts& run, const LoadedCheckpoint& ckpt) {
+  restore_optimizer(ckpt, run.optimizer);
+  for (auto& p : run.strategies.all()) {
+    for (const auto& r : ckpt.manifest.plugins) {
+      if (r.kind != p.kind) continue;
+      try {
+        p.strategy->load(r.state);
+      } catch (const std::exception& e) {
+        throw Error(ErrorCategory::checkpoint, "checkpoint " + ckpt.folder.string() + ": " + p.kind + " '" +
+                                                   r.name + "' cannot load its saved state: " + e.what());
+      }
+    }
+  }
+  const CheckpointManifest& m = ckpt.manifest;
+  run.state = m.host.get<HostState>();
+  run.trainer.restore_counters(m.steps_attempted, m.steps_taken, m.consecutive_skips,
+                               run.state.steps_discarded, run.state.rollbacks);
+  set_cpu_rng_state(m.cpu_rng_state);
+}
+
+}  // namespace
+
+std::string resume(RunParts& run) {
+  if (run.cfg.resume.empty()) return "";
+  const std::optional<LoadedCheckpoint> ckpt = checkpoint_to_resume(run.cfg);
+  if (!ckpt) return "";
+  if (!run.cfg.weights_only) check_resumable(*ckpt, run.cfg, run.strategies);
+  restore_tensors(*ckpt, model_tensors(run.module));
+  if (parameter_sha256(run.params) != ckpt->manifest.param_sha256)
+    throw Error(ErrorCategory::checkpoint, "checkpoint " + ckpt->folder.string() +
+                                               ": the restored parameters do not hash to the manifest's "
+                                               "param_sha256");
+  if (!run.cfg.weights_only) restore_run_state(run, *ckpt);
+  std::fprintf(stderr, "ampkit-train: resumed from %s at step %lld%s\n", ckpt->folder.string().c_str(),
+               static_cast<long long>(run.trainer.steps_attempted()),
+               run.cfg.weights_only ? " (weights only)" : "");
+  return ckpt->folder.string();
+}
+
+CheckpointKeeper::CheckpointKeeper(RunParts& run, bool writes, int64_t steps_per_epoch)
+    : run_(run),
+      writes_(writes),
+      steps_per_epoch_(steps_per_epoch),
+      last_saved_(run.trainer.steps_attempted()) {}
+
+void CheckpointKeeper::save() {
+  const Trainer& t = run_.trainer;
+  CheckpointManifest m;
+  m.steps_attempted = t.steps_attempted();
+  m.steps_taken = t.steps_taken();
+  m.consecutive_skips = t.consecutive_skips();
+  m.epoch = (t.steps_attempted() + run_.state.data_skip) / steps_per_epoch_;
+  for (const auto& s : run_.cfg.settings)
+    m.config.push_back({{"name", s.name}, {"value", s.value}, {"source", s.source}});
+  for (const auto& p : run_.strategies.all())
+    m.plugins.push_back({p.kind, p.plugin->info().name, p.plugin->info().version, p.strategy->save()});
+  m.cpu_rng_state = cpu_rng_state();
+  m.param_sha256 = parameter_sha256(run_.params);
+  run_.state.steps_discarded = t.steps_discarded();
+  run_.state.rollbacks = t.rollbacks();
+  m.host = run_.state;
+  last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.module), run_.optimizer,
+                           run_.cfg.keep_checkpoints)
+              .string();
+  last_saved_ = t.steps_attempted();
+}
+
+void CheckpointKeeper::after_step() {
+  if (writes_ && run_.cfg.checkpoint_every > 0 &&
+      run_.trainer.steps_attempted() % run_.cfg.checkpoint_every == 0)
+    save();
+}
+
+void CheckpointKeeper::at_end() {
+  if (writes_ && last_saved_ != run_.trainer.steps_attempted()) save();
+}
+
+RollbackKeeper::RollbackKeeper(RunParts& run, const RollbackPlan& plan, CheckpointKeeper& checkpoints)
+    : run_(run), plan_(plan) {
+  if (!plan_.enabled()) return;
+  if (plan_.snapshot_every > 0)
+    snapshot_.capture(model_tensors(run_.module), run_.optimizer, run_.trainer.steps_attempted(),
+                      run_.trainer.steps_taken());
+  if (plan_.from_checkpoint && checkpoints.writes() && !find_resume_checkpoint(run_.cfg.checkpoint_dir))
+    checkpoints.save();  // a rollback before the first periodic checkpoint needs one to go to
+  run_.trainer.set_rollback_handler([this] { return restore(); });
+}
+
+int64_t RollbackKeeper::restore() {
+  if (!plan_.from_checkpoint) {
+    source_ = "in-memory snapshot before step " + std::to_string(snapshot_.steps_attempted());
+    return snapshot_.restore(model_tensors(run_.module), run_.optimizer);
+  }
+  const auto folder = find_resume_checkpoint(run_.cfg.checkpoint_dir);
+  if (!folder)
+    throw Error(ErrorCategory::checkpoint,
+                "rollback: no valid checkpoint in " + run_.cfg.checkpoint_dir + " to roll back to");
+  const LoadedCheckpoint ckpt = read_checkpoint(*folder);
+  restore_tensors(ckpt, model_tensors(run_.module));
+  restore_optimizer(ckpt, run_.optimizer);
+  source_ = ckpt.folder.string();
+  return ckpt.manifest.steps_taken;
+}
+
+void RollbackKeeper::after_step(const StepOutcome& out) {
+  if (plan_.snapshot_every > 0 && out.stepped && run_.trainer.steps_taken() % plan_.snapshot_every == 0)
+    snapshot_.capture(model_tensors(run_.module), run_.optimizer, run_.trainer.steps_attempted(),
+                      run_.trainer.steps_taken());
+}
+
+}  // namespace ampkit::train

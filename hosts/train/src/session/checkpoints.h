@@ -1,0 +1,63 @@
+// Resume, checkpoint keeping and rollback keeping (docs/configuration.md, "Checkpoints";
+// docs/troubleshooting-nan.md, "Rollback"). Rank 0 writes checkpoints; every rank loads them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ampkit/checkpoint.h"
+#include "session/session.h"
+
+namespace ampkit::train {
+
+// Parameters and buffers by name: what a checkpoint's model.pt holds.
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& module);
+
+// Loads the checkpoint --resume names (or, for auto, the newest valid one) into the run: the model
+// always; without --weights-only also the optimizer, plugin states, counters, host state and RNG,
+// after checking that the same plugins and optimizer are selected. Returns the folder resumed
+// from, or "" for a fresh start.
+std::string resume(RunParts& run);
+
+// Writes checkpoints: periodically, at the end, and on demand (a rollback's first target).
+class CheckpointKeeper {
+ public:
+  CheckpointKeeper(RunParts& run, bool writes, int64_t steps_per_epoch);
+  bool writes() const { return writes_; }
+  void save();
+  // After a step: every --checkpoint-every attempted steps.
+  void after_step();
+  // At the end (an aborted run too: the bad step was not applied, so the parameters are the last
+  // good ones), unless the last step was just saved.
+  void at_end();
+  const std::string& last() const { return last_; }
+
+ private:
+  RunParts& run_;
+  bool writes_;
+  int64_t steps_per_epoch_;
+  int64_t last_saved_;
+  std::string last_;
+};
+
+// Keeps what a rollback returns to: an in-memory snapshot every snapshot_every taken steps, or
+// the newest checkpoint; and hands the Trainer its rollback handler.
+class RollbackKeeper {
+ public:
+  RollbackKeeper(RunParts& run, const RollbackPlan& plan, CheckpointKeeper& checkpoints);
+  void after_step(const StepOutcome& out);
+  // What the last rollback restored ("in-memory snapshot before step N", or a checkpoint folder).
+  const std::string& source() const { return source_; }
+
+ private:
+  int64_t restore();
+  RunParts& run_;
+  RollbackPlan plan_;
+  MemorySnapshot snapshot_;
+  std::string source_;
+};
+
+}  // namespace ampkit::train

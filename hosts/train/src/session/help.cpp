@@ -1,0 +1,70 @@
+// --help and --print-config: what ampkit-train would do, without doing it.
+#include <cstdio>
+
+#include "ampkit/exit_codes.h"
+#include "session/session.h"
+
+namespace ampkit::train {
+
+namespace {
+
+const char* selector_flag(const std::string& kind) {
+  if (kind == "scaler") return "--scaler";
+  if (kind == "clipper") return "--clipper";
+  if (kind == "nan_policy") return "--nan-policy";
+  return "--comm";
+}
+
+bool given_on_command_line(const TrainConfig& cfg, const std::string& option) {
+  for (const auto& s : cfg.settings)
+    if (s.name == option) return s.source != "default";
+  return false;
+}
+
+}  // namespace
+
+RegistryOptions registry_options(const TrainConfig& cfg) {
+  RegistryOptions options;
+  for (const auto& d : cfg.plugin_dirs) options.plugin_dirs.emplace_back(d);
+  options.allow_untrusted = cfg.allow_untrusted_plugins;
+  return options;
+}
+
+int print_help(const TrainConfig& cfg) {
+  Registry registry(registry_options(cfg));
+  std::printf("%s%s\n", train_options_help().c_str(),
+              exit_codes_help({ExitCode::ok, ExitCode::internal, ExitCode::usage, ExitCode::plugin,
+                               ExitCode::data, ExitCode::aborted, ExitCode::checkpoint, ExitCode::distributed,
+                               ExitCode::output, ExitCode::interrupted})
+                  .c_str());
+  for (const auto& kind : kPluginKinds) {
+    const std::string option = std::string(selector_flag(kind)).substr(2);
+    if (!given_on_command_line(cfg, option)) continue;
+    const LoadedPlugin& p = registry.load(registry.find(kind, cfg.plugins.at(kind)));
+    OptionInputs none;
+    none.read_environment = false;
+    none.precision = cfg.precision;  // the table lists every per-precision default anyway
+    const std::vector<OptionSetting> specs = resolve_options(p.descriptor(), none).settings;
+    std::printf("\n%s '%s' options (--opt %s.NAME=VALUE, env %s):\n%s", kind.c_str(), p.info().name.c_str(),
+                kind.c_str(), option_environment_name(kind, "NAME").c_str(),
+                format_option_table(specs, /*with_source=*/false).c_str());
+  }
+  return 0;
+}
+
+void print_config(const TrainConfig& cfg, const StrategySet& strategies) {
+  std::printf("ampkit-train effective configuration\n");
+  size_t w = 0;
+  for (const auto& s : cfg.settings) w = std::max(w, s.name.size());
+  for (const auto& s : cfg.settings)
+    std::printf("  %-*s  %-28s  (%s)\n", static_cast<int>(w), s.name.c_str(), s.value.c_str(),
+                s.source.c_str());
+  for (const auto& p : strategies.all()) {
+    const PluginInfo& info = p.plugin->info();
+    std::printf("\n%s '%s' %s  [%s]\n", p.kind.c_str(), info.name.c_str(), info.version.c_str(),
+                info.is_static ? "static" : info.path.c_str());
+    std::printf("%s", format_option_table(p.options.settings, /*with_source=*/true).c_str());
+  }
+}
+
+}  // namespace ampkit::train

@@ -1,0 +1,117 @@
+// The NaN locator's reports and their one-line summaries.
+#include "session/nan_reports.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "ampkit/checkpoint.h"
+#include "ampkit/nan_locator.h"
+
+namespace ampkit::train {
+
+namespace {
+
+// "torch::nn::LinearImpl" -> "Linear".
+std::string module_type(torch::nn::Module& root, const std::string& path) {
+  for (const auto& item : root.named_modules("", false)) {
+    if (item.key() != path) continue;
+    std::string name = item.value()->name();
+    if (name.rfind("torch::nn::", 0) == 0) name = name.substr(11);
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+    return name;
+  }
+  return "";
+}
+
+nlohmann::json summary_json(const TensorSummary& t) {
+  return {{"dtype", t.dtype}, {"shape", t.shape},   {"min", t.min},
+          {"max", t.max},     {"absmax", t.absmax}, {"nonfinite", t.nonfinite}};
+}
+
+nlohmann::json observation_json(const ModuleObservation& o) {
+  nlohmann::json j = {{"module", o.module}, {"phase", o.phase}};
+  j[o.phase == "backward" ? "gradient" : "output"] = summary_json(o.value);
+  if (!o.input.dtype.empty()) j["input"] = summary_json(o.input);
+  return j;
+}
+
+}  // namespace
+
+std::filesystem::path nan_report_dir(const TrainConfig& cfg) {
+  if (!cfg.nan_report_dir.empty()) return cfg.nan_report_dir;
+  for (const std::string& f : {cfg.summary_file, cfg.metrics_file})
+    if (!f.empty())
+      return std::filesystem::path(f).parent_path().empty() ? "." : std::filesystem::path(f).parent_path();
+  return ".";
+}
+
+NanReporter::NanReporter(RunParts& run, Workload& workload, int rank)
+    : run_(run), workload_(workload), rank_(rank) {
+  run_.trainer.set_bad_step_observer(
+      [this](const StepOutcome& o, const std::function<at::Tensor(int)>& forward) { observe(o, forward); });
+}
+
+void NanReporter::before_step(int64_t reference_batch) {
+  reference_batch_ = reference_batch;
+  if (run_.cfg.nan_locate > run_.state.locator_runs) pre_step_rng_ = cpu_rng_state();
+  located_ = nullptr;
+}
+
+nlohmann::json NanReporter::report_json(const StepOutcome& o, const NanLocation& loc) const {
+  nlohmann::json report = {
+      {"step", o.stats.step},
+      {"rank", rank_},
+      {"detection", o.decision.reason},
+      {"action", to_string(o.decision.action)},
+      {"loss_scale", o.stats.scale},
+      {"precision", to_string(run_.cfg.precision)},
+      {"located", loc.found},
+      {"module", loc.module},
+      {"module_type", loc.module.empty() ? "" : module_type(workload_.module(), loc.module)},
+      {"phase", loc.phase},
+      {"finding", loc.finding},
+      {"micro_batch", loc.micro_batch},
+      {"micro_batch_loss", std::isfinite(loc.loss) ? nlohmann::json(loc.loss) : nlohmann::json("nan")}};
+  if (!loc.module.empty()) report["observation"] = observation_json(loc.observation);
+  if (loc.reference_absmax > 0) report["reference_absmax"] = loc.reference_absmax;
+  for (const auto& x : loc.forward) report["forward"].push_back(observation_json(x));
+  for (const auto& x : loc.backward) report["backward"].push_back(observation_json(x));
+  return report;
+}
+
+void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward) {
+  if (run_.state.locator_runs >= run_.cfg.nan_locate) return;
+  ++run_.state.locator_runs;
+  LocatorInputs in;
+  in.forward = forward;
+  in.micro_batches = run_.cfg.accumulate;
+  in.reference = [this] { return workload_.loss(reference_batch_); };
+  in.precision = run_.cfg.precision;
+  in.scale = o.stats.scale;
+  in.accumulation_steps = run_.cfg.accumulate;
+  const std::string rng_after = cpu_rng_state();
+  set_cpu_rng_state(pre_step_rng_);  // the same RNG state as the step itself
+  const NanLocation loc = locate_fault(in, run_.params);
+  set_cpu_rng_state(rng_after);
+  const nlohmann::json report = report_json(o, loc);
+  const std::filesystem::path dir = nan_report_dir(run_.cfg);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::filesystem::path file =
+      dir / ("nan-report-step-" + std::to_string(o.stats.step) + "-rank-" + std::to_string(rank_) + ".json");
+  write_json_file(file, report);
+  located_ = {
+      {"step", o.stats.step}, {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
+  reports_.push_back(located_);
+  const std::string where =
+      loc.found ? (loc.module.empty()
+                       ? "in the loss"
+                       : "at module '" + loc.module + "' (" + report["module_type"].get<std::string>() +
+                             ", " + loc.observation.value.dtype + ", " + loc.phase + ")")
+                : "not located";
+  std::fprintf(stderr, "ampkit-train: step %lld: %s; locator: %s: %s; report %s\n",
+               static_cast<long long>(o.stats.step), o.decision.reason.c_str(), where.c_str(),
+               loc.finding.c_str(), file.string().c_str());
+}
+
+}  // namespace ampkit::train

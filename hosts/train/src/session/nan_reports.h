@@ -1,0 +1,41 @@
+// NaN reports: the locator re-runs a bad step with every module observed and writes
+// nan-report-step-N-rank-R.json (docs/troubleshooting-nan.md); one line on stderr per report.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ampkit/nan_locator.h"
+#include "session/session.h"
+
+namespace ampkit::train {
+
+// The folder for NaN reports: --nan-report-dir, else that of --summary, else of --metrics, else ".".
+std::filesystem::path nan_report_dir(const TrainConfig& cfg);
+
+class NanReporter {
+ public:
+  // Installs itself as the Trainer's bad-step observer; reports use `workload` for the
+  // reference batch and the module types.
+  NanReporter(RunParts& run, Workload& workload, int rank);
+  // Before each step: the batch a healthy reference run uses, and the RNG state the step starts
+  // from (a re-run must draw the same dropout masks).
+  void before_step(int64_t reference_batch);
+  // The step's locator finding for its metrics record, or null.
+  const nlohmann::json& located() const { return located_; }
+  const nlohmann::json& reports() const { return reports_; }
+
+ private:
+  void observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward);
+  nlohmann::json report_json(const StepOutcome& o, const NanLocation& loc) const;
+  RunParts& run_;
+  Workload& workload_;
+  int rank_;
+  std::string pre_step_rng_;
+  int64_t reference_batch_ = 0;
+  nlohmann::json located_;
+  nlohmann::json reports_ = nlohmann::json::array();
+};
+
+}  // namespace ampkit::train

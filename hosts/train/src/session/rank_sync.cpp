@@ -1,0 +1,78 @@
+// Rank agreement: small all-gathers over the comm backend's all_reduce_mean.
+#include "session/rank_sync.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "ampkit/error.h"
+
+namespace ampkit::train {
+
+CommBackend* g_comm = nullptr;
+
+std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device) {
+  const int64_t n = static_cast<int64_t>(local.size()), world = comm.world_size();
+  if (world == 1) return local;
+  at::Tensor all = at::zeros({world * n}, at::TensorOptions().dtype(at::kDouble));
+  for (int64_t i = 0; i < n; ++i) all[comm.rank() * n + i] = local[static_cast<size_t>(i)];
+  std::vector<at::Tensor> tensors = {all.to(device)};
+  comm.all_reduce_mean(tensors);
+  const at::Tensor sum = tensors[0].cpu() * static_cast<double>(world);
+  std::vector<double> out(static_cast<size_t>(world * n));
+  for (int64_t i = 0; i < world * n; ++i) out[static_cast<size_t>(i)] = sum[i].item<double>();
+  return out;
+}
+
+std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, int64_t step, double sps,
+                                  int stop_signal, const StepOutcome& out, int& agreed_stop) {
+  constexpr size_t kFields = 4;
+  const int world = comm.world_size();
+  const std::vector<double> all = gather(comm,
+                                         {sps / world, static_cast<double>(stop_signal),
+                                          static_cast<double>(out.decision.action), out.scale_next},
+                                         device);
+  std::vector<double> per_rank;
+  for (int r = 0; r < world; ++r) {
+    const double* f = &all[static_cast<size_t>(r) * kFields];
+    per_rank.push_back(f[0]);
+    if (f[1] != 0) agreed_stop = static_cast<int>(f[1]);
+    if (f[2] != all[2] || f[3] != all[3])
+      throw Error(ErrorCategory::distributed,
+                  "ranks disagree at step " + std::to_string(step) + ": rank 0 decided " +
+                      to_string(static_cast<NanAction>(static_cast<int>(all[2]))) + " with scale " +
+                      std::to_string(all[3]) + ", rank " + std::to_string(r) + " decided " +
+                      to_string(static_cast<NanAction>(static_cast<int>(f[2]))) + " with scale " +
+                      std::to_string(f[3]) + " (a plugin that is not deterministic in its inputs?)");
+  }
+  return per_rank;
+}
+
+void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::json& summary) {
+  const int world = comm.world_size();
+  const std::string mine = summary["param_sha256"].get<std::string>();
+  std::vector<double> codes(mine.begin(), mine.end());
+  codes.resize(64, 0.0);
+  const std::vector<double> all = gather(comm, codes, device);
+  std::vector<std::string> hashes;
+  for (int r = 0; r < world; ++r) {
+    std::string h;
+    for (int i = 0; i < 64; ++i) h += static_cast<char>(std::lround(all[static_cast<size_t>(r * 64 + i)]));
+    hashes.push_back(h);
+  }
+  summary["world_size"] = world;
+  summary["param_sha256_ranks"] = hashes;
+  summary["ranks_identical"] =
+      std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; });
+  summary["rank_samples_per_second"] =
+      gather(comm, {summary["samples_per_second"].get<double>() / world}, device);
+  if (!summary["ranks_identical"].get<bool>())
+    std::fprintf(stderr, "ampkit-train: warning: rank %d: the ranks' parameters differ at the end (%s)\n",
+                 comm.rank(), summary["param_sha256_ranks"].dump().c_str());
+}
+
+}  // namespace ampkit::train

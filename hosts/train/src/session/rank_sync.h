@@ -1,0 +1,34 @@
+// What the ranks of a multi-process run tell each other beyond the gradients: every rank's
+// values (gather), the per-step agreement on the decision and on stopping, the final hashes.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ampkit/comm_backend.h>
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "ampkit/trainer.h"
+
+namespace ampkit::train {
+
+// The comm backend of a multi-process run once the rendezvous succeeded, for main() to explain a
+// failed collective (which rank was lost); null in a one-process run.
+extern CommBackend* g_comm;
+
+// Each rank's `local` values, in rank order, on every rank (an all-gather on all_reduce_mean:
+// every rank fills its own slot of a zero tensor).
+std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device);
+
+// One small all-gather per step: each rank's throughput, a stop signal any rank received, and a
+// check that every rank took the same decision with the same scale (they must: they saw the same
+// averaged statistics). Returns the ranks' samples/s; sets `agreed_stop` when a rank was
+// signalled; a disagreement is a distributed error.
+std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, int64_t step, double sps,
+                                  int stop_signal, const StepOutcome& out, int& agreed_stop);
+
+// Every rank's parameter hash and samples/s into the summary, so one file shows that the replicas
+// stayed identical (a warning on stderr when they did not).
+void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::json& summary);
+
+}  // namespace ampkit::train

@@ -1,0 +1,103 @@
+// The per-step host loop, numbered as docs/architecture.md's "One host step".
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "ampkit/error.h"
+#include "ampkit/probe.h"
+#include "session/checkpoints.h"
+#include "session/nan_reports.h"
+#include "session/precision_checks.h"
+#include "session/rank_sync.h"
+#include "session/session.h"
+#include "session/stop_signals.h"
+
+namespace ampkit::train {
+
+void Session::train() {
+  CommBackend& comm = strategies_->comm();
+  const int world = comm.world_size();
+  progress_ =
+      std::make_unique<ProgressLine>(total_steps_, cfg_.log_every, cfg_.progress != "never" && is_root_);
+  samples_per_step_ = static_cast<double>(cfg_.batch_size * cfg_.accumulate * world);
+  train_start_ = std::chrono::steady_clock::now();
+  for (int64_t step = trainer_->steps_attempted(); step < total_steps_; ++step) {
+    if ((world > 1 ? agreed_stop_ : stop_signal()) != 0) break;  // 1. a stop signal, agreed by all ranks
+    const int64_t data_step = step + state_.data_skip;           // 2. the data this step trains on
+    if (data_step / steps_per_epoch_ != epoch_) {
+      epoch_ = data_step / steps_per_epoch_;
+      workload_->start_epoch(epoch_);
+    }
+    const int64_t first_batch = (data_step % steps_per_epoch_) * cfg_.accumulate;
+    nan_reports_->before_step((first_batch + cfg_.accumulate) % workload_->batches_per_epoch());
+    const StepOutcome out = run_step(step, first_batch);  // 3. Trainer::step, faults planted
+    account(step, out);                                   // 4. rollback data skip, snapshots, counters
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
+    const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
+    last_time_ = now;
+    metrics_->write(step_metrics(step, data_step, out, sps, now));  // 5. metrics, agreed across ranks
+    layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
+    progress_->update(step + 1, out, sps);
+    if (out.decision.action == NanAction::abort) {  // 6. abort, or 7. a periodic checkpoint
+      abort_reason_ = out.decision.reason;
+      aborted_by_scaler_ = out.aborted_by_scaler;
+      break;
+    }
+    checkpoints_->after_step();
+  }
+  progress_->finish();
+  if (agreed_stop_ != 0) adopt_stop_signal(agreed_stop_);  // another rank was signalled
+}
+
+StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
+  FaultInjector& injector = *injector_;
+  const bool faulty = injector.arm(step, strategies_->comm().rank());
+  const StepOutcome out = trainer_->step([&](int micro) {
+    ProbeScope scope(faulty ? &injector : nullptr);
+    const at::Tensor loss = workload_->loss(first_batch + micro);
+    return faulty ? injector.apply_to_loss(loss) : loss;
+  });
+  if (faulty)
+    for (const Fault& f : injector.unreached())
+      throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': layer '" + f.layer +
+                                            "' never produced an output in " + cfg_.workload + "'s forward");
+  return out;
+}
+
+void Session::account(int64_t step, const StepOutcome& out) {
+  if (out.decision.action == NanAction::rollback) {
+    state_.data_skip += out.decision.skip_batches;
+    std::fprintf(stderr, "ampkit-train: step %lld: rolled back to the %s; skipping %lld batches\n",
+                 static_cast<long long>(step), rollbacks_->source().c_str(),
+                 static_cast<long long>(out.decision.skip_batches));
+  }
+  rollbacks_->after_step(out);
+  if (out.stats.found_inf) ++state_.nan_events;
+  if (report_underflow_ && step == 0 && !out.stats.found_inf) {
+    warnings_.push_back(underflow_warning(out.stats.zero_fraction));
+    std::fprintf(stderr, "ampkit-train: warning: %s\n", warnings_.back().c_str());
+  }
+  if (out.stepped && out.clip_coefficient < 1.0) ++state_.clipped_steps;
+  // Only applied steps: a skipped spike's loss says nothing about the model being trained.
+  if (out.stepped && std::isfinite(out.stats.loss)) {
+    state_.recent_losses.push_back(out.stats.loss);
+    if (state_.recent_losses.size() > 20) state_.recent_losses.pop_front();
+  }
+}
+
+nlohmann::json Session::step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
+                                     double now) {
+  nlohmann::json record = step_record(out, epoch_, trainer_->steps_skipped(), sps, now);
+  if (strategies_->comm().world_size() > 1)
+    record["rank_samples_per_second"] =
+        agree_on_step(strategies_->comm(), device_, step, sps, stop_signal(), out, agreed_stop_);
+  record["data_step"] = data_step;
+  record["steps_discarded"] = trainer_->steps_discarded();
+  record["rollbacks"] = trainer_->rollbacks();
+  if (!nan_reports_->located().is_null()) record["located"] = nan_reports_->located();
+  if (cfg_.layer_norms_top_k > 0)
+    record["top_layers"] = top_layers(names_, out.stats.tensor_norms, cfg_.layer_norms_top_k);
+  return record;
+}
+
+}  // namespace ampkit::train

@@ -1,0 +1,203 @@
+// A session's set-up, in order: strategies, threads and device, workload, rendezvous, optimizer
+// and Trainer, resume, data parallelism. Every input is checked before the rendezvous, so a bad
+// option fails each rank on its own instead of one rank leaving the others waiting.
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "ampkit/device_support.h"
+#include "ampkit/error.h"
+#include "ampkit/fused_adamw.h"
+#include "session/checkpoints.h"
+#include "session/nan_reports.h"
+#include "session/precision_checks.h"
+#include "session/rank_sync.h"
+#include "session/session.h"
+#include "session/stop_signals.h"
+
+namespace ampkit::train {
+
+namespace {
+
+// The model's leaf modules: the hook points the workloads tap, in registration order.
+std::vector<std::string> hook_points(torch::nn::Module& module) {
+  std::vector<std::string> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/false))
+    if (item.value()->children().empty()) out.push_back(item.key());
+  return out;
+}
+
+}  // namespace
+
+Session::Session(const TrainConfig& cfg)
+    : cfg_(cfg), registry_(std::make_unique<Registry>(registry_options(cfg))) {}
+
+Session::~Session() {
+  if (std::uncaught_exceptions() > 0 && g_comm != nullptr) return;  // see strategies_
+  delete strategies_;
+}
+
+void Session::load_strategies() {
+  std::map<std::string, StrategyChoice> choices;
+  for (const auto& kind : kPluginKinds) {
+    StrategyChoice& c = choices[kind];
+    c.name = cfg_.plugins.at(kind);
+    if (const auto it = cfg_.plugin_options_cli.find(kind); it != cfg_.plugin_options_cli.end())
+      c.options.command_line = it->second;
+    if (const auto it = cfg_.plugin_options_file.find(kind); it != cfg_.plugin_options_file.end())
+      c.options.config_file = it->second;
+    c.options.config_file_name = cfg_.config_file;
+    c.options.precision = cfg_.precision;  // picks per-precision defaults ("default for fp16")
+  }
+  strategies_ = StrategySet::load(*registry_, choices).release();
+}
+
+void Session::set_threads_and_device() {
+  if (cfg_.threads > 0) {
+    at::set_num_threads(cfg_.threads);
+  } else if (cfg_.dist.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // Ranks of one node share its cores; oversubscribed OpenMP threads spin against each other
+    // and a step can take 30x longer. torchrun sets OMP_NUM_THREADS=1 for the same reason.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    at::set_num_threads(
+        static_cast<int>(std::max(1u, cores / static_cast<unsigned>(cfg_.dist.nproc_per_node))));
+  }
+  if (cfg_.device == "cuda" && !torch::cuda::is_available())
+    throw Error(ErrorCategory::usage, "--device cuda, but no CUDA device is visible to LibTorch");
+  if (cfg_.device == "cuda")
+    if (const auto capability = cuda_compute_capability(0))
+      if (const std::string problem = cuda_precision_problem(cfg_.precision, *capability); !problem.empty())
+        throw Error(ErrorCategory::usage, problem);
+  device_ = at::Device(cfg_.device == "cuda" ? at::kCUDA : at::kCPU);
+}
+
+void Session::build_workload() {
+  torch::manual_seed(cfg_.seed);
+  workload_ = cfg_.workload == "fashion-mnist" ? make_fashion_mnist(cfg_, device_)
+              : cfg_.workload == "char-gpt"    ? make_char_gpt(cfg_, device_)
+                                               : make_synthetic(cfg_, device_);
+  std::vector<Fault> faults;
+  for (const auto& spec : cfg_.inject) faults.push_back(parse_fault(spec));
+  validate_faults(faults, hook_points(workload_->module()), cfg_.dist.world_size);
+  injector_ = std::make_unique<FaultInjector>(faults);
+  rollback_plan_ = strategies_->nan_policy().rollback_plan();
+  if (rollback_plan_.from_checkpoint && cfg_.checkpoint_dir.empty())
+    throw Error(ErrorCategory::usage,
+                "nan_policy '" + strategies_->selected("nan_policy").plugin->info().name +
+                    "' rolls back to the newest checkpoint (snapshot=checkpoint): give --checkpoint-dir");
+}
+
+void Session::rendezvous() {
+  CommBackend& comm = strategies_->comm();
+  const std::string name = strategies_->selected("comm").plugin->info().name;
+  try {
+    set_in_rendezvous(true);
+    comm.init(cfg_.dist);
+    set_in_rendezvous(false);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCategory::distributed, "comm '" + name + "': " + e.what());
+  }
+  if (comm.world_size() != cfg_.dist.world_size || comm.rank() != cfg_.dist.rank)
+    throw Error(ErrorCategory::distributed,
+                "comm '" + name + "' reports rank " + std::to_string(comm.rank()) + " of " +
+                    std::to_string(comm.world_size()) + ", the job says rank " +
+                    std::to_string(cfg_.dist.rank) + " of " + std::to_string(cfg_.dist.world_size));
+  if (comm.world_size() > 1) g_comm = &comm;
+  is_root_ = comm.rank() == 0;
+  warnings_ = precision_warnings(cfg_, *strategies_);
+  if (is_root_)
+    for (const auto& w : warnings_)
+      std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  // About speed, not about the run's numbers: printed, not counted among the summary's warnings.
+  if (is_root_ && device_.is_cpu())
+    if (const std::string note = cpu_precision_note(cfg_.precision, cpu_capabilities()); !note.empty())
+      std::fprintf(stderr, "ampkit-train: %s\n", note.c_str());
+  report_underflow_ = reports_underflow(cfg_, strategies_->scaler());
+}
+
+void Session::build_trainer() {
+  for (const auto& item : workload_->module().named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    names_.push_back(item.key());
+    params_.push_back(item.value());
+  }
+  if (cfg_.optimizer == "adamw")
+    optimizer_ = std::make_unique<FusedAdamW>(
+        params_, torch::optim::AdamWOptions(cfg_.lr).weight_decay(cfg_.weight_decay));
+  else
+    optimizer_ = std::make_unique<torch::optim::SGD>(
+        params_, torch::optim::SGDOptions(cfg_.lr).momentum(0.9).weight_decay(cfg_.weight_decay));
+  steps_per_epoch_ = workload_->batches_per_epoch() / cfg_.accumulate;
+  if (steps_per_epoch_ < 1)
+    throw Error(ErrorCategory::usage, "--batch-size x --accumulate exceeds one epoch of " + cfg_.workload);
+  total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * steps_per_epoch_;
+  LrSchedule schedule;
+  schedule.kind = cfg_.lr_schedule == "cosine" ? LrSchedule::Kind::cosine : LrSchedule::Kind::constant;
+  schedule.base_lr = cfg_.lr;
+  schedule.warmup_steps = cfg_.warmup_steps;
+  schedule.total_steps = total_steps_;
+  StrategySet& s = *strategies_;
+  trainer_ =
+      std::make_unique<Trainer>(cfg_.precision, cfg_.accumulate, params_, names_, *optimizer_,
+                                Strategies{&s.scaler(), &s.clipper(), &s.nan_policy(), &s.comm()}, schedule);
+  RunInfo info;
+  info.rank = s.comm().rank();
+  info.world_size = s.comm().world_size();
+  trainer_->start(info);
+  parts_.reset(new RunParts{cfg_, workload_->module(), params_, *optimizer_, *trainer_, s, state_});
+}
+
+// Every rank holds the checkpoint's (or its own seed's) parameters; from here rank 0's are
+// everyone's, and gradients are averaged by torch's DDP Reducer during backward.
+void Session::enable_data_parallel() {
+  DataParallelOptions dp;
+  dp.bucket_cap_mb = cfg_.dist.bucket_cap_mb;
+  dp.find_unused_parameters = cfg_.dist.find_unused_parameters;
+  dp.gradient_as_bucket_view = cfg_.dist.gradient_as_bucket_view;
+  dp.broadcast_buffers = cfg_.dist.broadcast_buffers;
+  for (const auto& item : workload_->module().named_buffers()) dp.buffers.push_back(item.value());
+  trainer_->enable_data_parallel(dp);
+}
+
+// The whole run, numbered as docs/architecture.md's "One ampkit-train run".
+int Session::run() {
+  load_strategies();  // 1
+  if (cfg_.print_config) {
+    print_config(cfg_, *strategies_);
+    return 0;
+  }
+  validate(cfg_.dist, torch::cuda::is_available());
+  strategies_->create();
+  set_threads_and_device();  // 2
+  build_workload();
+  rendezvous();     // 3
+  build_trainer();  // 4
+  const bool writes_checkpoints = !cfg_.checkpoint_dir.empty() && strategies_->comm().rank() == 0;
+  resumed_from_ = resume(*parts_);  // 5
+  enable_data_parallel();
+  first_step_ = trainer_->steps_attempted();
+  metrics_ = std::make_unique<MetricsWriter>(is_root_ ? cfg_.metrics_file : "", first_step_);
+  layer_norms_ = std::make_unique<LayerNormWriter>(is_root_ ? cfg_.layer_norms_file : "", first_step_);
+  checkpoints_ = std::make_unique<CheckpointKeeper>(*parts_, writes_checkpoints, steps_per_epoch_);
+  rollbacks_ = std::make_unique<RollbackKeeper>(*parts_, rollback_plan_, *checkpoints_);
+  nan_reports_ = std::make_unique<NanReporter>(*parts_, *workload_, strategies_->comm().rank());
+  train();  // 6
+  stop_ = stop_signal();
+  checkpoints_->at_end();
+  if (!checkpoints_->last().empty() && (stop_ != 0 || cfg_.checkpoint_every == 0))
+    std::fprintf(stderr, "ampkit-train: checkpoint written: %s\n", checkpoints_->last().c_str());
+  const double train_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
+  return finish(train_seconds);  // 7
+}
+
+}  // namespace ampkit::train
