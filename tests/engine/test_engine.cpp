@@ -76,14 +76,15 @@ BOOST_AUTO_TEST_CASE(stats_and_single_multiply_match_unscale_then_clip_grad_norm
       std::vector<at::Tensor> ref = clone_all(ours);
       std::vector<at::Tensor> ref32 = clone_all(ours);
 
-      auto clipper =
-          plugins.make("clipper", "norm", {{"max_norm", std::to_string(max_norm)}, {"norm_type", norm_type}});
+      auto set = plugins.strategies(
+          {{"clipper",
+            Plugins::choice("norm", {{"max_norm", std::to_string(max_norm)}, {"norm_type", norm_type}})}});
       const GradStats g = compute_grad_stats(ours);
       StepStats stats;
       stats.scale = scale;
       stats.grad_norm = std::sqrt(g.sum_squares) / scale;
       stats.grad_max_abs = g.max_abs / scale;
-      const ClipResult clip = static_cast<GradClipper*>(clipper.get())->clip(stats);
+      const ClipResult clip = set->clipper().clip(stats);
       scale_grads_(ours, clip.coefficient / scale);
 
       const double ref_norm =
@@ -150,10 +151,8 @@ at::Tensor batch_x(int64_t i) {
 
 BOOST_AUTO_TEST_CASE(trainer_step_equals_pytorch_sequence_and_skips_bad_steps) {
   Plugins plugins;
-  auto scaler = plugins.make("scaler", "static", {{"scale", "1024"}});
-  auto clipper = plugins.make("clipper", "norm", {{"max_norm", "0.05"}});
-  auto policy = plugins.make("nan_policy", "skip");
-  auto comm = plugins.make("comm", "local");
+  auto set = plugins.strategies({{"scaler", Plugins::choice("static", {{"scale", "1024"}})},
+                                 {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})}});
 
   at::manual_seed(0);
   TinyModel model, reference;
@@ -166,10 +165,7 @@ BOOST_AUTO_TEST_CASE(trainer_step_equals_pytorch_sequence_and_skips_bad_steps) {
   torch::optim::SGD ref_opt(reference.params(), torch::optim::SGDOptions(0.1));
   LrSchedule schedule;
   schedule.base_lr = 0.1;
-  Trainer trainer(Precision::fp32, 1, model.params(), model.names(), opt,
-                  {static_cast<LossScaler*>(scaler.get()), static_cast<GradClipper*>(clipper.get()),
-                   static_cast<NanPolicy*>(policy.get()), static_cast<CommBackend*>(comm.get())},
-                  schedule);
+  Trainer trainer(Precision::fp32, 1, model.params(), model.names(), opt, Plugins::of(*set), schedule);
 
   // A healthy step: compare with scale -> backward -> unscale -> clip_grad_norm_ -> step.
   const StepOutcome ok = trainer.step([&](int) { return model.layer->forward(batch_x(0)).pow(2).mean(); });
@@ -205,19 +201,13 @@ BOOST_AUTO_TEST_CASE(trainer_step_equals_pytorch_sequence_and_skips_bad_steps) {
 
 BOOST_AUTO_TEST_CASE(skipped_steps_do_not_advance_the_lr_schedule) {
   Plugins plugins;
-  auto scaler = plugins.make("scaler", "none");
-  auto clipper = plugins.make("clipper", "none");
-  auto policy = plugins.make("nan_policy", "skip");
-  auto comm = plugins.make("comm", "local");
+  auto set = plugins.strategies();
   TinyModel model;
   torch::optim::SGD opt(model.params(), torch::optim::SGDOptions(1.0));
   LrSchedule schedule;
   schedule.base_lr = 1.0;
   schedule.warmup_steps = 4;  // lr = (taken + 1) / 4
-  Trainer trainer(Precision::fp32, 1, model.params(), model.names(), opt,
-                  {static_cast<LossScaler*>(scaler.get()), static_cast<GradClipper*>(clipper.get()),
-                   static_cast<NanPolicy*>(policy.get()), static_cast<CommBackend*>(comm.get())},
-                  schedule);
+  Trainer trainer(Precision::fp32, 1, model.params(), model.names(), opt, Plugins::of(*set), schedule);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> lrs;
   for (double factor : {1.0, nan, nan, 1.0, nan, 1.0}) {
@@ -233,10 +223,7 @@ BOOST_AUTO_TEST_CASE(skipped_steps_do_not_advance_the_lr_schedule) {
 
 BOOST_AUTO_TEST_CASE(accumulated_micro_batches_equal_one_large_batch) {
   Plugins plugins;
-  auto scaler = plugins.make("scaler", "static", {{"scale", "4096"}});
-  auto clipper = plugins.make("clipper", "none");
-  auto policy = plugins.make("nan_policy", "skip");
-  auto comm = plugins.make("comm", "local");
+  auto set = plugins.strategies({{"scaler", Plugins::choice("static", {{"scale", "4096"}})}});
   at::manual_seed(3);
   TinyModel a, b;
   {
@@ -248,8 +235,7 @@ BOOST_AUTO_TEST_CASE(accumulated_micro_batches_equal_one_large_batch) {
   torch::optim::SGD opt_b(b.params(), torch::optim::SGDOptions(0.5));
   LrSchedule schedule;
   schedule.base_lr = 0.5;
-  Strategies s{static_cast<LossScaler*>(scaler.get()), static_cast<GradClipper*>(clipper.get()),
-               static_cast<NanPolicy*>(policy.get()), static_cast<CommBackend*>(comm.get())};
+  Strategies s = Plugins::of(*set);
   Trainer four(Precision::fp32, 4, a.params(), a.names(), opt_a, s, schedule);
   Trainer one(Precision::fp32, 1, b.params(), b.names(), opt_b, s, schedule);
   const StepOutcome o4 = four.step([&](int m) { return a.layer->forward(batch_x(m)).pow(2).mean(); });

@@ -7,6 +7,8 @@
 
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
+#include "ampkit/strategy_set.h"
+#include "ampkit/trainer.h"
 
 namespace ampkit::test {
 
@@ -30,6 +32,25 @@ struct BuiltinPlugins {
     in.command_line = std::move(options);
     in.read_environment = false;
     return p.create(resolve_options(p.descriptor(), in).values);
+  }
+  // A choice for StrategySet::load: a plugin name and its command-line options, no environment.
+  static StrategyChoice choice(std::string name, std::map<std::string, std::string> options = {}) {
+    StrategyChoice c;
+    c.name = std::move(name);
+    c.options.command_line = std::move(options);
+    c.options.read_environment = false;
+    return c;
+  }
+  // The four strategies as ampkit-train loads and creates them (StrategySet); kinds left out get
+  // their defaults (scaler none, clipper none, nan_policy skip, comm local).
+  std::unique_ptr<StrategySet> strategies(const std::map<std::string, StrategyChoice>& choices = {}) {
+    auto set = StrategySet::load(registry, choices);
+    set->create();
+    return set;
+  }
+  // The Trainer's view of a set.
+  static Strategies of(const StrategySet& s) {
+    return {&s.scaler(), &s.clipper(), &s.nan_policy(), &s.comm()};
   }
 };
 

@@ -7,6 +7,7 @@
 #include <ampkit/metrics.h>
 #include <ampkit/plugin_options.h>
 #include <ampkit/registry.h>
+#include <ampkit/strategy_set.h>
 #include <ampkit/trainer.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -101,23 +102,23 @@ int run(int argc, char** argv) {
   ampkit::RegistryOptions registry_options;
   registry_options.plugin_dirs.emplace_back(AMPKIT_EXAMPLE_PLUGIN_DIR);
   ampkit::Registry registry(registry_options);
-  std::map<std::string, std::unique_ptr<ampkit::Strategy>> strategies;
-  nlohmann::json chosen;
-  for (const auto& kind : ampkit::kPluginKinds) {
-    const ampkit::LoadedPlugin& plugin = registry.load(registry.find(kind, args.plugins.at(kind)));
-    ampkit::OptionInputs inputs;  // + AMPKIT_<KIND>_<OPTION> from the environment, like ampkit-train
-    if (args.options.count(kind)) inputs.command_line = args.options.at(kind);
-    inputs.precision = precision;  // picks per-precision defaults
-    const ampkit::ResolvedOptions options = ampkit::resolve_options(plugin.descriptor(), inputs);
-    strategies[kind] = plugin.create(options.values);
-    chosen[kind] = {
-        {"name", plugin.info().name}, {"version", plugin.info().version}, {"options", options.values.all()}};
+  std::map<std::string, ampkit::StrategyChoice> choices;
+  for (const auto& [kind, name] : args.plugins) {
+    ampkit::StrategyChoice& c = choices[kind];  // + AMPKIT_<KIND>_<OPTION> from the environment
+    c.name = name;
+    if (args.options.count(kind)) c.options.command_line = args.options.at(kind);
+    c.options.precision = precision;  // picks per-precision defaults
   }
-  auto* comm = dynamic_cast<ampkit::CommBackend*>(strategies.at("comm").get());
-  comm->init(ampkit::DistributedConfig{});
-  ampkit::Strategies s{dynamic_cast<ampkit::LossScaler*>(strategies.at("scaler").get()),
-                       dynamic_cast<ampkit::GradClipper*>(strategies.at("clipper").get()),
-                       dynamic_cast<ampkit::NanPolicy*>(strategies.at("nan_policy").get()), comm};
+  const std::unique_ptr<ampkit::StrategySet> strategies = ampkit::StrategySet::load(registry, choices);
+  strategies->create();
+  nlohmann::json chosen;
+  for (const auto& s : strategies->all())
+    chosen[s.kind] = {{"name", s.plugin->info().name},
+                      {"version", s.plugin->info().version},
+                      {"options", s.options.values.all()}};
+  strategies->comm().init(ampkit::DistributedConfig{});
+  const ampkit::Strategies s{&strategies->scaler(), &strategies->clipper(), &strategies->nan_policy(),
+                             &strategies->comm()};
   ampkit::LrSchedule schedule;
   schedule.base_lr = 0.01;
   ampkit::Trainer trainer(precision, /*accumulation_steps=*/1, parameters, names, optimizer, s, schedule);

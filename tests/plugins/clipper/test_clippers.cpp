@@ -108,15 +108,16 @@ StepStats norm_only(double norm, int64_t step) {
 }
 
 struct Plugins : ampkit::test::BuiltinPlugins {
-  // A clipper plugin object; the library stays loaded for the process (never unloaded).
-  std::unique_ptr<Strategy> clipper(const std::string& name,
-                                    std::map<std::string, std::string> options = {}) {
-    return make("clipper", name, std::move(options));
+  // A strategy set whose clipper is `name` (the others default); the libraries stay loaded for
+  // the process (never unloaded).
+  std::unique_ptr<StrategySet> clipper(const std::string& name,
+                                       std::map<std::string, std::string> options = {}) {
+    return strategies({{"clipper", choice(name, std::move(options))}});
   }
 };
 
-GradClipper* as_clipper(const std::unique_ptr<Strategy>& s) {
-  return static_cast<GradClipper*>(s.get());
+GradClipper* as_clipper(const std::unique_ptr<StrategySet>& s) {
+  return &s->clipper();
 }
 
 }  // namespace
@@ -289,7 +290,7 @@ BOOST_AUTO_TEST_CASE(zscore_equals_zclip_over_the_recorded_norms) {
       BOOST_TEST(clipped == golden_clipped);
       BOOST_TEST(exact_ones == static_cast<int>(norms.size()));  // unclipped steps are exactly 1
       BOOST_TEST(clipped > 0);
-      const State s = clipper->save();
+      const State s = clipper->clipper().save();
       BOOST_TEST(rel(s.get<double>("mean"), c["mean"].get<double>()) <= 1e-9);
       BOOST_TEST(rel(s.get<double>("var"), c["var"].get<double>()) <= 1e-9);
     }
@@ -314,7 +315,7 @@ BOOST_AUTO_TEST_CASE(percentile_history_bound_and_max_norm_by_hand) {
     BOOST_TEST(r.threshold == thresholds[t]);
     BOOST_TEST(r.coefficient == thresholds[t] / (norms[t] + 1e-6));  // clip_grad_norm_'s 1e-6
   }
-  BOOST_TEST(clipper->save().get<std::vector<double>>("history") == std::vector<double>({2.0, 3.0}),
+  BOOST_TEST(clipper->clipper().save().get<std::vector<double>>("history") == std::vector<double>({2.0, 3.0}),
              boost::test_tools::per_element());
 }
 
@@ -331,23 +332,24 @@ BOOST_AUTO_TEST_CASE(adaptive_resumes_exactly_from_its_saved_state) {
         a.push_back(as_clipper(whole)->clip(norm_only(norms[t], t)).coefficient);
         // Stop in the middle and continue in a fresh object from the saved state.
         GradClipper* active = as_clipper(t < 150 ? first : second);
-        if (t == 150) second->load(first->save());
+        if (t == 150) second->clipper().load(first->clipper().save());
         b.push_back(active->clip(norm_only(norms[t], t)).coefficient);
       }
       BOOST_TEST(a == b, boost::test_tools::per_element());
       auto warm = plugins.clipper("adaptive", {{"method", method}});
       auto resumed = plugins.clipper("adaptive", {{"method", method}});
       for (size_t t = 0; t < 20; ++t) as_clipper(warm)->clip(norm_only(norms[t], t));
-      resumed->load(warm->save());
-      BOOST_TEST((resumed->save() == warm->save()));
+      resumed->clipper().load(warm->clipper().save());
+      BOOST_TEST((resumed->clipper().save() == warm->clipper().save()));
     }
   }
   auto zscore = plugins.clipper("adaptive", {{"method", "zscore"}});
   auto percentile = plugins.clipper("adaptive", {{"method", "percentile"}});
-  BOOST_CHECK_EXCEPTION(percentile->load(zscore->save()), std::invalid_argument, [](const std::exception& e) {
-    return std::string(e.what()).find("method=zscore") != std::string::npos &&
-           std::string(e.what()).find("method=percentile") != std::string::npos;
-  });
+  BOOST_CHECK_EXCEPTION(percentile->clipper().load(zscore->clipper().save()), std::invalid_argument,
+                        [](const std::exception& e) {
+                          return std::string(e.what()).find("method=zscore") != std::string::npos &&
+                                 std::string(e.what()).find("method=percentile") != std::string::npos;
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(bad_option_values_are_refused_with_the_option_named) {
@@ -393,9 +395,8 @@ class RecordingSGD : public torch::optim::SGD {
 // loss * 65536 gives 65536 * G_i exactly (a power of two), as a real scaled fp16 backward would.
 struct GoldenRun {
   Plugins plugins;
-  std::unique_ptr<Strategy> scaler = plugins.make("scaler", "static", {{"scale", text(kScale)}});
-  std::unique_ptr<Strategy> policy = plugins.make("nan_policy", "skip");
-  std::unique_ptr<Strategy> comm = plugins.make("comm", "local");
+  std::unique_ptr<StrategySet> others =
+      plugins.strategies({{"scaler", Plugins::choice("static", {{"scale", text(kScale)}})}});
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> initial;
   std::vector<std::string> names;
@@ -411,9 +412,7 @@ struct GoldenRun {
     schedule.base_lr = 1.0;
     trainer = std::make_unique<Trainer>(
         Precision::fp32, 1, params, names, optimizer,
-        Strategies{static_cast<LossScaler*>(scaler.get()), clipper, static_cast<NanPolicy*>(policy.get()),
-                   static_cast<CommBackend*>(comm.get())},
-        schedule);
+        Strategies{&others->scaler(), clipper, &others->nan_policy(), &others->comm()}, schedule);
   }
 
   StepOutcome step(const std::vector<at::Tensor>& grads) {
