@@ -9,8 +9,11 @@ character literals and preprocessor lines are blanked first, so braces inside th
     tools/function_lengths.py --top 40 core/engine
     tools/function_lengths.py --self-test         # the scanner on fixtures with known lengths
 
+    tools/function_lengths.py --file-limit 400    # also fail on a file longer than 400 lines
+
 Exit 0 when every function is within the limit, 1 when one is not (each is named as
-file:line: N lines: name), 2 on a usage error. Tests and benchmark programs are not scanned: they
+"file:line: name is N lines, over the limit of 80") or a file is over --file-limit, 2 on a
+usage error. Tests and benchmark programs are not scanned: they
 live in tests/ and tools/bench/, outside the default folders.
 """
 import argparse
@@ -82,6 +85,9 @@ def blank_non_code(text):
 def function_name(header):
     """The name before the parameter list of a signature, e.g. 'Trainer::step'."""
     header = re.sub(r"__attribute__\s*\(\(.*?\)\)", " ", header, flags=re.S)
+    op = re.search(r"([~\w:]*operator\s*(?:\(\)|[^\s(]+))\s*\(", header)
+    if op:  # operator<, operator() and the like: their '<' or '(' is part of the name
+        return re.sub(r"operator\s+(?=\W)", "operator", re.sub(r"\s+", " ", op.group(1)))
     depth = 0
     for k, ch in enumerate(header):
         if ch == "<":
@@ -92,6 +98,27 @@ def function_name(header):
             m = re.search(r"([~\w:]+(?:operator\s*\S+?)?|\][^\[]*)\s*$", header[:k])
             return m.group(1) if m and not m.group(1).startswith("]") else "(lambda)"
     return header.strip().split("\n")[0][:40]
+
+
+def member_init(header):
+    """True when the '{' after header brace-initialises a member or base in a constructor's
+    initializer list (`A(int x) : a_{x}, b_{x} {`), so it is not the body."""
+    stripped = ACCESS.sub("", header)
+    if CONTROL.match(stripped) or "(" not in stripped:
+        return False
+    depth, close = 0, -1
+    for k, ch in enumerate(stripped):  # the parameter list's closing parenthesis
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                close = k
+                break
+    if close < 0:
+        return False
+    rest = stripped[close + 1:]
+    return bool(re.search(r"(?<!:):(?!:)", rest)) and bool(re.search(r"[\w>]\s*$", rest))
 
 
 def scan(text):
@@ -110,6 +137,9 @@ def scan(text):
     for k, ch in enumerate(code):
         if ch == "{":
             header = code[header_from:k]
+            if (stack and stack[-1] == "init") or ("function" not in stack and member_init(header)):
+                stack.append("init")  # part of a constructor's signature: the header goes on
+                continue
             inside_function = "function" in stack
             kind = "block"
             if not inside_function:
@@ -128,6 +158,9 @@ def scan(text):
             stack.append(kind)
             header_from = k + 1
         elif ch == "}":
+            if stack and stack[-1] == "init":
+                stack.pop()
+                continue
             if stack:
                 kind = stack.pop()
                 if kind == "function":
@@ -173,6 +206,13 @@ def self_test():
         "  int f() const { return 1; }\n"
         " public:\n"
         "  void g(int x) {\n" + body(78) + "  }\n"
+        "  bool operator<(const S&) const { return false; }\n"
+        "};\n"
+        "struct C {\n"
+        "  C(int x)\n"
+        "      : a_{x},\n"
+        "        b_{x} {\n" + body(4) + "  }\n"
+        "  int a_, b_;\n"
         "};\n"
         "int long_one(int x) {\n"
         "  const char* s = \"{{{ not a brace\";\n"
@@ -186,14 +226,25 @@ def self_test():
             f.write(fixture)
         got = {name: length for length, _, _, name in measure([path])}
         over = subprocess.run([sys.executable, __file__, "--limit", "80", path], capture_output=True, text=True)
-    want = {"f": 1, "g": 80, "long_one": 81}
+        lines = fixture.count("\n")
+        file_ok = subprocess.run([sys.executable, __file__, "--limit", "100", "--file-limit", str(lines), path],
+                                 capture_output=True, text=True)
+        file_over = subprocess.run(
+            [sys.executable, __file__, "--limit", "100", "--file-limit", str(lines - 1), path],
+            capture_output=True, text=True)
+    want = {"f": 1, "g": 80, "operator<": 1, "C": 8, "long_one": 81}
     if got != want:
         print("function_lengths self-test FAILED: got %s, want %s" % (got, want))
         return 1
     if over.returncode != 1 or "long_one is 81 lines" not in over.stdout or "g is" in over.stdout:
         print("function_lengths self-test FAILED: the limit check gave exit %d:\n%s" % (over.returncode, over.stdout))
         return 1
-    print("function_lengths self-test passed: %s" % want)
+    if file_ok.returncode != 0 or file_over.returncode != 1 or "over the file limit" not in file_over.stdout:
+        print("function_lengths self-test FAILED: the file limit check gave exit %d at %d lines, %d at %d" %
+              (file_ok.returncode, lines, file_over.returncode, lines - 1))
+        return 1
+    print("function_lengths self-test passed: %s; a file of %d lines against limits %d and %d" %
+          (want, lines, lines, lines - 1))
     return 0
 
 
@@ -201,6 +252,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", help="files or folders (default: %s)" % " ".join(DEFAULT_ROOTS))
     ap.add_argument("--limit", type=int, default=80, help="longest allowed function, in lines (80)")
+    ap.add_argument("--file-limit", type=int, default=0,
+                    help="longest allowed file, in lines (0: files are not checked)")
     ap.add_argument("--top", type=int, default=15, help="how many of the longest to list (15)")
     ap.add_argument("--exclude", action="append", default=[], help="path prefix not to scan (repeatable)")
     ap.add_argument("--root", default=".", help="folder the default paths are relative to (.)")
@@ -210,7 +263,8 @@ def main():
         return self_test()
     os.chdir(args.root)
     roots = args.paths or [r for r in DEFAULT_ROOTS if os.path.isdir(r)]
-    found = measure(source_files(roots, args.exclude))
+    paths = list(source_files(roots, args.exclude))
+    found = measure(paths)
     print("longest functions (lines, file:line, name):")
     for length, path, first, name in found[:args.top]:
         print("  %4d  %s:%d  %s" % (length, path, first, name))
@@ -218,7 +272,16 @@ def main():
     for length, path, first, name in too_long:
         print("%s:%d: %s is %d lines, over the limit of %d" % (path, first, name, length, args.limit))
     print("%d functions scanned, %d over %d lines" % (len(found), len(too_long), args.limit))
-    return 1 if too_long else 0
+    long_files = []
+    if args.file_limit > 0:
+        for path in paths:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = sum(1 for _ in f)
+            if lines > args.file_limit:
+                long_files.append(path)
+                print("%s: %d lines, over the file limit of %d" % (path, lines, args.file_limit))
+        print("%d files scanned, %d over %d lines" % (len(paths), len(long_files), args.file_limit))
+    return 1 if too_long or long_files else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+// Writing checkpoint folders: temp folder, fsync, rename, `latest`, then the oldest go.
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <ampkit/version.h>
+#include <signal.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+#include "checkpoint_files.h"
+
+namespace fs = std::filesystem;
+
+namespace ampkit {
+
+using namespace checkpoint_files;
+
+namespace {
+
+// Leftovers of a writer that died (.tmp-step-N-PID, .old-step-N-PID): removable once PID is gone.
+void remove_stale_temporaries(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-step-", 0) != 0 && name.rfind(".old-step-", 0) != 0) continue;
+    const auto dash = name.rfind('-');
+    const long pid = std::strtol(name.c_str() + dash + 1, nullptr, 10);
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    fs::remove_all(entry.path(), ignored);
+  }
+}
+
+// Writes model.pt, optimizer.pt, manifest.json and manifest.sha256 into `tmp` and fsyncs it.
+// Tensors leave as CPU copies, by name, so a checkpoint loads on any device.
+void write_files(const fs::path& tmp, CheckpointManifest manifest,
+                 const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                 torch::optim::Optimizer& optimizer) {
+  c10::Dict<std::string, at::Tensor> dict;
+  manifest.tensors.clear();
+  for (const auto& [tensor_name, t] : tensors) {
+    dict.insert(tensor_name, t.detach().to(at::kCPU).contiguous());
+    manifest.tensors.push_back({tensor_name, std::string(c10::toString(t.scalar_type())), t.sizes().vec()});
+  }
+  const std::vector<char> model = torch::pickle_save(c10::IValue(dict));
+  const std::string optim = optimizer_bytes(optimizer);
+  write_durable(tmp / kModelFile, model.data(), model.size());
+  write_durable(tmp / kOptimizerFile, optim.data(), optim.size());
+
+  manifest.ampkit_version = AMPKIT_VERSION_STRING;
+  manifest.torch_version = AMPKIT_TORCH_VERSION;
+  nlohmann::json j = manifest_to_json(manifest);
+  j["files"] = {
+      {kModelFile, {{"sha256", sha256_of(model.data(), model.size())}, {"bytes", model.size()}}},
+      {kOptimizerFile, {{"sha256", sha256_of(optim.data(), optim.size())}, {"bytes", optim.size()}}}};
+  const std::string manifest_text = j.dump(1) + "\n";
+  write_durable(tmp / kManifestFile, manifest_text);
+  write_durable(tmp / kManifestSumFile,
+                sha256_of(manifest_text.data(), manifest_text.size()) + "  " + kManifestFile + "\n");
+  fsync_folder(tmp);
+}
+
+// Puts the complete `tmp` in place as dir/name and points `latest` at it. A folder of the same
+// step (a run resumed and stopped again at once) is replaced, never merged: move it aside, put
+// the new one in place, then delete the old one.
+fs::path publish(const fs::path& dir, const fs::path& tmp, const std::string& name, const std::string& pid) {
+  std::error_code ec;
+  const fs::path final_path = dir / name;
+  fs::path aside;
+  if (fs::exists(final_path, ec)) {
+    aside = dir / (".old-" + name + "-" + pid);
+    fs::remove_all(aside, ec);
+    rename_or_fail(final_path, aside);
+  }
+  rename_or_fail(tmp, final_path);
+  fsync_folder(dir);
+  if (!aside.empty()) fs::remove_all(aside, ec);
+
+  const fs::path latest_tmp = dir / "latest.tmp";
+  write_durable(latest_tmp, name + "\n");
+  rename_or_fail(latest_tmp, dir / "latest");
+  fsync_folder(dir);
+  return final_path;
+}
+
+// Older checkpoints go only once the new one is complete; each is renamed away first so a crash
+// mid-delete leaves a temporary, never a half-deleted `step-N`.
+void remove_oldest(const fs::path& dir, const fs::path& newest, int keep, const std::string& pid) {
+  std::error_code ec;
+  auto all = list_checkpoints(dir);
+  const size_t excess = all.size() > static_cast<size_t>(keep) ? all.size() - static_cast<size_t>(keep) : 0;
+  for (size_t i = 0; i < excess; ++i) {
+    if (all[i].second == newest) continue;
+    const fs::path doomed = dir / (".old-" + all[i].second.filename().string() + "-" + pid);
+    if (::rename(all[i].second.c_str(), doomed.c_str()) == 0) fs::remove_all(doomed, ec);
+  }
+  remove_stale_temporaries(dir);
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t n = step_of(entry.path().filename().string());
+    if (n >= 0 && entry.is_directory(ec)) out.emplace_back(n, entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
+                          const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                          torch::optim::Optimizer& optimizer, int keep) {
+  if (keep < 1) fail("keep must be >= 1, got " + std::to_string(keep));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("cannot create checkpoint folder " + dir.string() + ": " + ec.message());
+  const std::string name = "step-" + std::to_string(manifest.steps_attempted);
+  const std::string pid = std::to_string(::getpid());
+  const fs::path tmp = dir / (".tmp-" + name + "-" + pid);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec) fail("cannot create " + tmp.string() + ": " + ec.message());
+
+  write_files(tmp, std::move(manifest), tensors, optimizer);
+  const fs::path final_path = publish(dir, tmp, name, pid);
+  remove_oldest(dir, final_path, keep, pid);
+  return final_path;
+}
+
+}  // namespace ampkit
