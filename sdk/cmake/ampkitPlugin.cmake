@@ -1,3 +1,20 @@
+# ampkit_read_kinds(<header> <out-var>)
+# The plugin kinds from their one declaration, the kKinds table of ampkit/kinds.h: ampkit's build
+# reads them here, and the installed ampkitConfig.cmake carries the list it read (AMPKIT_KINDS).
+function(ampkit_read_kinds header out)
+  file(STRINGS "${header}" _lines REGEX "^ *\\{\"[a-z_]+\", \"[a-z-]+\", ")
+  set(_kinds "")
+  foreach(_line IN LISTS _lines)
+    string(REGEX MATCH "\\{\"([a-z_]+)\"" _match "${_line}")
+    list(APPEND _kinds "${CMAKE_MATCH_1}")
+  endforeach()
+  list(LENGTH _kinds _count)
+  if(_count LESS 1)
+    message(FATAL_ERROR "ampkit_read_kinds: no kinds found in ${header}")
+  endif()
+  set(${out} "${_kinds}" PARENT_SCOPE)
+endfunction()
+
 # ampkit_add_plugin(<target> KIND <kind> NAME <name> SOURCES <src>... [VERSION <v>] [OUTPUT_DIR <dir>]
 #                   [COMPILE_DEFINITIONS <def>...])
 # Builds libampkit-<kind>-<name>.so: a MODULE with hidden visibility against the SDK and LibTorch
@@ -5,8 +22,11 @@
 # use this same function; docs/plugin-authoring.md walks through it.
 function(ampkit_add_plugin target)
   cmake_parse_arguments(P "" "KIND;NAME;VERSION;OUTPUT_DIR" "SOURCES;COMPILE_DEFINITIONS" ${ARGN})
-  set(_kinds scaler clipper nan_policy comm)
-  if(NOT P_KIND IN_LIST _kinds)
+  if(NOT AMPKIT_KINDS)
+    message(FATAL_ERROR "ampkit_add_plugin(${target}): AMPKIT_KINDS is not set; use find_package(ampkit)")
+  endif()
+  if(NOT P_KIND IN_LIST AMPKIT_KINDS)
+    string(REPLACE ";" ", " _kinds "${AMPKIT_KINDS}")
     message(FATAL_ERROR "ampkit_add_plugin(${target}): KIND must be one of ${_kinds}, got '${P_KIND}'")
   endif()
   if(NOT P_NAME MATCHES "^[a-z][a-z0-9_]*$")

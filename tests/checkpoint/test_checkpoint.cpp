@@ -10,7 +10,7 @@
 #include "ampkit/error.h"
 #include "train_process.h"
 
-using namespace train_test;
+using namespace ampkit::test;
 
 namespace {
 

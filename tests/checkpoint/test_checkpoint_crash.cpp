@@ -9,7 +9,7 @@
 #include "ampkit/checkpoint.h"
 #include "train_process.h"
 
-using namespace train_test;
+using namespace ampkit::test;
 
 BOOST_AUTO_TEST_CASE(sigkill_at_random_moments_never_leaves_a_corrupt_latest_checkpoint) {
   TempDir tmp;

@@ -10,7 +10,7 @@
 
 #include "train_process.h"
 
-using namespace train_test;
+using namespace ampkit::test;
 
 namespace {
 
@@ -297,7 +297,7 @@ BOOST_AUTO_TEST_CASE(bad_job_layouts_get_one_line_and_exit_2) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"RANK=2 WORLD_SIZE=2 " + train + " " + tiny_args, "rank 2 is outside world size 2"},
       {train + " " + tiny_args + " --world-size 2 --rank 0 --master-port 70000",
-       "master port must be in 1..65535"},
+       "--master-port must be in [1, 65535], got 70000"},
       {train + " " + tiny_args + " --world-size 4 --nnodes 2 --nproc-per-node 3",
        "inconsistent node counts: nnodes 2 x nproc-per-node 3 != world size 4"},
       {"WORLD_SIZE=2 RANK=0 " + train + " " + tiny_args + " --comm local",

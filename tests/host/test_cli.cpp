@@ -29,8 +29,8 @@ using ampkit::cpu_capabilities;
 using ampkit::cpu_precision_note;
 using ampkit::CpuCapabilities;
 using ampkit::Precision;
-using train_test::Result;
-using train_test::run;
+using ampkit::test::Result;
+using ampkit::test::run;
 
 // ampkit-train's output without the note on a CPU that is slow in bf16 or fp16 (printed or not
 // depending on the machine; its own test checks it against the machine's flags).
@@ -135,7 +135,7 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
       {"--batch-size x", 2, "batch-size"},
       {"--precision fp8", 2, "--precision must be fp32, bf16 or fp16, got 'fp8'"},
       {"--epochs 1", 2, "give --epochs or --steps, not both"},
-      {"--lr -1", 2, "--lr must be a finite number > 0"},
+      {"--lr -1", 2, "--lr must be > 0, got -1"},
       {"--config /nonexistent.yaml", 2, "config file /nonexistent.yaml does not exist"},
       {"--config " + (tmp.path / "bad.yaml").string(), 2, "is not valid YAML"},
       {"--config " + (tmp.path / "unknown.yaml").string(), 2,

@@ -9,7 +9,7 @@
 
 #include "train_process.h"
 
-using namespace train_test;
+using namespace ampkit::test;
 
 #define AMPKIT_CHECK_CONTAINS(text, part)                                \
   BOOST_CHECK_MESSAGE(std::string(text).find(part) != std::string::npos, \

@@ -17,7 +17,7 @@ inline std::ostream& operator<<(std::ostream& out, ErrorCategory category) {
 }
 }  // namespace ampkit
 
-namespace ampkit_test {
+namespace ampkit::test {
 
 namespace fs = std::filesystem;
 
@@ -61,14 +61,14 @@ inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-}  // namespace ampkit_test
+}  // namespace ampkit::test
 
 // Checks that `text` contains `part`, printing the whole text when it does not.
 #define AMPKIT_CHECK_CONTAINS(text, part)                      \
-  BOOST_CHECK_MESSAGE(::ampkit_test::contains((text), (part)), \
+  BOOST_CHECK_MESSAGE(::ampkit::test::contains((text), (part)), \
                       "expected \"" << (part) << "\" in: \"" << (text) << "\"")
 #define AMPKIT_CHECK_NOT_CONTAINS(text, part)                   \
-  BOOST_CHECK_MESSAGE(!::ampkit_test::contains((text), (part)), \
+  BOOST_CHECK_MESSAGE(!::ampkit::test::contains((text), (part)), \
                       "did not expect \"" << (part) << "\" in: \"" << (text) << "\"")
 // Checks that `caught` is an ampkit::Error with `exit_code`, printing the message otherwise.
 #define AMPKIT_REQUIRE_ERROR(caught, exit_code)                                                              \

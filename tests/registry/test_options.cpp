@@ -13,7 +13,7 @@
 
 #include "registry_test_support.h"
 
-using namespace ampkit_test;
+using namespace ampkit::test;
 using ampkit::ErrorCategory;
 using ampkit::OptionInputs;
 using ampkit::ResolvedOptions;

@@ -26,7 +26,7 @@
 
 #include "registry_test_support.h"
 
-using namespace ampkit_test;
+using namespace ampkit::test;
 using ampkit::ErrorCategory;
 using ampkit::Registry;
 

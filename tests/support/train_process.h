@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace train_test {
+namespace ampkit::test {
 
 namespace fs = std::filesystem;
 
@@ -107,4 +107,4 @@ inline size_t count_lines(const fs::path& file) {
   return n;
 }
 
-}  // namespace train_test
+}  // namespace ampkit::test

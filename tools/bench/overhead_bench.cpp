@@ -135,12 +135,12 @@ int run(int argc, char** argv) {
   registry_options.allow_untrusted = cfg.allow_untrusted_plugins;
   ampkit::Registry registry(registry_options);
   std::vector<ampkit::PluginInfo> selected;
-  for (const auto& kind : ampkit::kPluginKinds) selected.push_back(registry.find(kind, cfg.plugins[kind]));
+  for (const auto& kind : ampkit::kKinds) selected.push_back(registry.find(kind.name, cfg.plugins[kind.name]));
   const std::vector<const ampkit::LoadedPlugin*> loaded = registry.load_all(selected);
   std::vector<std::unique_ptr<ampkit::Strategy>> strategies;
   for (size_t i = 0; i < loaded.size(); ++i) {
     ampkit::OptionInputs inputs;
-    inputs.command_line = cfg.plugin_options_cli[ampkit::kPluginKinds[i]];
+    inputs.command_line = cfg.plugin_options_cli[ampkit::kKinds[i].name];
     inputs.precision = cfg.precision;
     strategies.push_back(loaded[i]->create(ampkit::resolve_options(loaded[i]->descriptor(), inputs).values));
   }

@@ -78,9 +78,9 @@ int list(const Registry& registry, bool json) {
     wv = std::max(wv, p.version.size());
   }
   std::printf("%-*s  %-*s  %-*s  %s\n", int(wk), "kind", int(wn), "name", int(wv), "version", "summary");
-  for (const auto& kind : kPluginKinds)
+  for (const KindInfo& kind : kKinds)
     for (const auto& p : scan.plugins) {
-      if (p.kind != kind) continue;
+      if (p.kind != kind.name) continue;
       std::string note = shadowed(p, scan) ? "  [shadowed by static]" : "";
       try {
         check_compatible(p);
@@ -106,10 +106,10 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
              (name.size() > 3 && name.substr(name.size() - 3) == ".so")) {
     matches.push_back(inspect_plugin_file(name));
   } else {
-    for (const auto& k : kPluginKinds)
+    for (const KindInfo& k : kKinds)
       for (const auto& p : registry.scan().plugins)
-        if (p.kind == k && p.name == name) {
-          matches.push_back(registry.find(k, name));
+        if (p.kind == k.name && p.name == name) {
+          matches.push_back(registry.find(k.name, name));
           break;
         }
   }
@@ -159,7 +159,7 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
       "%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
       i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
       i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
-      i.compiler.c_str(), i.kind == "nan_policy" ? "nan-policy" : i.kind.c_str(), i.name.c_str());
+      i.compiler.c_str(), find_kind(i.kind) != nullptr ? find_kind(i.kind)->flag : i.kind.c_str(), i.name.c_str());
   std::printf("  options:  --opt %s.NAME=VALUE or environment %s\n%s", i.kind.c_str(),
               option_environment_name(i.kind, "NAME").c_str(),
               format_option_table(options.settings, false).c_str());

@@ -17,8 +17,6 @@ namespace fs = std::filesystem;
 
 namespace ampkit {
 
-const std::vector<std::string> kPluginKinds = {"scaler", "clipper", "nan_policy", "comm"};
-
 namespace {
 
 [[noreturn]] void fail(const fs::path& file, const std::string& what) {
@@ -218,11 +216,9 @@ void check_compatible(const PluginInfo& info) {
     throw Error(ErrorCategory::plugin,
                 "plugin file " + info.path.string() + " was built with _GLIBCXX_USE_CXX11_ABI=" +
                     std::to_string(info.cxx11_abi) + ", host uses " + std::to_string(AMPKIT_CXX11_ABI));
-  bool known = false;
-  for (const auto& k : kPluginKinds) known = known || k == info.kind;
-  if (!known)
+  if (find_kind(info.kind) == nullptr)
     throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " is of unknown kind '" +
-                                           info.kind + "' (kinds: scaler, clipper, nan_policy, comm)");
+                                           info.kind + "' (kinds: " + kind_names() + ")");
 }
 
 void check_trusted(const fs::path& file, bool allow_untrusted) {

@@ -5,29 +5,24 @@
 
 namespace ampkit {
 
-namespace {
-const std::map<std::string, std::string> kDefaultNames = {
-    {"scaler", "none"}, {"clipper", "none"}, {"nan_policy", "skip"}, {"comm", "local"}};
-}  // namespace
-
 std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
                                                const std::map<std::string, StrategyChoice>& choices) {
   for (const auto& [kind, choice] : choices)
-    if (kDefaultNames.count(kind) == 0)
-      throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "'");
+    if (find_kind(kind) == nullptr)
+      throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' (kinds: " + kind_names() + ")");
   std::vector<PluginInfo> found;
   std::vector<StrategyChoice> chosen;
-  for (const auto& kind : kPluginKinds) {
-    const auto it = choices.find(kind);
-    chosen.push_back(it != choices.end() ? it->second : StrategyChoice{kDefaultNames.at(kind), {}});
-    found.push_back(registry.find(kind, chosen.back().name));
+  for (const KindInfo& kind : kKinds) {
+    const auto it = choices.find(kind.name);
+    chosen.push_back(it != choices.end() ? it->second : StrategyChoice{kind.default_plugin, {}});
+    found.push_back(registry.find(kind.name, chosen.back().name));
   }
   // All found first, then loaded together: their crash probe is one child, not four.
   const std::vector<const LoadedPlugin*> loaded = registry.load_all(found);
   auto set = std::make_unique<StrategySet>();
-  for (size_t i = 0; i < kPluginKinds.size(); ++i) {
+  for (size_t i = 0; i < kKindCount; ++i) {
     SelectedStrategy s;
-    s.kind = kPluginKinds[i];
+    s.kind = kKinds[i].name;
     s.plugin = loaded[i];
     s.options = resolve_options(s.plugin->descriptor(), chosen[i].options);
     set->selected_.push_back(std::move(s));

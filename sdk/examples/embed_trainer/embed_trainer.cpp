@@ -4,6 +4,7 @@
 //
 //   embed_trainer [--steps N] [--precision fp32|bf16|fp16] [--scaler NAME] [--clipper NAME]
 //                 [--nan-policy NAME] [--comm NAME] [--opt KIND.OPTION=VALUE]... [--metrics FILE]
+#include <ampkit/kinds.h>
 #include <ampkit/metrics.h>
 #include <ampkit/plugin_options.h>
 #include <ampkit/registry.h>
@@ -64,10 +65,12 @@ Arguments parse(int argc, char** argv) {
       if (dot == std::string::npos || eq == std::string::npos || eq < dot)
         throw std::invalid_argument("--opt takes KIND.OPTION=VALUE, got " + value);
       a.options[value.substr(0, dot)][value.substr(dot + 1, eq - dot - 1)] = value.substr(eq + 1);
-    } else if (flag == "--scaler" || flag == "--clipper" || flag == "--nan-policy" || flag == "--comm") {
-      a.plugins[flag == "--nan-policy" ? "nan_policy" : flag.substr(2)] = value;
     } else {
-      throw std::invalid_argument("unknown argument " + flag);
+      const ampkit::KindInfo* kind = nullptr;  // --scaler, --clipper, --nan-policy, --comm
+      for (const ampkit::KindInfo& k : ampkit::kKinds)
+        if (flag == std::string("--") + k.flag) kind = &k;
+      if (kind == nullptr) throw std::invalid_argument("unknown argument " + flag);
+      a.plugins[kind->name] = value;
     }
   }
   return a;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ampkit/error.h>
+#include <ampkit/kinds.h>
 #include <ampkit/plugin.h>
 
 #include <filesystem>
@@ -12,8 +13,6 @@
 #include <vector>
 
 namespace ampkit {
-
-extern const std::vector<std::string> kPluginKinds;  // scaler, clipper, nan_policy, comm
 
 // What a plugin file says about itself, read from its ELF sections "ampkit" (the entry alias)
 // and "ampkitmd" (a text record); no plugin code runs to get it.

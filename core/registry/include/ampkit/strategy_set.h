@@ -37,8 +37,8 @@ struct SelectedStrategy {
 //   Trainer trainer(..., {&set->scaler(), &set->clipper(), &set->nan_policy(), &set->comm()}, ...);
 class StrategySet {
  public:
-  // Finds the plugin of every kind in kPluginKinds (a kind missing from `choices` gets its
-  // default name "none", "none", "skip", "local"), loads them together (one crash probe for all)
+  // Finds the plugin of every kind in kKinds (a kind missing from `choices` gets its
+  // KindInfo::default_plugin), loads them together (one crash probe for all)
   // and resolves their options. Throws ampkit::Error (plugin, usage) naming what is wrong.
   static std::unique_ptr<StrategySet> load(Registry& registry,
                                            const std::map<std::string, StrategyChoice>& choices);
@@ -54,7 +54,7 @@ class StrategySet {
   // The selected plugin of a kind; every kind is present.
   const SelectedStrategy& selected(const std::string& kind) const;
   SelectedStrategy& selected(const std::string& kind);
-  // All of them, in kPluginKinds order.
+  // All of them, in kKinds order.
   const std::vector<SelectedStrategy>& all() const { return selected_; }
   std::vector<SelectedStrategy>& all() { return selected_; }
 

@@ -11,21 +11,23 @@
 
 namespace ampkit {
 
+// Every field is filled from the option table (config/option_table.cpp), which holds the
+// defaults, ranges and help: the values here only make a TrainConfig that was never parsed inert.
 struct TrainConfig {
-  std::string workload = "fashion-mnist";
+  std::string workload;
   Precision precision = Precision::fp32;
   int64_t epochs = 0;  // exactly one of epochs/steps is in force; neither given: 1 epoch
   int64_t steps = 0;
-  int64_t batch_size = 64;
-  int accumulate = 1;
-  double lr = 1e-3;
+  int64_t batch_size = 0;
+  int accumulate = 0;
+  double lr = 0;
   uint64_t seed = 0;
-  std::string optimizer = "adamw";
-  double weight_decay = 0.01;
-  std::string lr_schedule = "constant";
+  std::string optimizer;
+  double weight_decay = 0;
+  std::string lr_schedule;
   int64_t warmup_steps = 0;
-  std::string device = "cpu";
-  int threads = 0;
+  std::string device;
+  int threads = 0;  // 0: LibTorch's choice
 
   // kind -> plugin name or path; kind -> option -> text value, per source.
   std::map<std::string, std::string> plugins;
@@ -37,29 +39,29 @@ struct TrainConfig {
   std::string config_file;
   std::string metrics_file;
   std::string summary_file;
-  int64_t layer_norms_top_k = 3;  // "top_layers" entries per metrics record; 0: none
+  int64_t layer_norms_top_k = 0;  // "top_layers" entries per metrics record; 0: none
   std::string layer_norms_file;   // per-parameter norms CSV; empty: not written
   std::string data_dir;
   int64_t eval_batches = 0;  // 0: the whole test set
-  int64_t synthetic_width = 256;
-  int64_t synthetic_depth = 4;
-  int64_t synthetic_inputs = 128;
-  int64_t synthetic_classes = 10;
+  int64_t synthetic_width = 0;
+  int64_t synthetic_depth = 0;
+  int64_t synthetic_inputs = 0;
+  int64_t synthetic_classes = 0;
   std::string text_dir;
-  int64_t gpt_layers = 2;
-  int64_t gpt_width = 128;
-  int64_t gpt_heads = 4;
-  int64_t gpt_context = 64;
+  int64_t gpt_layers = 0;
+  int64_t gpt_width = 0;
+  int64_t gpt_heads = 0;
+  int64_t gpt_context = 0;
   std::string checkpoint_dir;       // empty: no checkpoints
   int64_t checkpoint_every = 0;     // steps between checkpoints; 0: only at the end and on a signal
-  int keep_checkpoints = 3;         // newest complete checkpoints kept
+  int keep_checkpoints = 0;         // newest complete checkpoints kept
   std::string resume;               // empty | "auto" | a checkpoint folder
   bool weights_only = false;        // resume loads parameters only
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
-  int64_t nan_locate = 5;           // bad steps the locator re-runs; 0: off
+  int64_t nan_locate = 0;           // bad steps the locator re-runs; 0: off
   std::string nan_report_dir;       // empty: beside --summary, else --metrics, else "."
-  std::string progress = "auto";
-  int64_t log_every = 50;
+  std::string progress;
+  int64_t log_every = 0;
 
   // Where this process sits in a data-parallel job: command line > environment (torchrun, then
   // SLURM, then Open MPI variables) > config file > default (docs/distributed-training.md).
@@ -75,10 +77,12 @@ struct TrainConfig {
   std::vector<Setting> settings;
 };
 
-// Parses argv (and the YAML file it names). Throws Error(usage) with one clear line.
+// Parses argv, the YAML file it names and the launchers' environment against the option table.
+// Throws Error(usage) with one clear line.
 TrainConfig parse_train_config(int argc, const char* const argv[]);
-// Rejects an impossible job layout (rank >= world size, bad port, node counts that do not
-// multiply to the world size, nccl without CUDA, ...) with Error(usage) and one line.
+// Rejects an impossible job layout (rank >= world size, node counts that do not multiply to the
+// world size, nccl without CUDA, ...) with Error(usage) and one line; the option table has
+// already checked each value's own range.
 void validate(const DistributedConfig& dist, bool cuda_available);
 // The --help text for the host options.
 std::string train_options_help();

@@ -8,13 +8,6 @@ namespace ampkit::train {
 
 namespace {
 
-const char* selector_flag(const std::string& kind) {
-  if (kind == "scaler") return "--scaler";
-  if (kind == "clipper") return "--clipper";
-  if (kind == "nan_policy") return "--nan-policy";
-  return "--comm";
-}
-
 bool given_on_command_line(const TrainConfig& cfg, const std::string& option) {
   for (const auto& s : cfg.settings)
     if (s.name == option) return s.source != "default";
@@ -37,9 +30,9 @@ int print_help(const TrainConfig& cfg) {
                                ExitCode::data, ExitCode::aborted, ExitCode::checkpoint, ExitCode::distributed,
                                ExitCode::output, ExitCode::interrupted})
                   .c_str());
-  for (const auto& kind : kPluginKinds) {
-    const std::string option = std::string(selector_flag(kind)).substr(2);
-    if (!given_on_command_line(cfg, option)) continue;
+  for (const KindInfo& k : kKinds) {
+    const std::string kind = k.name;
+    if (!given_on_command_line(cfg, k.flag)) continue;
     const LoadedPlugin& p = registry.load(registry.find(kind, cfg.plugins.at(kind)));
     OptionInputs none;
     none.read_environment = false;

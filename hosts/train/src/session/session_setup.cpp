@@ -46,7 +46,8 @@ Session::~Session() {
 
 void Session::load_strategies() {
   std::map<std::string, StrategyChoice> choices;
-  for (const auto& kind : kPluginKinds) {
+  for (const KindInfo& k : kKinds) {
+    const std::string kind = k.name;
     StrategyChoice& c = choices[kind];
     c.name = cfg_.plugins.at(kind);
     if (const auto it = cfg_.plugin_options_cli.find(kind); it != cfg_.plugin_options_cli.end())

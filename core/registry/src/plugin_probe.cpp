@@ -1,0 +1,142 @@
+// Probing plugins in a child process: a plugin that crashes, hangs or throws while it loads (or
+// while its strategy is created) is reported with a clear line, and the host lives on.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "ampkit/plugin_options.h"
+#include "ampkit/registry.h"
+#include "registry_internal.h"
+
+namespace ampkit {
+
+ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_seconds) {
+  return probe_plugins({&info}, create, timeout_seconds);
+}
+
+namespace {
+
+// The probe child: loads (and creates) each plugin in turn, writing one '+' per plugin that
+// passed, or '!' and the error message, then exits. A crash kills it, which the parent sees.
+[[noreturn]] void run_probe_child(const std::vector<const PluginInfo*>& infos, bool create, int out_fd) {
+  // The child inherits the host's signal handlers and mask (a crash reporter, Boost.Test's
+  // execution monitor). A crash while loading must kill the child, so the parent sees it.
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) ::signal(sig, SIG_DFL);
+  sigset_t all;
+  ::sigfillset(&all);
+  ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
+  for (const PluginInfo* info : infos) {
+    std::string message;
+    try {
+      const ampkit_plugin_descriptor* d = detail::load_descriptor(*info);
+      if (create) {
+        OptionInputs defaults;
+        defaults.read_environment = false;
+        defaults.precision = RunInfo{}.precision;  // the run the probe starts below
+        const ResolvedOptions options = resolve_options(*d, defaults);
+        LoadedPlugin plugin(*info, d);
+        auto strategy = plugin.create(options.values);
+        strategy->start(RunInfo{});
+        (void)strategy->save();
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "plugin file " + info->path.string() + ": unknown exception";
+    }
+    if (!message.empty()) {
+      message.insert(0, "!");
+      (void)!::write(out_fd, message.data(), message.size());
+      ::_exit(3);
+    }
+    (void)!::write(out_fd, "+", 1);
+  }
+  ::_exit(0);
+}
+
+// Everything the child writes until it closes the pipe or the deadline passes (then timed_out).
+std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
+  std::string message;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  timed_out = false;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;  // the pipe is unusable; waitpid still reports how the child ended
+    if (r == 0) continue;
+    char buf[512];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    message.append(buf, static_cast<size_t>(n));
+  }
+  return message;
+}
+
+// The verdict from the child's output and how it ended.
+ProbeResult probe_verdict(const std::vector<const PluginInfo*>& infos, const std::string& message, int status,
+                          bool timed_out, double timeout_seconds) {
+  const size_t passed = std::min(message.find('!'), message.size());
+  const std::string error = passed < message.size() ? message.substr(passed + 1) : "";
+  const std::string path = infos[std::min(passed, infos.size() - 1)]->path.string();
+  ProbeResult result;
+  if (timed_out) {
+    result.message = "plugin file " + path + " hung while loading (killed after " +
+                     std::to_string(static_cast<int>(timeout_seconds)) + " s)";
+  } else if (WIFSIGNALED(status)) {
+    result.crashed = true;
+    result.message = "plugin file " + path + " crashed while loading (signal " +
+                     std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
+                     "), probably in a static initializer";
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && passed == infos.size()) {
+    result.ok = true;
+  } else {
+    result.message = !error.empty() ? error
+                                    : "plugin file " + path + " failed to load (exit " +
+                                          std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")";
+  }
+  return result;
+}
+
+}  // namespace
+
+// The parent knows which plugin failed, crashed or hung by the number of '+' the child wrote
+// before the end.
+ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create, double timeout_seconds) {
+  if (infos.empty()) return {true, false, ""};
+  int fds[2];
+  if (::pipe(fds) != 0)
+    return {false, false, "cannot create a pipe to probe " + infos.front()->path.string()};
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return {false, false, "cannot fork to probe " + infos.front()->path.string()};
+  if (pid == 0) {
+    ::close(fds[0]);
+    run_probe_child(infos, create, fds[1]);
+  }
+  ::close(fds[1]);
+  bool timed_out = false;
+  const std::string message = read_until_closed(fds[0], timeout_seconds, timed_out);
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return probe_verdict(infos, message, status, timed_out, timeout_seconds);
+}
+
+}  // namespace ampkit

@@ -1,0 +1,379 @@
+// The table of ampkit-train's options: every option's one declaration.
+#include "config/option_table.h"
+
+#include <ampkit/kinds.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "ampkit/error.h"
+#include "ampkit/fault_injection.h"
+
+namespace ampkit {
+
+namespace {
+
+using Store = std::function<void(TrainConfig&, const OptionValue&)>;
+
+// The table's integer ranges keep every value inside the field's type (int fields get a max).
+void assign(int64_t& to, const OptionValue& v) { to = v.integer; }
+void assign(int& to, const OptionValue& v) { to = static_cast<int>(v.integer); }
+void assign(uint64_t& to, const OptionValue& v) { to = v.unsigned_integer; }
+void assign(double& to, const OptionValue& v) { to = v.number; }
+void assign(bool& to, const OptionValue& v) { to = v.boolean; }
+void assign(std::string& to, const OptionValue& v) { to = v.text; }
+void assign(std::vector<std::string>& to, const OptionValue& v) { to = v.list; }
+
+template <class T>
+Store field(T TrainConfig::*member) {
+  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.*member, v); };
+}
+template <class T>
+Store dist_field(T DistributedConfig::*member) {
+  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.dist.*member, v); };
+}
+
+HostOption row(const char* name, OptionType type, std::optional<std::string> def, std::string help,
+               Store store) {
+  HostOption o;
+  o.name = name;
+  o.type = type;
+  o.default_value = std::move(def);
+  o.help = std::move(help);
+  o.store = std::move(store);
+  return o;
+}
+HostOption text(const char* name, const char* def, std::string help, Store store) {
+  return row(name, OptionType::text, def ? std::optional<std::string>(def) : std::nullopt, std::move(help),
+             std::move(store));
+}
+HostOption integer(const char* name, const char* def, std::string help, Store store) {
+  return row(name, OptionType::integer, def ? std::optional<std::string>(def) : std::nullopt, std::move(help),
+             std::move(store));
+}
+HostOption number(const char* name, const char* def, std::string help, Store store) {
+  return row(name, OptionType::number, std::string(def), std::move(help), std::move(store));
+}
+HostOption boolean(const char* name, const char* def, std::string help, Store store) {
+  return row(name, OptionType::boolean, std::string(def), std::move(help), std::move(store));
+}
+HostOption flag(const char* name, std::string help, Store store) {
+  return row(name, OptionType::flag, std::string("false"), std::move(help), std::move(store));
+}
+HostOption list(const char* name, std::string help, Store store) {
+  return row(name, OptionType::list, std::nullopt, std::move(help), std::move(store));
+}
+
+std::string capitalized(std::string s) {
+  s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
+  return s;
+}
+
+// --opt KIND.OPTION=VALUE, kept per kind as text for the registry to check against the plugin.
+void store_plugin_option(TrainConfig& cfg, const std::string& item) {
+  const auto dot = item.find('.'), eq = item.find('=');
+  if (dot == std::string::npos || eq == std::string::npos || dot == 0 || eq < dot + 2)
+    throw Error(ErrorCategory::usage, "--opt must be KIND.OPTION=VALUE (e.g. scaler.scale=512), got '" + item + "'");
+  const std::string kind = item.substr(0, dot);
+  if (find_kind(kind) == nullptr) {
+    std::vector<std::string> names;
+    for (const KindInfo& k : kKinds) names.push_back(k.name);
+    const std::string hint = did_you_mean(kind, names);
+    throw Error(ErrorCategory::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
+                                          (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() + ")");
+  }
+  cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
+}
+
+std::vector<HostOption> run_options() {
+  std::string selectors;
+  for (const KindInfo& k : kKinds) selectors += (selectors.empty() ? "--" : "/--") + std::string(k.flag);
+  HostOption help = flag("help", "Show this help; with " + selectors + " NAME also that plugin's options.", {});
+  help.short_name = 'h';
+  help.command_line_only = true;
+  help.listed = false;
+  return {
+      help,
+      text("workload", "fashion-mnist",
+           "What to train: fashion-mnist (CNN on Fashion-MNIST) | char-gpt (character-level GPT on the fortunes "
+           "corpus) | synthetic (MLP on generated data).",
+           field(&TrainConfig::workload))
+          .one_of({"fashion-mnist", "char-gpt", "synthetic"}),
+      text("precision", "fp32", "Autocast precision: fp32 | bf16 | fp16. Master weights stay fp32.",
+           [](TrainConfig& cfg, const OptionValue& v) {
+             cfg.precision = v.text == "bf16" ? Precision::bf16 : v.text == "fp16" ? Precision::fp16 : Precision::fp32;
+           })
+          .one_of({"fp32", "bf16", "fp16"}),
+      integer("epochs", nullptr, "Passes over the training set (default 1 when --steps is not given).",
+              field(&TrainConfig::epochs))
+          .range(1, std::nullopt),
+      integer("steps", nullptr, "Optimizer steps to attempt (skipped steps count); excludes --epochs.",
+              field(&TrainConfig::steps))
+          .range(1, std::nullopt),
+      integer("batch-size", "64", "Samples per micro-batch.", field(&TrainConfig::batch_size)).range(1, 1 << 20),
+      integer("accumulate", "1", "Micro-batches per optimizer step (gradient accumulation).",
+              field(&TrainConfig::accumulate))
+          .range(1, 4096),
+      number("lr", "0.001", "Peak learning rate.", field(&TrainConfig::lr)).above(0),
+      row("seed", OptionType::unsigned_integer, std::string("0"),
+          "Seed for initialisation, data order and synthetic data.", field(&TrainConfig::seed)),
+      text("optimizer", "adamw",
+           "Optimizer: adamw (one fused pass per parameter, as torch.optim.AdamW(fused=True)) | sgd (momentum "
+           "0.9).",
+           field(&TrainConfig::optimizer))
+          .one_of({"adamw", "sgd"}),
+      number("weight-decay", "0.01", "Weight decay (decoupled for adamw).", field(&TrainConfig::weight_decay))
+          .range(0, std::nullopt),
+      text("lr-schedule", "constant", "constant | cosine (to 0 over the run, after warm-up).",
+           field(&TrainConfig::lr_schedule))
+          .one_of({"constant", "cosine"}),
+      integer("warmup-steps", "0", "Linear learning-rate warm-up over this many taken steps.",
+              field(&TrainConfig::warmup_steps))
+          .range(0, std::nullopt),
+      text("device", "cpu", "cpu | cuda (the first visible GPU).", field(&TrainConfig::device))
+          .one_of({"cpu", "cuda"}),
+      integer("threads", "0", "CPU threads for LibTorch; 0 keeps LibTorch's choice.", field(&TrainConfig::threads))
+          .range(0, 1024),
+  };
+}
+
+std::vector<HostOption> plugin_options() {
+  std::vector<HostOption> out;
+  for (const KindInfo& k : kKinds) {
+    // The first selector says where names come from; the others need not repeat it.
+    const std::string help = capitalized(k.title) + " plugin: a name" +
+                             (out.empty() ? " (see ampkit-plugins list) or a path to a .so." : " or a path.");
+    const std::string kind = k.name;
+    out.push_back(text(k.flag, k.default_plugin, help,
+                       [kind](TrainConfig& cfg, const OptionValue& v) { cfg.plugins[kind] = v.text; }));
+  }
+  out.push_back(list("opt", "Plugin option KIND.OPTION=VALUE, e.g. scaler.scale=512 (repeatable).",
+                     [](TrainConfig& cfg, const OptionValue& v) {
+                       for (const auto& item : v.list) store_plugin_option(cfg, item);
+                     }));
+  out.back().listed = false;
+  HostOption config = text("config", nullptr,
+                           "YAML file with any of these options (keys as here, without --; plugin options under "
+                           "opt: {KIND: {OPTION: VALUE}}).",
+                           field(&TrainConfig::config_file));
+  config.command_line_only = true;
+  out.push_back(config);
+  out.push_back(list("plugin-dir",
+                     "Folder searched for plugins before AMPKIT_PLUGIN_PATH and the built-in folder (repeatable).",
+                     field(&TrainConfig::plugin_dirs)));
+  out.push_back(flag("allow-untrusted-plugins",
+                     "Load plugin files writable by others or owned by another user (loudly).",
+                     field(&TrainConfig::allow_untrusted_plugins)));
+  return out;
+}
+
+std::vector<HostOption> output_and_workload_options() {
+  return {
+      text("metrics", "", "Write one JSON line of metrics per step to this file.", field(&TrainConfig::metrics_file)),
+      text("summary", "", "Write the run summary as JSON to this file.", field(&TrainConfig::summary_file)),
+      integer("layer-norms-top-k", "3",
+              "Add the K parameters with the largest unscaled gradient norms to each metrics record "
+              "(\"top_layers\", largest first); 0 turns it off.",
+              field(&TrainConfig::layer_norms_top_k))
+          .range(0, 1000000),
+      text("layer-norms", "",
+           "Write every parameter's unscaled gradient norm at every step to this CSV file (step,name,grad_norm).",
+           field(&TrainConfig::layer_norms_file)),
+      text("data-dir", "/usr/share/datasets/fashion-mnist",
+           "Folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).",
+           field(&TrainConfig::data_dir)),
+      integer("eval-batches", "0", "Test batches to evaluate at the end; 0 evaluates the whole test set.",
+              field(&TrainConfig::eval_batches))
+          .range(0, std::nullopt),
+      integer("synthetic-width", "256", "synthetic: hidden width of the MLP.", field(&TrainConfig::synthetic_width))
+          .range(1, 65536),
+      integer("synthetic-depth", "4", "synthetic: number of hidden layers.", field(&TrainConfig::synthetic_depth))
+          .range(0, 256),
+      integer("synthetic-inputs", "128", "synthetic: input features.", field(&TrainConfig::synthetic_inputs))
+          .range(1, 65536),
+      integer("synthetic-classes", "10", "synthetic: output classes.", field(&TrainConfig::synthetic_classes))
+          .range(2, 65536),
+      text("text-dir", "/usr/share/games/fortunes",
+           "char-gpt: folder of text files (Debian package fortunes); all files except *.dat and *.u8 are read.",
+           field(&TrainConfig::text_dir)),
+      integer("gpt-layers", "2", "char-gpt: transformer blocks.", field(&TrainConfig::gpt_layers)).range(1, 64),
+      integer("gpt-width", "128", "char-gpt: embedding width (a multiple of --gpt-heads).",
+              field(&TrainConfig::gpt_width))
+          .range(1, 8192),
+      integer("gpt-heads", "4", "char-gpt: attention heads.", field(&TrainConfig::gpt_heads)).range(1, 64),
+      integer("gpt-context", "64", "char-gpt: context length in bytes.", field(&TrainConfig::gpt_context))
+          .range(2, 4096),
+  };
+}
+
+std::vector<HostOption> checkpoint_and_nan_options() {
+  return {
+      text("checkpoint-dir", "",
+           "Folder for checkpoints (step-N folders and a 'latest' pointer); empty: no checkpoints. Written at the "
+           "end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGUSR1.",
+           field(&TrainConfig::checkpoint_dir)),
+      integer("checkpoint-every", "0",
+              "Steps (attempted) between checkpoints; 0: only at the end of training and when a signal stops it.",
+              field(&TrainConfig::checkpoint_every))
+          .range(0, std::nullopt),
+      integer("keep-checkpoints", "3",
+              "Newest complete checkpoints to keep in --checkpoint-dir; older ones are deleted after a new one is "
+              "complete.",
+              field(&TrainConfig::keep_checkpoints))
+          .range(1, 1000000),
+      text("resume", "",
+           "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; none: fresh start) "
+           "| PATH of a step-N folder.",
+           field(&TrainConfig::resume)),
+      flag("weights-only",
+           "With --resume: load only the parameters (another scaler/clipper/optimizer allowed); counters, "
+           "optimizer and plugin states start fresh.",
+           field(&TrainConfig::weights_only)),
+      list("inject",
+           "Testing and demos: plant a fault, KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; "
+           "KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) "
+           "(repeatable; docs/troubleshooting-nan.md).",
+           [](TrainConfig& cfg, const OptionValue& v) {
+             for (const auto& spec : v.list) parse_fault(spec);  // throws with the spec's problem
+             cfg.inject = v.list;
+           }),
+      integer("nan-locate", "5",
+              "Re-run the first N bad steps with every module observed and write a locator report for each (costs "
+              "nothing on healthy steps); 0 turns the locator off.",
+              field(&TrainConfig::nan_locate))
+          .range(0, std::nullopt),
+      text("nan-report-dir", "",
+           "Folder for NaN locator reports (nan-report-step-N-rank-R.json); empty: the folder of --summary, else "
+           "of --metrics, else the current folder.",
+           field(&TrainConfig::nan_report_dir)),
+  };
+}
+
+// Where this process sits in the job: the launchers' variables fill these (torchrun's first).
+std::vector<HostOption> job_layout_options() {
+  return {
+      integer("world-size", "1",
+              "Distributed: processes in the job (torchrun's WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE).",
+              dist_field(&DistributedConfig::world_size))
+          .range(1, 1 << 20)
+          .from_environment({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"}),
+      integer("rank", "0",
+              "Distributed: this process's rank in [0, world size) (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).",
+              dist_field(&DistributedConfig::rank))
+          .range(0, (1 << 20) - 1)
+          .from_environment({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}),
+      integer("local-rank", "0",
+              "Distributed: rank on this node; picks the GPU with nccl (LOCAL_RANK, SLURM_LOCALID, "
+              "OMPI_COMM_WORLD_LOCAL_RANK).",
+              dist_field(&DistributedConfig::local_rank))
+          .range(0, (1 << 20) - 1)
+          .from_environment({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}),
+      integer("nnodes", "1", "Distributed: nodes in the job (SLURM_NNODES; torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE).",
+              dist_field(&DistributedConfig::nnodes))
+          .range(1, 1 << 20)
+          .from_environment({"SLURM_NNODES"}),
+      integer("node-rank", "0", "Distributed: this node's index in [0, nnodes) (GROUP_RANK, SLURM_NODEID).",
+              dist_field(&DistributedConfig::node_rank))
+          .range(0, (1 << 20) - 1)
+          .from_environment({"GROUP_RANK", "SLURM_NODEID"}),
+      integer("nproc-per-node", "1",
+              "Distributed: processes per node; default world size / nnodes (LOCAL_WORLD_SIZE, "
+              "SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE).",
+              dist_field(&DistributedConfig::nproc_per_node))
+          .range(1, 1 << 20)
+          .from_environment({"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"}),
+      text("master-addr", "127.0.0.1",
+           "Distributed: host of rank 0, which serves the rendezvous TCP store (MASTER_ADDR; under SLURM the "
+           "first host of SLURM_JOB_NODELIST).",
+           dist_field(&DistributedConfig::master_addr))
+          .from_environment({"MASTER_ADDR", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}),
+      integer("master-port", "29500",
+              "Distributed: TCP port of the rendezvous store on --master-addr (MASTER_PORT).",
+              dist_field(&DistributedConfig::master_port))
+          .range(1, 65535)
+          .from_environment({"MASTER_PORT"}),
+  };
+}
+
+// --device-ids: a comma list of CUDA device indices.
+void store_device_ids(TrainConfig& cfg, const OptionValue& v) {
+  static const HostOption device_id = integer("device-ids", nullptr, "", {}).range(0, 1 << 20);
+  const std::string& ids = v.text;
+  cfg.dist.device_ids.clear();
+  for (size_t at = 0; at < ids.size();) {
+    const size_t comma = std::min(ids.find(',', at), ids.size());
+    const OptionValue id = parse_option_value(device_id, ids.substr(at, comma - at), "command line");
+    cfg.dist.device_ids.push_back(static_cast<int>(id.integer));
+    at = comma + 1;
+  }
+}
+
+std::vector<HostOption> data_parallel_and_progress_options() {
+  HostOption print_config = flag("print-config", "Print every effective setting and where it came from, then exit.", {});
+  print_config.command_line_only = true;
+  print_config.listed = false;
+  return {
+      text("rendezvous", "tcp",
+           "Distributed: tcp (a c10d TCPStore at --master-addr:--master-port) | file:PATH (a c10d FileStore on a "
+           "filesystem every rank shares; the file must not exist from an earlier job).",
+           [](TrainConfig& cfg, const OptionValue& v) {
+             if (v.text != "tcp" && !(v.text.rfind("file:", 0) == 0 && v.text.size() > 5))
+               throw Error(ErrorCategory::usage, "--rendezvous must be tcp or file:PATH, got '" + v.text + "'");
+             cfg.dist.store = v.text;
+           }),
+      text("device-ids", "", "Distributed with nccl: this rank's CUDA device index; empty: --local-rank.",
+           store_device_ids),
+      number("bucket-cap-mb", "25",
+             "Distributed: gradient bucket size in MiB for the all-reduce overlapped with backward (torch DDP's "
+             "bucket_cap_mb).",
+             dist_field(&DistributedConfig::bucket_cap_mb))
+          .range(0, 65536)
+          .above(0),
+      boolean("find-unused-parameters", "false",
+              "Distributed: true if some parameters get no gradient in a step (costs a graph traversal per step; "
+              "torch DDP's option).",
+              dist_field(&DistributedConfig::find_unused_parameters)),
+      boolean("broadcast-buffers", "true",
+              "Distributed: send rank 0's module buffers (e.g. BatchNorm statistics) to every rank before each "
+              "step.",
+              dist_field(&DistributedConfig::broadcast_buffers)),
+      boolean("gradient-as-bucket-view", "false",
+              "Distributed: gradients are views into the all-reduce buckets (saves one gradient-sized copy and its "
+              "memory).",
+              dist_field(&DistributedConfig::gradient_as_bucket_view)),
+      number("dist-timeout", "300",
+             "Distributed: seconds the rendezvous and every collective may take; a lost or hung rank makes the "
+             "others exit (code 7) after at most this plus a few seconds.",
+             dist_field(&DistributedConfig::timeout_seconds))
+          .range(1, std::nullopt),
+      text("progress", "auto",
+           "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.",
+           field(&TrainConfig::progress))
+          .one_of({"auto", "never"}),
+      integer("log-every", "50", "Steps between plain progress lines when not on a terminal.",
+              field(&TrainConfig::log_every))
+          .range(1, std::nullopt),
+      print_config,
+  };
+}
+
+}  // namespace
+
+const std::vector<HostOption>& host_option_table() {
+  static const std::vector<HostOption> table = [] {
+    std::vector<HostOption> all;
+    for (auto part : {run_options(), plugin_options(), output_and_workload_options(), checkpoint_and_nan_options(),
+                      job_layout_options(), data_parallel_and_progress_options()})
+      all.insert(all.end(), part.begin(), part.end());
+    return all;
+  }();
+  return table;
+}
+
+const HostOption& host_option(const std::string& name) {
+  for (const auto& o : host_option_table())
+    if (o.name == name) return o;
+  throw Error(ErrorCategory::internal, "ampkit-train has no option --" + name);
+}
+
+}  // namespace ampkit

@@ -1,0 +1,41 @@
+// The four plugin kinds, declared once: every message, --help, ampkit-plugins, the registry and
+// the CMake helper's KIND check (which reads this table, see sdk/cmake/ampkitPlugin.cmake) use it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ampkit {
+
+struct KindInfo {
+  const char* name;            // the one spelling: symbols, folders, --opt KIND.X, AMPKIT_<KIND>_X
+  const char* flag;            // the command-line selector, without "--" (ampkit-train)
+  const char* default_plugin;  // what a run uses when the kind is not chosen
+  const char* title;           // what the interface is, for humans
+};
+
+// The order is the order of --help, ampkit-plugins list and the strategy set. One line per kind,
+// in this exact shape: CMake extracts the names with a regular expression.
+inline constexpr KindInfo kKinds[] = {
+    {"scaler", "scaler", "none", "loss scaler"},
+    {"clipper", "clipper", "none", "gradient clipper"},
+    {"nan_policy", "nan-policy", "skip", "NaN policy"},
+    {"comm", "comm", "local", "communication backend"},
+};
+inline constexpr std::size_t kKindCount = sizeof(kKinds) / sizeof(kKinds[0]);
+
+// The kind called `name`, or nullptr.
+inline const KindInfo* find_kind(const std::string& name) {
+  for (const KindInfo& k : kKinds)
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+// "scaler, clipper, nan_policy, comm", for messages that list the kinds.
+inline std::string kind_names(const char* separator = ", ") {
+  std::string out;
+  for (const KindInfo& k : kKinds) out += (out.empty() ? "" : separator) + std::string(k.name);
+  return out;
+}
+
+}  // namespace ampkit

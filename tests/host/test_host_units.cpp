@@ -1,0 +1,357 @@
+// ampkit-train's pure functions, tested in-process: the option table and its parser, the
+// launchers' environment, fault specs, the NaN locator on a toy model, metrics kept on resume.
+#define BOOST_TEST_MODULE host_units
+#include <ATen/ATen.h>
+#include <ampkit/error.h>
+#include <ampkit/fault_injection.h>
+#include <ampkit/kinds.h>
+#include <ampkit/metrics.h>
+#include <ampkit/nan_locator.h>
+#include <ampkit/probe.h>
+#include <torch/nn/modules/linear.h>
+
+#include <boost/test/unit_test.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <limits>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "config/option_table.h"
+#include "config/train_config.h"
+
+namespace ampkit::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig parse(std::vector<std::string> words) {
+  words.insert(words.begin(), "ampkit-train");
+  std::vector<const char*> argv;
+  for (const auto& w : words) argv.push_back(w.c_str());
+  return parse_train_config(static_cast<int>(argv.size()), argv.data());
+}
+
+// The message of the ampkit::Error that `f` throws; "" when it throws none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const TrainConfig::Setting& setting(const TrainConfig& cfg, const std::string& name) {
+  for (const auto& s : cfg.settings)
+    if (s.name == name) return s;
+  throw std::runtime_error("no setting " + name);
+}
+
+// Sets environment variables for one scope and removes them after.
+struct ScopedEnv {
+  std::vector<std::string> names;
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) {
+    for (const auto& [k, v] : vars) {
+      ::setenv(k.c_str(), v.c_str(), 1);
+      names.push_back(k);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& n : names) ::unsetenv(n.c_str());
+  }
+};
+
+EnvironmentLookup lookup(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(option_table)
+
+BOOST_AUTO_TEST_CASE(every_option_is_declared_once_with_help_and_a_valid_default) {
+  std::set<std::string> names;
+  for (const HostOption& o : host_option_table()) {
+    BOOST_TEST_CONTEXT(o.name) {
+      BOOST_TEST(names.insert(o.name).second);  // unique
+      BOOST_TEST(o.help.size() > 10u);
+      BOOST_TEST(o.help.back() == '.');
+      if (o.default_value && o.type != OptionType::list)  // the default passes its own checks
+        BOOST_CHECK_NO_THROW(parse_option_value(o, *o.default_value, "default"));
+      if (o.min && o.max) BOOST_TEST(*o.min <= *o.max);
+    }
+  }
+  BOOST_TEST(names.size() == 64u);
+  for (const KindInfo& k : kKinds) BOOST_TEST(names.count(k.flag) == 1u, k.flag);  // one selector per kind
+}
+
+// docs/configuration.md's table of host options is written by hand: every option must be in it,
+// and a default it shows must be the table's (descriptive defaults such as "1 epoch" aside).
+BOOST_AUTO_TEST_CASE(the_configuration_reference_names_every_option_with_its_default) {
+  std::ifstream in(std::string(AMPKIT_TEST_SOURCE_DIR) + "/docs/configuration.md");
+  BOOST_REQUIRE(in);
+  std::set<std::string> documented;
+  std::map<std::string, std::string> defaults;  // rows of one option: name -> default cell
+  const std::regex row(R"(^\| `--([a-z-]+)[^`]*`(?: / `--[a-z-]+`)? \| ([^|]*) \|)");
+  const std::regex name(R"(--([a-z][a-z-]*)((?:/-[a-z]+)*))");
+  for (std::string line; std::getline(in, line);) {
+    for (std::sregex_iterator it(line.begin(), line.end(), name), end; it != end; ++it) {
+      const std::string first = (*it)[1];
+      documented.insert(first);
+      const std::string prefix = first.substr(0, first.rfind('-') + 1);  // --gpt-layers/-width
+      const std::string rest = (*it)[2];
+      for (size_t at = rest.find("/-"); at != std::string::npos; at = rest.find("/-", at + 2))
+        documented.insert(prefix + rest.substr(at + 2, rest.find('/', at + 2) - at - 2));
+    }
+    std::smatch m;
+    if (std::regex_search(line, m, row) && line.find("` / `") == std::string::npos &&
+        line.find("/-") == std::string::npos)
+      defaults[m[1]] = m[2];
+  }
+  for (const HostOption& o : host_option_table()) {
+    BOOST_TEST(documented.count(o.name) == 1u, "--" << o.name << " is missing from docs/configuration.md");
+    const auto d = defaults.find(o.name);
+    if (d == defaults.end() || !o.default_value || d->second.find(' ') != std::string::npos) continue;
+    const std::string doc = d->second == "off" ? "false" : d->second;  // flags read "off" there
+    BOOST_TEST(canonical_text(o, parse_option_value(o, doc, "docs")) ==
+                   canonical_text(o, parse_option_value(o, *o.default_value, "table")),
+               "--" << o.name << ": docs say " << d->second << ", the table " << *o.default_value);
+  }
+  BOOST_TEST(defaults.size() > 40u);  // the table was read
+}
+
+BOOST_AUTO_TEST_CASE(values_are_checked_against_type_range_and_choices) {
+  BOOST_TEST(parse_option_value(host_option("batch-size"), "1048576", "command line").integer == 1048576);
+  BOOST_TEST(error_of([] { parse_option_value(host_option("batch-size"), "0", "command line"); }) ==
+             "--batch-size must be in [1, 1048576], got 0");
+  BOOST_TEST(error_of([] { parse_option_value(host_option("batch-size"), "8x", "command line"); }) ==
+             "--batch-size must be an integer, got '8x'");
+  BOOST_TEST(error_of([] { parse_option_value(host_option("lr"), "0", "config file a.yaml"); }) ==
+             "--lr must be > 0, got 0 from config file a.yaml");
+  BOOST_TEST(error_of([] { parse_option_value(host_option("lr"), "nan", "command line"); }) ==
+             "--lr must be a finite number, got 'nan'");
+  BOOST_TEST(error_of([] { parse_option_value(host_option("bucket-cap-mb"), "0", "command line"); }) ==
+             "--bucket-cap-mb must be in (0, 65536], got 0");
+  BOOST_TEST(parse_option_value(host_option("bucket-cap-mb"), "65536", "command line").number == 65536.0);
+  BOOST_TEST(error_of([] { parse_option_value(host_option("precision"), "fp8", "command line"); }) ==
+             "--precision must be fp32, bf16 or fp16, got 'fp8'");
+  BOOST_TEST(error_of([] { parse_option_value(host_option("seed"), "-1", "command line"); }) ==
+             "--seed must be a non-negative integer, got '-1'");
+  BOOST_TEST(parse_option_value(host_option("seed"), "18446744073709551615", "x").unsigned_integer ==
+             18446744073709551615ull);
+  BOOST_TEST(parse_option_value(host_option("broadcast-buffers"), "off", "x").boolean == false);
+  BOOST_TEST(error_of([] { parse_option_value(host_option("broadcast-buffers"), "maybe", "command line"); }) ==
+             "--broadcast-buffers must be true or false, got 'maybe'");
+}
+
+BOOST_AUTO_TEST_CASE(ranges_print_in_their_shortest_form) {
+  BOOST_TEST(range_text(host_option("batch-size")) == "[1, 1048576]");
+  BOOST_TEST(range_text(host_option("lr")) == "> 0");
+  BOOST_TEST(range_text(host_option("eval-batches")) == ">= 0");
+  BOOST_TEST(range_text(host_option("bucket-cap-mb")) == "(0, 65536]");
+  BOOST_TEST(range_text(host_option("workload")) == "");
+  const OptionValue lr = parse_option_value(host_option("lr"), "1e-3", "x");
+  BOOST_TEST(canonical_text(host_option("lr"), lr) == "0.001");
+  const OptionValue steps = parse_option_value(host_option("steps"), "007", "x");
+  BOOST_TEST(canonical_text(host_option("steps"), steps) == "7");
+}
+
+BOOST_AUTO_TEST_CASE(the_parser_fills_every_field_from_the_table_defaults) {
+  const TrainConfig cfg = parse({"--workload", "synthetic"});
+  BOOST_TEST(cfg.batch_size == 64);
+  BOOST_TEST(cfg.accumulate == 1);
+  BOOST_TEST(cfg.lr == 1e-3);
+  BOOST_TEST(cfg.keep_checkpoints == 3);
+  BOOST_TEST(cfg.dist.master_port == 29500);
+  BOOST_TEST(cfg.dist.bucket_cap_mb == 25.0);
+  BOOST_TEST(cfg.dist.broadcast_buffers == true);
+  BOOST_TEST(cfg.epochs == 1);  // neither --epochs nor --steps
+  BOOST_TEST(cfg.plugins.at("nan_policy") == "skip");
+  BOOST_TEST(cfg.progress == "auto");
+  // Every listed option appears in --print-config exactly once.
+  for (const HostOption& o : host_option_table())
+    if (o.listed && o.default_value) BOOST_TEST(setting(cfg, o.name).source != "", o.name);
+  BOOST_TEST(setting(cfg, "workload").source == "command line");
+  BOOST_TEST(setting(cfg, "batch-size").source == "default");
+}
+
+BOOST_AUTO_TEST_CASE(command_line_beats_environment_beats_config_file_beats_default) {
+  const fs::path yaml = fs::temp_directory_path() / ("ampkit-units-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(yaml) << "world-size: 8\nmaster-port: 1234\nbatch-size: 16\nseed: 5\n"
+                         "opt:\n  scaler:\n    scale: 4\n";
+  const ScopedEnv env({{"WORLD_SIZE", "4"}, {"RANK", "3"}});
+  const TrainConfig cfg = parse({"--config", yaml.string(), "--seed", "9", "--comm", "gloo"});
+  fs::remove(yaml);
+  BOOST_TEST(cfg.seed == 9u);                                          // command line over the file
+  BOOST_TEST(cfg.dist.world_size == 4);                                // environment over the file
+  BOOST_TEST(setting(cfg, "world-size").source == "environment (WORLD_SIZE)");
+  BOOST_TEST(cfg.dist.master_port == 1234);                            // the file over the default
+  BOOST_TEST(setting(cfg, "master-port").source == "config file " + yaml.string());
+  BOOST_TEST(cfg.batch_size == 16);
+  BOOST_TEST(cfg.plugin_options_file.at("scaler").at("scale") == "4");
+  BOOST_TEST(cfg.dist.nproc_per_node == 4);  // world size / nnodes
+  BOOST_TEST(setting(cfg, "nproc-per-node").source == "default (world size / nnodes)");
+}
+
+BOOST_AUTO_TEST_CASE(combinations_and_plugin_options_are_checked) {
+  BOOST_TEST(error_of([] { parse({"--steps", "2", "--epochs", "1"}); }) == "give --epochs or --steps, not both");
+  BOOST_TEST(error_of([] { parse({"--gpt-width", "130", "--gpt-heads", "4"}); }) ==
+             "--gpt-width must be a multiple of --gpt-heads (4), got 130");
+  BOOST_TEST(error_of([] { parse({"--resume", "auto"}); }) == "--resume auto needs --checkpoint-dir");
+  BOOST_TEST(error_of([] { parse({"--opt", "scalar.scale=2"}); })
+                 .find("unknown plugin kind 'scalar'; did you mean 'scaler'?") != std::string::npos);
+  const TrainConfig cfg = parse({"--opt", "clipper.max_norm=2", "--opt", "scaler.scale=8"});
+  BOOST_TEST(cfg.plugin_options_cli.at("clipper").at("max_norm") == "2");
+  BOOST_TEST(cfg.plugin_options_cli.at("scaler").at("scale") == "8");
+  const TrainConfig two = parse({"--world-size", "2", "--rank", "1"});
+  BOOST_TEST(two.plugins.at("comm") == "gloo");  // torch.distributed's choice on CPU
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(launcher_environment)
+
+BOOST_AUTO_TEST_CASE(torchrun_then_slurm_then_open_mpi) {
+  const auto torchrun = lookup({{"WORLD_SIZE", "8"}, {"SLURM_NTASKS", "4"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  auto v = launcher_value(host_option("world-size"), torchrun);
+  BOOST_REQUIRE(v);
+  BOOST_TEST(v->first == "8");
+  BOOST_TEST(v->second == "environment (WORLD_SIZE)");
+  v = launcher_value(host_option("world-size"), lookup({{"WORLD_SIZE", ""}, {"SLURM_NTASKS", "4"}}));
+  BOOST_TEST(v->first == "4");  // an empty variable counts as unset
+  v = launcher_value(host_option("rank"), lookup({{"OMPI_COMM_WORLD_RANK", "3"}}));
+  BOOST_TEST(v->second == "environment (OMPI_COMM_WORLD_RANK)");
+  BOOST_TEST(!launcher_value(host_option("batch-size"), torchrun));  // not a launcher option
+}
+
+BOOST_AUTO_TEST_CASE(slurm_values_are_reduced_to_what_the_option_means) {
+  auto v = launcher_value(host_option("nproc-per-node"), lookup({{"SLURM_NTASKS_PER_NODE", "2(x3)"}}));
+  BOOST_TEST(v->first == "2");
+  v = launcher_value(host_option("master-addr"), lookup({{"SLURM_JOB_NODELIST", "node[07-08],gpu3"}}));
+  BOOST_TEST(v->first == "node07");
+  BOOST_TEST(v->second == "environment (SLURM_JOB_NODELIST)");
+  v = launcher_value(host_option("master-addr"),
+                     lookup({{"MASTER_ADDR", "10.0.0.1"}, {"SLURM_JOB_NODELIST", "node[1-2]"}}));
+  BOOST_TEST(v->first == "10.0.0.1");
+  BOOST_TEST(first_slurm_host("a1,a2") == "a1");
+  BOOST_TEST(first_slurm_host("gpu[3,5]") == "gpu3");
+  BOOST_TEST(first_slurm_host("solo") == "solo");
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_launcher_value_names_its_variable) {
+  const ScopedEnv env({{"RANK", "x"}, {"WORLD_SIZE", "2"}});
+  BOOST_TEST(error_of([] { parse({}); }) == "--rank must be an integer, got 'x' from environment (RANK)");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(fault_specs)
+
+BOOST_AUTO_TEST_CASE(every_field_is_parsed) {
+  const Fault f = parse_fault("spike@step=12,layer=layers.1,rank=1,target=grad,factor=50");
+  BOOST_TEST(static_cast<int>(f.kind) == static_cast<int>(Fault::Kind::spike));
+  BOOST_TEST(f.step == 12);
+  BOOST_TEST(f.layer == "layers.1");
+  BOOST_TEST(f.rank == 1);
+  BOOST_TEST(static_cast<int>(f.target) == static_cast<int>(Fault::Target::grad));
+  BOOST_TEST(f.factor == 50.0);
+  const Fault d = parse_fault("nan@step=0");
+  BOOST_TEST(d.rank == -1);
+  BOOST_TEST(d.layer.empty());
+  BOOST_TEST(d.factor == 1000.0);
+}
+
+BOOST_AUTO_TEST_CASE(bad_specs_say_what_is_wrong) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"nan", "no '@' after the fault kind"},
+      {"nann@step=1", "unknown fault kind 'nann'; did you mean 'nan'?"},
+      {"nan@stp=1", "unknown key 'stp'; did you mean 'step'?"},
+      {"nan@step=1,step=2", "step is given twice"},
+      {"nan@layer=x", "step=N is required"},
+      {"nan@step=1,target=grad", "target=grad needs layer=NAME"},
+      {"nan@step=1,factor=5", "factor applies to spike faults only"},
+      {"spike@step=1,factor=1", "factor must be a number > 1, got '1'"},
+  };
+  for (const auto& [spec, message] : cases)
+    BOOST_TEST(error_of([&] { parse_fault(spec); }).find(message) != std::string::npos, spec);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(nan_locator)
+
+// Two linear layers; the second's weight holds a NaN, so its output is the first bad one.
+BOOST_AUTO_TEST_CASE(the_first_module_with_a_non_finite_output_is_named) {
+  at::manual_seed(0);
+  torch::nn::Linear l1(4, 8), l2(8, 2);
+  {
+    at::NoGradGuard no_grad;
+    l2->weight[1][3] = std::numeric_limits<float>::quiet_NaN();
+  }
+  std::vector<at::Tensor> params = {l1->weight, l1->bias, l2->weight, l2->bias};
+  const at::Tensor x = at::randn({3, 4});
+  LocatorInputs in;
+  in.forward = [&](int) {
+    at::Tensor h = call("l1", l1, x).relu();
+    return call("l2", l2, h).sum();
+  };
+  const NanLocation loc = locate_fault(in, params);
+  BOOST_TEST(loc.found);
+  BOOST_TEST(loc.module == "l2");
+  BOOST_TEST(loc.phase == "forward");
+  BOOST_TEST(loc.observation.value.nonfinite == 3);  // column 1 of every row
+  BOOST_TEST(loc.forward.size() == 2u);
+  for (const auto& p : params) BOOST_TEST(!p.grad().defined());  // gradients left undefined
+}
+
+BOOST_AUTO_TEST_CASE(a_healthy_step_reports_nothing) {
+  torch::nn::Linear l1(4, 2);
+  LocatorInputs in;
+  const at::Tensor x = at::ones({2, 4});
+  in.forward = [&](int) { return call("l1", l1, x).sum(); };
+  const NanLocation loc = locate_fault(in, {l1->weight, l1->bias});
+  BOOST_TEST(!loc.found);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(metrics_resume)
+
+BOOST_AUTO_TEST_CASE(a_resumed_run_keeps_earlier_steps_and_rewrites_the_rest) {
+  const fs::path file = fs::temp_directory_path() / ("ampkit-units-" + std::to_string(::getpid()) + ".jsonl");
+  {
+    MetricsWriter w(file);
+    for (int s = 0; s < 5; ++s) w.write({{"step", s}, {"loss", 1.0 / (s + 1)}});
+  }
+  {
+    std::ofstream(file, std::ios::app) << "{\"step\": 5, \"lo";  // a line torn by a crash
+  }
+  {
+    MetricsWriter w(file, /*first_step=*/3);  // resumed from the checkpoint of step 3
+    w.write({{"step", 3}, {"loss", 0.125}});
+  }
+  std::ifstream in(file);
+  std::vector<int64_t> steps;
+  std::vector<double> losses;
+  for (std::string line; std::getline(in, line);) {
+    const auto r = nlohmann::json::parse(line);
+    steps.push_back(r["step"].get<int64_t>());
+    losses.push_back(r["loss"].get<double>());
+  }
+  fs::remove(file);
+  BOOST_TEST(steps == (std::vector<int64_t>{0, 1, 2, 3}), boost::test_tools::per_element());
+  BOOST_TEST(losses[3] == 0.125);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace ampkit::test
