@@ -193,7 +193,7 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 
 // Declares the plugin in a library: kind is scaler|clipper|nan_policy|comm, name an identifier,
 // Class a subclass of the kind's interface constructible from `const ampkit::OptionValues&`,
-// summary one line, then the option specs (ampkit::option::Float(...), ...), possibly none.
+// summary one line, then the option specs (ampkit::OptionSpec::Float(...), ...), possibly none.
 #define AMPKIT_PLUGIN(kind, name, Class, summary, ...)                                                       \
   namespace {                                                                                                \
   const ampkit_option_spec ampkit_plugin_options_[] = {ampkit_option_spec{}, __VA_ARGS__};                   \
