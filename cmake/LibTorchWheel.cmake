@@ -2,14 +2,35 @@
 #   ampkit::torch_cpu  c10 + torch_cpu (what plugins and most code need)
 #   ampkit::torch      the above plus torch and, with CUDA, torch_cuda/c10_cuda (for executables)
 # Installed with ampkit's CMake package, whose ampkitConfig.cmake includes it the same way.
-find_package(Python3 REQUIRED COMPONENTS Interpreter)
-if(NOT AMPKIT_TORCH_DIR)
+# Where torch is: -DAMPKIT_TORCH_DIR=<site-packages/torch> (or the environment variable of that
+# name) overrides; otherwise python (Python3_EXECUTABLE, else the first python3 found) is asked.
+if(NOT AMPKIT_TORCH_DIR AND DEFINED ENV{AMPKIT_TORCH_DIR})
+  set(AMPKIT_TORCH_DIR "$ENV{AMPKIT_TORCH_DIR}")
+endif()
+if(AMPKIT_TORCH_DIR AND NOT AMPKIT_TORCH_VERSION)
+  set(_header "${AMPKIT_TORCH_DIR}/include/torch/headeronly/version.h")
+  if(NOT EXISTS "${_header}")
+    message(FATAL_ERROR "ampkit: AMPKIT_TORCH_DIR=${AMPKIT_TORCH_DIR} is not a torch package folder (no ${_header})")
+  endif()
+  file(STRINGS "${_header}" _lines REGEX "^#define TORCH_VERSION_(MAJOR|MINOR|PATCH) [0-9]+")
+  set(_ver "")
+  foreach(_line IN LISTS _lines)
+    string(REGEX REPLACE ".* ([0-9]+)$" "\\1" _n "${_line}")
+    list(APPEND _ver "${_n}")
+  endforeach()
+  list(JOIN _ver "." _ver)
+  set(AMPKIT_TORCH_VERSION "${_ver}" CACHE STRING "LibTorch version")
+  # The pip wheels have used the C++11 ABI since torch 2.7; set this for an older build.
+  set(AMPKIT_TORCH_CXX11_ABI 1 CACHE STRING "LibTorch _GLIBCXX_USE_CXX11_ABI")
+elseif(NOT AMPKIT_TORCH_DIR)
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
   execute_process(
     COMMAND ${Python3_EXECUTABLE} -c "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__.split('+')[0]); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
     OUTPUT_VARIABLE _ampkit_torch_out RESULT_VARIABLE _ampkit_torch_rc ERROR_QUIET
     OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT _ampkit_torch_rc EQUAL 0)
-    message(FATAL_ERROR "ampkit: python torch not found by ${Python3_EXECUTABLE}; run tools/setup.sh")
+    message(FATAL_ERROR "ampkit: python torch not found by ${Python3_EXECUTABLE}; run tools/setup.sh, "
+      "or point -DPython3_EXECUTABLE or -DAMPKIT_TORCH_DIR at the torch to use")
   endif()
   string(REPLACE "\n" ";" _ampkit_torch_out "${_ampkit_torch_out}")
   list(GET _ampkit_torch_out 0 _dir)

@@ -1,27 +1,39 @@
-# ampkit_read_kinds(<header> <out-var>)
-# The plugin kinds from their one declaration, the kKinds table of ampkit/kinds.h: ampkit's build
-# reads them here, and the installed ampkitConfig.cmake carries the list it read (AMPKIT_KINDS).
-function(ampkit_read_kinds header out)
+# ampkit_read_kinds(<header> <out-var> <tensor-kinds-out-var>)
+# The plugin kinds from their one declaration, the kKinds table of ampkit/kinds.h, and those whose
+# interface passes tensors: ampkit's build reads them here, and the installed ampkitConfig.cmake
+# carries the lists it read (AMPKIT_KINDS, AMPKIT_TENSOR_KINDS).
+function(ampkit_read_kinds header out tensor_out)
   file(STRINGS "${header}" _lines REGEX "^ *\\{\"[a-z_]+\", \"[a-z-]+\", ")
   set(_kinds "")
+  set(_tensor_kinds "")
   foreach(_line IN LISTS _lines)
-    string(REGEX MATCH "\\{\"([a-z_]+)\"" _match "${_line}")
+    string(REGEX MATCH "\\{\"([a-z_]+)\".*, (true|false)\\}" _match "${_line}")
+    if(NOT _match)
+      message(FATAL_ERROR "ampkit_read_kinds: cannot read '${_line}' in ${header}")
+    endif()
     list(APPEND _kinds "${CMAKE_MATCH_1}")
+    if(CMAKE_MATCH_2 STREQUAL "true")
+      list(APPEND _tensor_kinds "${CMAKE_MATCH_1}")
+    endif()
   endforeach()
   list(LENGTH _kinds _count)
   if(_count LESS 1)
     message(FATAL_ERROR "ampkit_read_kinds: no kinds found in ${header}")
   endif()
   set(${out} "${_kinds}" PARENT_SCOPE)
+  set(${tensor_out} "${_tensor_kinds}" PARENT_SCOPE)
 endfunction()
 
 # ampkit_add_plugin(<target> KIND <kind> NAME <name> SOURCES <src>... [VERSION <v>] [OUTPUT_DIR <dir>]
-#                   [COMPILE_DEFINITIONS <def>...])
+#                   [COMPILE_DEFINITIONS <def>...] [LINK_TORCH])
+# Plugins of kinds whose interface passes tensors (clipper, comm) link LibTorch's CPU libraries;
+# the others (scaler, nan_policy) compile against the SDK's headers alone and link no torch
+# library unless LINK_TORCH says they call into torch themselves.
 # Builds libampkit-<kind>-<name>.so: a MODULE with hidden visibility against the SDK and LibTorch
 # (whose _GLIBCXX_USE_CXX11_ABI comes with ampkit::sdk). Built-in plugins and third-party plugins
 # use this same function; docs/plugin-authoring.md walks through it.
 function(ampkit_add_plugin target)
-  cmake_parse_arguments(P "" "KIND;NAME;VERSION;OUTPUT_DIR" "SOURCES;COMPILE_DEFINITIONS" ${ARGN})
+  cmake_parse_arguments(P "LINK_TORCH" "KIND;NAME;VERSION;OUTPUT_DIR" "SOURCES;COMPILE_DEFINITIONS" ${ARGN})
   if(NOT AMPKIT_KINDS)
     message(FATAL_ERROR "ampkit_add_plugin(${target}): AMPKIT_KINDS is not set; use find_package(ampkit)")
   endif()
@@ -50,13 +62,20 @@ function(ampkit_add_plugin target)
   endif()
   add_library(${target} MODULE ${P_SOURCES})
   target_link_libraries(${target} PRIVATE ampkit::sdk)
-  target_compile_definitions(${target} PRIVATE AMPKIT_PLUGIN_VERSION="${P_VERSION}" ${P_COMPILE_DEFINITIONS})
+  if(P_LINK_TORCH OR P_KIND IN_LIST AMPKIT_TENSOR_KINDS)
+    target_link_libraries(${target} PRIVATE ampkit::torch_cpu)
+  endif()
+  # AMPKIT_PLUGIN(kind, name, ...) static_asserts that it says the same as KIND and NAME here.
+  target_compile_definitions(${target} PRIVATE AMPKIT_PLUGIN_VERSION="${P_VERSION}"
+    AMPKIT_BUILD_KIND="${P_KIND}" AMPKIT_BUILD_NAME="${P_NAME}" ${P_COMPILE_DEFINITIONS})
+  # --as-needed: a plugin that calls nothing in torch (most scalers and NaN policies) records no
+  # dependency on libtorch_cpu/libc10. --no-undefined: a missing symbol fails the build, not the load.
+  target_link_options(${target} PRIVATE "LINKER:--as-needed" "LINKER:--no-undefined")
   set_target_properties(${target} PROPERTIES
     PREFIX "lib" OUTPUT_NAME "ampkit-${P_KIND}-${P_NAME}"
     LIBRARY_OUTPUT_DIRECTORY "${P_OUTPUT_DIR}"
     CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
     AMPKIT_PLUGIN_KIND "${P_KIND}" AMPKIT_PLUGIN_NAME "${P_NAME}")
-  target_link_options(${target} PRIVATE "LINKER:--no-undefined")
   set_property(GLOBAL APPEND PROPERTY AMPKIT_PLUGIN_TARGETS ${target})
 endfunction()
 

@@ -309,6 +309,8 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
            " / torch " AMPKIT_TORCH_VERSION},
       {"--scaler " + broken + "/torch_mismatch/libampkit-scaler-torch_mismatch.so", "torch 2.10.0"},
       {"--clipper " + broken + "/wrong_kind/libampkit-scaler-wrong_kind.so", "not a clipper plugin"},
+      {"--scaler " + broken + "/layout_changed/libampkit-scaler-layout_changed.so",
+       "was built with another layout of StepStats"},
       {"--scaler " + broken + "/throwing_factory/libampkit-scaler-throwing_factory.so",
        "could not be created"},
       {"--scaler " + broken + "/static_init_crash/libampkit-scaler-static_init_crash.so",

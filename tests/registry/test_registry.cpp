@@ -370,6 +370,38 @@ BOOST_AUTO_TEST_CASE(plugin_for_another_torch_is_refused_before_loading) {
       e.message, "host has ABI " + std::to_string(AMPKIT_ABI_VERSION) + " / torch " AMPKIT_TORCH_VERSION);
 }
 
+// Same ABI number, but StepStats has another layout (a field added at the front of a copy of
+// step.h): refused from the file's layout record, naming the struct, before any plugin code runs.
+BOOST_AUTO_TEST_CASE(plugin_built_against_an_edited_struct_is_refused_naming_it) {
+  Registry registry(only({broken("layout_changed")}));
+  const ampkit::PluginInfo info = registry.find("scaler", "layout_changed");
+  BOOST_TEST(info.abi_version == AMPKIT_ABI_VERSION);
+  // One int64_t more, in front: every field 8 bytes further.
+  BOOST_TEST(info.layout.rfind("StepStats 128 8,16,24,", 0) == 0u, info.layout);
+  const Caught e = catch_error([&] { ampkit::check_compatible(info); });
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
+  AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string() + " was built with another layout of StepStats");
+  AMPKIT_CHECK_CONTAINS(e.message, "under the same ABI " + std::to_string(AMPKIT_ABI_VERSION));
+  const Caught load = catch_error([&] { registry.load(info); });
+  AMPKIT_REQUIRE_ERROR(load, ErrorCategory::plugin);
+  AMPKIT_CHECK_CONTAINS(load.message, "another layout of StepStats");
+}
+
+// Every built-in plugin carries the layout record of its kind, identical to the host's.
+BOOST_AUTO_TEST_CASE(built_in_plugins_carry_the_hosts_layout_record) {
+  const Registry registry(only({kPluginDir}));
+  size_t files = 0;
+  for (const auto& p : registry.scan().plugins) {
+    if (p.is_static) continue;
+    ++files;
+    BOOST_TEST_CONTEXT(p.path) {
+      BOOST_TEST(p.layout.rfind("StepStats 120 ", 0) == 0u, p.layout);
+      BOOST_CHECK_NO_THROW(ampkit::check_compatible(p));
+    }
+  }
+  BOOST_TEST(files >= 16u);
+}
+
 BOOST_AUTO_TEST_CASE(scaler_selected_as_clipper_is_refused) {
   const fs::path file = broken("wrong_kind") / "libampkit-scaler-wrong_kind.so";
   const Registry registry(only({broken("wrong_kind")}));

@@ -98,6 +98,7 @@ nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_
   r["grad_max_abs"] = number(o.stats.grad_max_abs);
   r["zero_fraction"] = number(o.stats.zero_fraction);
   r["clip_coef"] = number(o.clip_coefficient);
+  r["clip_threshold"] = number(o.clip_threshold);  // the clipper's threshold this step; 0: none
   r["clipped"] = o.stepped && o.clip_coefficient < 1.0;
   r["found_inf"] = o.stats.found_inf;
   r["action"] = to_string(o.decision.action);

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <vector>
 
+#include "ampkit/plugin.h"
 #include "ampkit/registry.h"
 
 namespace fs = std::filesystem;
@@ -183,6 +185,45 @@ void read_metadata(const fs::path& file, const std::string& meta, PluginInfo& in
   info.compiler = field("compiler");
 }
 
+// The layout record this host expects from a plugin of `kind` (ampkit/layout.h).
+std::string host_layout(const std::string& kind) {
+  detail::LayoutText t{};
+  if (kind == "scaler") t = detail::plugin_layout<Kind_scaler>();
+  if (kind == "clipper") t = detail::plugin_layout<Kind_clipper>();
+  if (kind == "nan_policy") t = detail::plugin_layout<Kind_nan_policy>();
+  if (kind == "comm") t = detail::plugin_layout<Kind_comm>();
+  return std::string(t.text, t.size);
+}
+
+// "StepStats" -> its line ("StepStats 168 0,8,...") in a layout record.
+std::map<std::string, std::string> layout_lines(const std::string& record) {
+  std::map<std::string, std::string> lines;
+  std::istringstream in(record);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines[line.substr(0, line.find(' '))] = line;
+  return lines;
+}
+
+// A plugin built against headers whose boundary types differ from the host's (a field added
+// without an ABI bump) would misread every value; refuse it naming the first differing type.
+void check_layout(const PluginInfo& info) {
+  const std::string file = "plugin file " + info.path.string();
+  if (info.layout.empty())
+    throw Error(ErrorCategory::plugin, file + " has no '" AMPKIT_PLUGIN_LAYOUT_SECTION
+                                              "' layout record; it was not built with AMPKIT_PLUGIN of this SDK");
+  const auto theirs = layout_lines(info.layout);
+  for (const auto& [type, line] : layout_lines(host_layout(info.kind))) {
+    const auto it = theirs.find(type);
+    if (it == theirs.end() || it->second != line)
+      throw Error(ErrorCategory::plugin,
+                  file + " was built with another layout of " + type + " (plugin: '" +
+                      (it == theirs.end() ? "absent" : it->second) + "', host: '" + line +
+                      "') under the same ABI " + std::to_string(AMPKIT_ABI_VERSION) +
+                      "; rebuild the plugin against this ampkit SDK");
+  }
+}
+
 }  // namespace
 
 PluginInfo inspect_plugin_file(const fs::path& file) {
@@ -197,6 +238,8 @@ PluginInfo inspect_plugin_file(const fs::path& file) {
                    " but no '" AMPKIT_PLUGIN_META_SECTION
                    "' metadata section; it was not built with AMPKIT_PLUGIN");
   read_metadata(file, *meta, info);
+  if (const auto layout = elf.section(AMPKIT_PLUGIN_LAYOUT_SECTION))
+    info.layout = layout->substr(0, layout->find('\0'));
   const std::string expected_entry =
       "ampkit_v" + std::to_string(info.abi_version) + "_" + info.kind + "_" + info.name;
   if (info.entry != expected_entry)
@@ -219,6 +262,7 @@ void check_compatible(const PluginInfo& info) {
   if (find_kind(info.kind) == nullptr)
     throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " is of unknown kind '" +
                                            info.kind + "' (kinds: " + kind_names() + ")");
+  if (!info.is_static) check_layout(info);
 }
 
 void check_trusted(const fs::path& file, bool allow_untrusted) {

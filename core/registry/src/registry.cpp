@@ -60,8 +60,9 @@ void validate_descriptor(const PluginInfo& info, const ampkit_plugin_descriptor*
   if (d->option_count > 0 && d->options == nullptr)
     throw Error(ErrorCategory::plugin, file + ": descriptor declares options but gives none");
   for (uint32_t i = 0; i < d->option_count; ++i)
-    if (d->options[i].name == nullptr || d->options[i].help == nullptr)
-      throw Error(ErrorCategory::plugin, file + ": option " + std::to_string(i) + " has no name or help");
+    if (d->options[i].name == nullptr || d->options[i].help == nullptr || d->options[i].name[0] == '\0' ||
+        d->options[i].help[0] == '\0')
+      throw Error(ErrorCategory::plugin, file + ": option " + std::to_string(i) + " has no name or an empty help text");
 }
 
 PluginInfo static_info(const ampkit_plugin_descriptor* d) {

@@ -12,7 +12,7 @@
 // mean + z_thresh * std / (z / z_thresh), and the EMA is updated with the clipped norm.
 //
 // Both give one coefficient for all gradients, so they stay in the engine's single multiply.
-#include <ampkit/plugin.h>
+#include <ampkit/clipper_plugin.h>
 
 #include <algorithm>
 #include <cmath>

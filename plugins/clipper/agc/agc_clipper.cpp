@@ -1,7 +1,7 @@
 // Clipper "agc": unit-wise adaptive gradient clipping (NFNets, Brock et al. 2021), timm's semantics.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
-#include <ampkit/plugin.h>
+#include <ampkit/clipper_plugin.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Clipper "none": gradients are only unscaled, never clipped.
-#include <ampkit/plugin.h>
+#include <ampkit/clipper_plugin.h>
 
 namespace {
 

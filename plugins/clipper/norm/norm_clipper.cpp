@@ -1,5 +1,5 @@
 // Clipper "norm": torch.nn.utils.clip_grad_norm_ semantics on the unscaled total norm.
-#include <ampkit/plugin.h>
+#include <ampkit/clipper_plugin.h>
 
 #include <cmath>
 #include <limits>

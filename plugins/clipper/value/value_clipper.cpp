@@ -1,6 +1,6 @@
 // Clipper "value": clip_grad_value_ semantics, an element-wise clamp of the unscaled gradients.
 #include <ATen/Functions.h>
-#include <ampkit/plugin.h>
+#include <ampkit/clipper_plugin.h>
 
 #include <cmath>
 #include <vector>

@@ -1,7 +1,7 @@
 // What the gloo and nccl comm plugins share: rendezvous store, c10d process group, heartbeats.
 #pragma once
 
-#include <ampkit/plugin.h>
+#include <ampkit/comm_plugin.h>
 
 #include <atomic>
 #include <chrono>

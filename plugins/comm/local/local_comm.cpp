@@ -1,5 +1,5 @@
 // Comm "local": one process, no communication; the collectives are identities.
-#include <ampkit/plugin.h>
+#include <ampkit/comm_plugin.h>
 
 #include <stdexcept>
 

@@ -1,7 +1,7 @@
 // NaN policy "abort": stop the run at the first bad step, for runs where a NaN means a bug
 // (torchtitan's behaviour); the host writes the summary with the reason and exits 5.
 #include <ampkit/nan_detector.h>
-#include <ampkit/plugin.h>
+#include <ampkit/nan_policy_plugin.h>
 
 namespace {
 

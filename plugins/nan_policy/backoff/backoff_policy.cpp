@@ -1,7 +1,7 @@
 // NaN policy "backoff": skip a bad step and, for non-finite values, ask the scaler for one
 // extra backoff (overflow seen twice as fast); abort after a long streak.
 #include <ampkit/nan_detector.h>
-#include <ampkit/plugin.h>
+#include <ampkit/nan_policy_plugin.h>
 
 namespace {
 

@@ -1,7 +1,7 @@
 // NaN policy "rollback": on bad steps, restore the last good snapshot and skip batches (what
 // PaLM did for loss spikes); short streaks are skipped first, and too many rollbacks abort.
 #include <ampkit/nan_detector.h>
-#include <ampkit/plugin.h>
+#include <ampkit/nan_policy_plugin.h>
 
 namespace {
 

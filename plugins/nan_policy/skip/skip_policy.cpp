@@ -1,7 +1,7 @@
 // NaN policy "skip": drop a step with a non-finite loss or gradient (or a spike, when enabled);
 // abort after a long streak.
 #include <ampkit/nan_detector.h>
-#include <ampkit/plugin.h>
+#include <ampkit/nan_policy_plugin.h>
 
 namespace {
 

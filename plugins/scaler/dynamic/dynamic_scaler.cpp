@@ -1,5 +1,5 @@
 // Scaler "dynamic": torch.amp.GradScaler's loss scale, bit for bit, plus Megatron's hysteresis and bounds.
-#include <ampkit/plugin.h>
+#include <ampkit/scaler_plugin.h>
 
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Scaler "none": the loss is not scaled (fp32 and bf16 training need no scaling).
-#include <ampkit/plugin.h>
+#include <ampkit/scaler_plugin.h>
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Scaler "predictive": a power-of-two scale that keeps the predicted largest gradient under fp16's limit.
-#include <ampkit/plugin.h>
+#include <ampkit/scaler_plugin.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Scaler "static": one constant loss scale for the whole run (Apex/DeepSpeed static_loss_scale).
-#include <ampkit/plugin.h>
+#include <ampkit/scaler_plugin.h>
 
 #include <cmath>
 #include <stdexcept>

@@ -1,7 +1,7 @@
 // Clipper "ema_norm", the plugin docs/plugin-authoring.md writes step by step: clip the unscaled
 // total gradient norm at `factor` times its exponential moving average, so the threshold follows
 // the run instead of being guessed up front.
-#include <ampkit/plugin.h>
+#include <ampkit/clipper_plugin.h>
 
 #include <algorithm>
 #include <cmath>

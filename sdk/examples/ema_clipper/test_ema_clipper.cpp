@@ -1,6 +1,8 @@
 // Unit test of the ema_norm clipper without any ampkit host: the plugin's object files are linked
-// in, its entry gives the descriptor the host would read, and the test drives clip/save/load.
-#include <ampkit/plugin.h>
+// in, ampkit/testing.h builds the clipper from its descriptor as the host would (declared
+// defaults, then the overrides, each checked) and the test drives clip/save/load.
+#include <ampkit/grad_clipper.h>
+#include <ampkit/testing.h>
 
 #include <cmath>
 #include <cstdint>
@@ -9,7 +11,7 @@
 #include <memory>
 #include <string>
 
-extern "C" const void* AMPKIT_PLUGIN_ENTRY_NAME(clipper, ema_norm);
+AMPKIT_TESTING_DECLARE(clipper, ema_norm);
 
 namespace {
 
@@ -23,24 +25,10 @@ int failures = 0;
     }                                                                                    \
   } while (0)
 
-const ampkit_plugin_descriptor& descriptor() {
-  const void* entry = AMPKIT_PLUGIN_ENTRY_NAME(clipper, ema_norm);
-  return *reinterpret_cast<ampkit_entry_fn>(reinterpret_cast<std::intptr_t>(entry))();
-}
+const ampkit_plugin_descriptor& descriptor() { return AMPKIT_TESTING_DESCRIPTOR(clipper, ema_norm); }
 
-// The options as the host would pass them when the user gives `given`: declared defaults first.
 std::unique_ptr<ampkit::GradClipper> make(const std::map<std::string, std::string>& given = {}) {
-  const ampkit_plugin_descriptor& d = descriptor();
-  ampkit::OptionValues values;
-  for (uint32_t i = 0; i < d.option_count; ++i)
-    if (d.options[i].default_value != nullptr) values.set(d.options[i].name, d.options[i].default_value);
-  for (const auto& [name, value] : given) values.set(name, value);
-  char error[256] = {};
-  void* object = d.create(&values, error, sizeof error);
-  if (object == nullptr) std::fprintf(stderr, "create failed: %s\n", error);
-  // The factory hands out the kind's interface as a Strategy*, exactly as the host receives it.
-  return std::unique_ptr<ampkit::GradClipper>(
-      dynamic_cast<ampkit::GradClipper*>(static_cast<ampkit::Strategy*>(object)));
+  return ampkit::testing::make<ampkit::GradClipper>(descriptor(), given);
 }
 
 ampkit::StepStats norm(double value) {
@@ -76,6 +64,15 @@ int main() {
   resumed->load(clipper->save());
   CHECK(resumed->clip(norm(5.0)).threshold == clipper->clip(norm(5.0)).threshold);
   CHECK(resumed->save() == clipper->save());
+
+  // Options are checked as the host checks them: beta must be in (0, 1).
+  bool range_refused = false;
+  try {
+    make({{"beta", "1.5"}});
+  } catch (const std::invalid_argument& e) {
+    range_refused = std::string(e.what()).find("'beta'") != std::string::npos;
+  }
+  CHECK(range_refused);
 
   // A state this plugin never writes is refused with a message, not used.
   ampkit::State bad;

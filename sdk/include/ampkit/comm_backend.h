@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ampkit/layout.h>
 #include <ampkit/strategy.h>
 
 #include <string>
@@ -54,4 +55,23 @@ class AMPKIT_INTERFACE CommBackend : public Strategy {
   // where the backend can tell (heartbeats in the rendezvous store); `what` otherwise.
   virtual std::string explain_failure(const std::string& what) { return what; }
 };
+// AMPKIT_PLUGIN(comm, ...) implements this interface.
+using Kind_comm = CommBackend;
+
+namespace detail {
+template <>
+struct KindLayout<CommBackend> {
+  static constexpr void add(LayoutText& t) {
+    using D = DistributedConfig;
+    t.type("DistributedConfig", sizeof(D),
+           {offsetof(D, world_size), offsetof(D, rank), offsetof(D, local_rank), offsetof(D, backend),
+            offsetof(D, master_addr), offsetof(D, master_port), offsetof(D, nnodes), offsetof(D, node_rank),
+            offsetof(D, nproc_per_node), offsetof(D, device_ids), offsetof(D, store), offsetof(D, bucket_cap_mb),
+            offsetof(D, find_unused_parameters), offsetof(D, broadcast_buffers),
+            offsetof(D, gradient_as_bucket_view), offsetof(D, timeout_seconds)});
+    t.type("Tensor", sizeof(at::Tensor), {});
+  }
+};
+}  // namespace detail
+
 }  // namespace ampkit

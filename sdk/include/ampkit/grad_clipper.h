@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ampkit/layout.h>
 #include <ampkit/strategy.h>
 
 #include <vector>
@@ -40,5 +41,18 @@ class AMPKIT_INTERFACE GradClipper : public Strategy {
     return 1.0;
   }
 };
+
+// AMPKIT_PLUGIN(clipper, ...) implements this interface.
+using Kind_clipper = GradClipper;
+
+namespace detail {
+template <>
+struct KindLayout<GradClipper> {
+  static constexpr void add(LayoutText& t) {
+    t.type("ClipResult", sizeof(ClipResult), {offsetof(ClipResult, coefficient), offsetof(ClipResult, threshold)});
+    t.type("Tensor", sizeof(at::Tensor), {});
+  }
+};
+}  // namespace detail
 
 }  // namespace ampkit

@@ -12,15 +12,16 @@ struct KindInfo {
   const char* flag;            // the command-line selector, without "--" (ampkit-train)
   const char* default_plugin;  // what a run uses when the kind is not chosen
   const char* title;           // what the interface is, for humans
+  bool tensors;                // the interface passes at::Tensor: plugins link LibTorch
 };
 
 // The order is the order of --help, ampkit-plugins list and the strategy set. One line per kind,
 // in this exact shape: CMake extracts the names with a regular expression.
 inline constexpr KindInfo kKinds[] = {
-    {"scaler", "scaler", "none", "loss scaler"},
-    {"clipper", "clipper", "none", "gradient clipper"},
-    {"nan_policy", "nan-policy", "skip", "NaN policy"},
-    {"comm", "comm", "local", "communication backend"},
+    {"scaler", "scaler", "none", "loss scaler", false},
+    {"clipper", "clipper", "none", "gradient clipper", true},
+    {"nan_policy", "nan-policy", "skip", "NaN policy", false},
+    {"comm", "comm", "local", "communication backend", true},
 };
 inline constexpr std::size_t kKindCount = sizeof(kKinds) / sizeof(kKinds[0]);
 

@@ -1,6 +1,7 @@
 // Interface of loss scaler plugins: the scale the loss is multiplied by before backward.
 #pragma once
 
+#include <ampkit/layout.h>
 #include <ampkit/strategy.h>
 
 namespace ampkit {
@@ -19,5 +20,8 @@ class AMPKIT_INTERFACE LossScaler : public Strategy {
   // True for scalers whose scale changes with overflow (used for precision sanity warnings).
   virtual bool is_dynamic() const { return false; }
 };
+
+// AMPKIT_PLUGIN(scaler, ...) implements this interface.
+using Kind_scaler = LossScaler;
 
 }  // namespace ampkit

@@ -2,6 +2,7 @@
 // non-finite loss or gradients, and loss / gradient-norm spikes by a rolling z-score.
 #pragma once
 
+#include <ampkit/descriptor.h>
 #include <ampkit/nan_policy.h>
 #include <ampkit/options.h>
 #include <ampkit/state.h>
@@ -149,3 +150,20 @@ class DetectingNanPolicy : public NanPolicy {
 };
 
 }  // namespace ampkit
+
+// Option specs of ampkit::NanDetector (nan_detector.h), for NaN policies that use it:
+//   AMPKIT_PLUGIN(nan_policy, mine, MyPolicy, "...", AMPKIT_NAN_DETECTOR_OPTIONS, ...)
+#define AMPKIT_NAN_DETECTOR_OPTIONS                                                                \
+  ampkit::OptionSpec::Int("spike_window", "100",                                                   \
+                          "Recent healthy steps whose loss and gradient norm define 'normal' for " \
+                          "spike detection.")                                                      \
+      .min(2)                                                                                      \
+      .max(100000),                                                                                \
+      ampkit::OptionSpec::Float("spike_zscore", "0",                                               \
+                                "A loss or gradient norm this many standard deviations above the " \
+                                "window's mean is a spike; 0 turns spike detection off (6 is a "   \
+                                "cautious starting point).")                                       \
+          .min(0),                                                                                 \
+      ampkit::OptionSpec::Int("spike_min_samples", "20",                                           \
+                              "Healthy steps needed in the window before spikes are judged.")      \
+          .min(2)

@@ -1,6 +1,7 @@
 // Interface of NaN policy plugins: what to do with a step whose loss or gradients are bad.
 #pragma once
 
+#include <ampkit/layout.h>
 #include <ampkit/strategy.h>
 
 #include <cstdint>
@@ -25,5 +26,18 @@ class AMPKIT_INTERFACE NanPolicy : public Strategy {
   virtual NanDecision decide(const StepStats& stats) = 0;
   virtual RollbackPlan rollback_plan() const { return {}; }
 };
+
+// AMPKIT_PLUGIN(nan_policy, ...) implements this interface.
+using Kind_nan_policy = NanPolicy;
+
+namespace detail {
+template <>
+struct KindLayout<NanPolicy> {
+  static constexpr void add(LayoutText& t) {
+    t.type("RollbackPlan", sizeof(RollbackPlan),
+           {offsetof(RollbackPlan, snapshot_every), offsetof(RollbackPlan, from_checkpoint)});
+  }
+};
+}  // namespace detail
 
 }  // namespace ampkit

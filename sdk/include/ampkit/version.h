@@ -14,7 +14,9 @@
 #define AMPKIT_ABI_VERSION AMPKIT_ABI_VERSION_OVERRIDE
 #else
 // 2: NanDecision::skip_batches and NanPolicy::rollback_plan() (the rollback NaN policy).
-#define AMPKIT_ABI_VERSION 2
+// 3: the layout record (section "ampkitly"), per-kind headers, the alias without Boost.DLL,
+//    AMPKIT_PLUGIN(kind, name, Class, summary, options...) checked against ampkit_add_plugin.
+#define AMPKIT_ABI_VERSION 3
 #endif
 
 #define AMPKIT_STRINGIFY_(x) #x

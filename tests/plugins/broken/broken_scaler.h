@@ -1,7 +1,7 @@
 // A minimal valid scaler shared by the broken test plugins, so each file shows only its defect.
 #pragma once
 
-#include <ampkit/plugin.h>
+#include <ampkit/scaler_plugin.h>
 
 namespace broken {
 

@@ -1,5 +1,5 @@
 // A plugin whose constructor throws: loading succeeds, creating the strategy must fail cleanly.
-#include <ampkit/plugin.h>
+#include <ampkit/scaler_plugin.h>
 
 #include <stdexcept>
 

@@ -18,11 +18,12 @@ namespace ampkit {
 // and "ampkitmd" (a text record); no plugin code runs to get it.
 struct PluginInfo {
   std::filesystem::path path;
-  std::string entry;  // alias symbol, e.g. ampkit_v2_scaler_dynamic
+  std::string entry;  // alias symbol, e.g. ampkit_v3_scaler_dynamic
   int abi_version = 0;
   std::string kind, name, version, summary, torch_version, compiler;
   int cxx11_abi = -1;
   bool is_static = false;  // linked into the executable, not loaded from a file
+  std::string layout;      // the "ampkitly" layout record (ampkit/layout.h); empty for static plugins
 };
 
 // Reads a file's plugin metadata; throws Error(plugin) naming the file and what is wrong.
