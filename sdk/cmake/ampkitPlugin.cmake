@@ -75,6 +75,9 @@ function(ampkit_add_plugin target)
     PREFIX "lib" OUTPUT_NAME "ampkit-${P_KIND}-${P_NAME}"
     LIBRARY_OUTPUT_DIRECTORY "${P_OUTPUT_DIR}"
     CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
+    # The run path is the install one from the start: no relinking at install, and no padding
+    # (CMake pads a build run path with an empty entry, which would search the current folder).
+    BUILD_WITH_INSTALL_RPATH ON
     AMPKIT_PLUGIN_KIND "${P_KIND}" AMPKIT_PLUGIN_NAME "${P_NAME}")
   set_property(GLOBAL APPEND PROPERTY AMPKIT_PLUGIN_TARGETS ${target})
 endfunction()

@@ -16,7 +16,8 @@ step "cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log"
 for f in bin/ampkit-train bin/ampkit-plugins lib/libampkit.a include/ampkit/plugin.h include/ampkit/trainer.h \
          lib/cmake/ampkit/ampkitConfig.cmake lib/cmake/ampkit/LibTorchWheel.cmake \
-         lib/ampkit/plugins/libampkit-clipper-norm.so share/ampkit/examples/ema_clipper/CMakeLists.txt; do
+         lib/ampkit/plugins/libampkit-clipper-norm.so share/ampkit/examples/ema_clipper/CMakeLists.txt \
+         include/ampkit/testing.h include/ampkit/nan_policy_plugin.h share/doc/ampkit/plugin-authoring.md; do
   [ -e "$prefix/$f" ] || fail "$f was not installed"
 done
 # The package must not lead back to ampkit's source or build tree (a python in a .venv inside the
@@ -36,11 +37,73 @@ configure() {  # SOURCE BINARY
   cmake --build "$2" -j "${AMPKIT_JOBS:-1}" >"$2.build.log" 2>&1 || { cat "$2.build.log"; fail "building $1"; }
 }
 examples=$prefix/share/ampkit/examples
+
+# Runs a command with the development files of the given packages made invisible: in a private
+# mount namespace, an empty folder or /dev/null is mounted over each path (links are left: their
+# targets are run-time libraries, and the headers are hidden anyway). Where namespaces are
+# not permitted it runs the command as it is and says so (the link-line checks below still hold).
+mkdir -p "$work/empty"
+hidden() {  # "PATH GLOBS" COMMAND
+  local globs=$1 hide=""; shift
+  for p in $globs; do
+    [ -e "$p" ] && [ ! -L "$p" ] || continue  # a bind mount over a link would hide its target (libssl.so.3)
+    if [ -d "$p" ]; then hide="$hide mount --bind $work/empty $p &&"; else hide="$hide mount --bind /dev/null $p &&"; fi
+  done
+  if unshare -m true 2>/dev/null; then
+    unshare -m bash -c "$hide $*"
+  else
+    echo "test_install: note: no private mount namespace here; nothing is hidden for: $*"
+    bash -c "$*"
+  fi
+}
+libampkit_only="/usr/lib/*/cmake/boost_program_options-* /usr/lib/*/cmake/yaml-cpp /usr/share/cmake/yaml-cpp \
+  /usr/include/yaml-cpp /usr/include/boost/program_options /usr/include/boost/program_options.hpp \
+  /usr/lib/*/libyaml-cpp* /usr/lib/*/libboost_program_options*"
+# A plugin author's project: find_package(ampkit COMPONENTS sdk) must not need these either.
+sdk_only="$libampkit_only /usr/lib/*/cmake/nlohmann_json /usr/share/cmake/nlohmann_json* /usr/include/nlohmann \
+  /usr/include/openssl /usr/lib/*/libcrypto.so /usr/lib/*/libcrypto.a /usr/lib/*/libssl.so /usr/lib/*/libssl.a"
+
+step "building the example plugins out of tree (COMPONENTS sdk; nlohmann-json, OpenSSL, yaml-cpp, Boost.PO hidden)"
 ema=$work/ema_clipper
-step "building the example plugin out of tree"
-configure "$examples/ema_clipper" "$ema"
+streak=$work/streak_policy
+hidden "$sdk_only" "$(declare -f configure fail); generator='$generator'; prefix='$prefix'; launcher='$launcher'; \
+  configure '$examples/ema_clipper' '$ema' && configure '$examples/streak_policy' '$streak'" ||
+  fail "building the example plugins against COMPONENTS sdk with the packages hidden"
 [ -f "$ema/libampkit-clipper-ema_norm.so" ] || fail "ampkit_add_plugin did not make libampkit-clipper-ema_norm.so"
-"$ema/test_ema_clipper" || fail "the example's host-free unit test"
+"$ema/test_ema_clipper" || fail "the ema_clipper example's unit test (ampkit/testing.h)"
+"$streak/test_streak_policy" || fail "the streak_policy example's unit test (ampkit/testing.h)"
+# A NaN policy's interface passes no tensors: its plugin records no dependency on torch.
+if readelf -d "$streak/libampkit-nan_policy-bad_streak.so" | grep -E "NEEDED.*(torch|c10)"; then
+  fail "libampkit-nan_policy-bad_streak.so depends on LibTorch (above)"
+fi
+# No empty run-path entry (it would search the current folder).
+for so in "$ema/libampkit-clipper-ema_norm.so" "$streak/libampkit-nan_policy-bad_streak.so"; do
+  if readelf -d "$so" | grep -E "R(UN)?PATH" | grep -E "\[:|::|:\]"; then fail "$so has an empty run-path entry (above)"; fi
+done
+
+step "a plugin whose AMPKIT_PLUGIN disagrees with ampkit_add_plugin(NAME) does not build"
+mismatch=$work/name_mismatch
+mkdir -p "$mismatch/src"
+cat >"$mismatch/src/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(name_mismatch VERSION 1.0.0 LANGUAGES CXX)
+find_package(ampkit REQUIRED COMPONENTS sdk)
+ampkit_add_plugin(mismatch KIND scaler NAME declared SOURCES mismatch.cpp)
+CMAKE
+cat >"$mismatch/src/mismatch.cpp" <<'CPP'
+#include <ampkit/scaler_plugin.h>
+struct One final : ampkit::LossScaler {
+  explicit One(const ampkit::OptionValues&) {}
+  double scale() const override { return 1.0; }
+  void update(const ampkit::StepStats&) override {}
+};
+AMPKIT_PLUGIN(scaler, other, One, "Named 'other' in the source, 'declared' in CMake")
+CPP
+if (configure "$mismatch/src" "$mismatch/build") >/dev/null 2>&1; then
+  fail "a plugin named 'other' in AMPKIT_PLUGIN but 'declared' in ampkit_add_plugin built"
+fi
+grep -q "disagrees with ampkit_add_plugin(NAME ...) in CMake" "$mismatch/build.build.log" ||
+  fail "the name mismatch failed without the expected message: $(tail -20 "$mismatch/build.build.log")"
 
 step "ampkit-plugins list with AMPKIT_PLUGIN_PATH=$ema"
 AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-plugins" list --json >"$work/list.json"
@@ -61,31 +124,25 @@ AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 
   "('ema_norm', '1.0.0', 5, 'completed')" ] || fail "summary: $(cat "$work/train.json")"
 [ "$(wc -l <"$work/train.jsonl")" -eq 5 ] || fail "expected 5 metrics records"
 
+step "ampkit-train --nan-policy bad_streak (the torch-free example plugin)"
+rc=0
+AMPKIT_PLUGIN_PATH=$streak "$prefix/bin/ampkit-train" --workload synthetic --steps 6 --nan-policy bad_streak \
+  --opt nan_policy.max_streak=2 --inject nan@step=2 --inject nan@step=3 --synthetic-inputs 16 --synthetic-width 32 \
+  --synthetic-depth 2 --batch-size 32 --progress never --summary "$work/streak.json" >"$work/streak.log" 2>&1 ||
+  rc=$?
+[ "$rc" = 5 ] || fail "bad_streak: expected exit 5 (aborted) after two bad steps, got $rc: $(cat "$work/streak.log")"
+[ "$(json "$work/streak.json" "d['status'], d['plugins']['nan_policy']['name']")" = "('aborted', 'bad_streak')" ] ||
+  fail "bad_streak summary: $(cat "$work/streak.json")"
+
 step "building the embedding example out of tree, with yaml-cpp and Boost.Program_options hidden"
 # ampkit::ampkit is libampkit alone: ampkit-train's configuration (and its Boost.Program_options
 # and yaml-cpp) stays in hosts/train. In a private mount namespace, empty folders and /dev/null are
 # mounted over those packages' CMake files, headers and libraries, so the consumer cannot find
 # them; where namespaces are not permitted, only the link-line check below runs (it says so).
 embed=$work/embed_trainer
-hide=""
-for p in /usr/lib/*/cmake/boost_program_options-* /usr/lib/*/cmake/yaml-cpp /usr/share/cmake/yaml-cpp \
-         /usr/include/yaml-cpp /usr/include/boost/program_options /usr/include/boost/program_options.hpp \
-         /usr/lib/*/libyaml-cpp* /usr/lib/*/libboost_program_options*; do
-  [ -e "$p" ] || continue
-  if [ -d "$p" ]; then hide="$hide mount --bind $work/empty $p &&"; else hide="$hide mount --bind /dev/null $p &&"; fi
-done
-mkdir -p "$work/empty"
-consumer="cmake -S $examples/embed_trainer -B $embed -G '$generator' -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
-  ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher} >$embed.configure.log 2>&1 &&
-  cmake --build $embed -j ${AMPKIT_JOBS:-1} >$embed.build.log 2>&1"
-if unshare -m true 2>/dev/null; then
-  unshare -m bash -c "$hide [ ! -e /usr/include/yaml-cpp/yaml.h ] && $consumer" ||
-    { cat "$embed.configure.log" "$embed.build.log" 2>/dev/null; fail "building embed_trainer with yaml-cpp and Boost.Program_options hidden"; }
-else
-  echo "test_install: note: no private mount namespace here; yaml-cpp and Boost.Program_options stay visible, only the link line is checked"
-  bash -c "$consumer" || { cat "$embed.configure.log" "$embed.build.log"; fail "building embed_trainer"; }
-fi
+hidden "$libampkit_only" "$(declare -f configure fail); generator='$generator'; prefix='$prefix'; launcher='$launcher'; \
+  configure '$examples/embed_trainer' '$embed'" ||
+  fail "building embed_trainer with yaml-cpp and Boost.Program_options hidden"
 if grep -E "libyaml-cpp|libboost_program_options" "$embed/build.ninja" "$embed"/CMakeFiles/*/link.txt 2>/dev/null; then
   fail "embed_trainer links yaml-cpp or Boost.Program_options (above)"
 fi
