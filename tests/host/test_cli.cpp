@@ -289,6 +289,30 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
   BOOST_TEST(run(plugins + " lst").code == 2);
 }
 
+// check flags a file whose name disagrees with what it holds; list marks a plugin built against
+// an edited StepStats (same ABI number) incompatible, in the table and in --json.
+BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
+  TempDir tmp;
+  fs::copy_file(fs::path(AMPKIT_TEST_PLUGIN_DIR) / "libampkit-scaler-static.so",
+                tmp.path / "libampkit-scaler-renamed.so");
+  const Result renamed = run(plugins + " check --plugin-dir " + tmp.path.string());
+  BOOST_TEST_INFO(renamed.output);
+  BOOST_TEST(renamed.code == 8);
+  BOOST_TEST(renamed.output.find("the file name disagrees with its metadata (scaler 'static'): expected "
+                                 "libampkit-scaler-static.so") != std::string::npos);
+  const std::string broken = std::string(AMPKIT_TEST_BROKEN_DIR) + "/layout_changed";
+  const Result list = run(plugins + " list --plugin-dir " + broken);
+  BOOST_TEST_INFO(list.output);
+  BOOST_TEST(list.output.find("Test plugin built against an edited StepStats  [incompatible]") != std::string::npos);
+  const auto json = nlohmann::json::parse(run(plugins + " list --json --plugin-dir " + broken).output);
+  bool marked = false;
+  for (const auto& p : json["plugins"])
+    if (p["name"] == "layout_changed")
+      marked = p["compatible"] == false &&
+               p["problem"].get<std::string>().find("another layout of StepStats") != std::string::npos;
+  BOOST_TEST(marked);
+}
+
 BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
   const std::string broken = AMPKIT_TEST_BROKEN_DIR;
   struct Case {

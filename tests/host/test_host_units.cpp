@@ -172,8 +172,8 @@ BOOST_AUTO_TEST_CASE(the_parser_fills_every_field_from_the_table_defaults) {
   BOOST_TEST(cfg.lr == 1e-3);
   BOOST_TEST(cfg.keep_checkpoints == 3);
   BOOST_TEST(cfg.dist.master_port == 29500);
-  BOOST_TEST(cfg.dist.bucket_cap_mb == 25.0);
-  BOOST_TEST(cfg.dist.broadcast_buffers == true);
+  BOOST_TEST(cfg.data_parallel.bucket_cap_mb == 25.0);
+  BOOST_TEST(cfg.data_parallel.broadcast_buffers == true);
   BOOST_TEST(cfg.epochs == 1);  // neither --epochs nor --steps
   BOOST_TEST(cfg.plugins.at("nan_policy") == "skip");
   BOOST_TEST(cfg.progress == "auto");

@@ -1,6 +1,8 @@
 // Option resolution on the real static scaler and norm clipper: precedence, sources, and the
 // errors a user gets for a misspelt option or a bad value from each source.
 #include <ampkit/plugin_options.h>
+#include <ampkit/registry.h>
+#include <ampkit/testing.h>
 #include <stdlib.h>
 
 #include <boost/test/unit_test.hpp>
@@ -306,6 +308,40 @@ BOOST_AUTO_TEST_CASE(every_per_precision_default_is_validated_whatever_the_run_p
                                 std::string(text) + "' that " + why);
     }
   }
+}
+
+// ampkit/testing.h resolves options without the host; it must hand a plugin exactly what the
+// host would: the same values for every built-in plugin at every precision, and a refusal for a
+// value the host refuses.
+BOOST_AUTO_TEST_CASE(testing_h_resolves_every_built_in_plugin_as_the_host_does) {
+  ampkit::Registry registry(only({kPluginDir}));
+  size_t compared = 0;
+  for (const auto& info : registry.scan().plugins) {
+    const ampkit_plugin_descriptor& d = registry.load(info).descriptor();
+    for (const auto precision : {ampkit::Precision::fp32, ampkit::Precision::bf16, ampkit::Precision::fp16}) {
+      BOOST_TEST_CONTEXT(info.kind << " '" << info.name << "' " << ampkit::to_string(precision)) {
+        OptionInputs inputs;
+        inputs.read_environment = false;
+        inputs.precision = precision;
+        const auto host = resolve_options(d, inputs).values.all();
+        const auto testing = ampkit::testing::resolve(d, {}, precision).all();
+        BOOST_TEST((host == testing));
+        ++compared;
+      }
+    }
+    for (uint32_t i = 0; i < d.option_count; ++i) {
+      const ampkit_option_spec& spec = d.options[i];
+      if (spec.type == AMPKIT_OPTION_STRING) continue;
+      BOOST_TEST_CONTEXT(info.name << "." << spec.name << "=not-a-value") {
+        OptionInputs bad;
+        bad.read_environment = false;
+        bad.command_line[spec.name] = "not-a-value";
+        BOOST_CHECK_THROW(resolve_options(d, bad), ampkit::Error);
+        BOOST_CHECK_THROW(ampkit::testing::resolve(d, {{spec.name, "not-a-value"}}), std::invalid_argument);
+      }
+    }
+  }
+  BOOST_TEST(compared >= 3u * 16u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

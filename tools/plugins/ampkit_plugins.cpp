@@ -195,6 +195,13 @@ int check(const Registry& registry, bool json) {
       report(p.path.string(), what, false, false, e.what());
       continue;
     }
+    // Users select by name, and the file name is what they see: it must say what the file holds.
+    const std::string expected = "libampkit-" + p.kind + "-" + p.name + ".so";
+    if (p.path.filename() != expected) {
+      report(p.path.string(), what, false, false,
+             "the file name disagrees with its metadata (" + what + "): expected " + expected);
+      continue;
+    }
     const ProbeResult r = probe_plugin(p, /*create=*/true);
     report(p.path.string(), what, r.ok, r.crashed, r.message);
   }

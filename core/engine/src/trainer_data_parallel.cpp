@@ -79,9 +79,12 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
     model.insert(model.end(), options.buffers.begin(), options.buffers.end());
     check_same_layout(comm, model);
   }
+  // One owning reference, taken once (the rule in comm_backend.h): the backend keeps the group in
+  // an intrusive_ptr, so reclaiming from its raw pointer only adds a count.
   c10d::ProcessGroup* raw = comm.process_group();
-  if (raw != nullptr) {
-    auto group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  if (raw != nullptr) group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
+  if (group) {
     // check_same_layout has already stopped every rank on a different layout; this compares the
     // shapes themselves, for the 1 in 2^32 chance that two layouts share the 32-bit hash.
     try {
@@ -96,8 +99,7 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
     state.insert(state.end(), options.buffers.begin(), options.buffers.end());
     comm.broadcast(state, 0);
   }
-  if (raw == nullptr) return;
-  auto group = c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(raw);
+  if (!group) return;
   // As torch.nn.parallel.DistributedDataParallel builds it: a small first bucket (1 MiB) so the
   // all-reduce starts early, then bucket_cap_mb; buckets in reverse order (backward's order).
   const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);

@@ -14,9 +14,10 @@ class ProcessGroup;
 
 namespace ampkit {
 
-// Where this process sits in the job and how gradients are synchronised; filled by the host from
-// torchrun/SLURM/Open MPI environment variables, the config file and the command line
-// (docs/distributed-training.md). The defaults are one process and torch DDP's defaults.
+// Where this process sits in the job and how it meets the others: what a communication backend
+// needs to rendezvous and nothing else (how gradients are bucketed is the engine's business:
+// ampkit::DataParallelOptions). Filled by the host from torchrun/SLURM/Open MPI environment
+// variables, the config file and the command line (docs/distributed-training.md).
 struct DistributedConfig {
   int world_size = 1;
   int rank = 0;
@@ -28,11 +29,7 @@ struct DistributedConfig {
   int node_rank = 0;
   int nproc_per_node = 1;
   std::vector<int> device_ids;  // CUDA device of this rank; empty: local_rank
-  std::string store = "tcp";    // "tcp" (TCPStore at master_addr:master_port) | "file:PATH"
-  double bucket_cap_mb = 25.0;  // gradient bucket size for the all-reduce
-  bool find_unused_parameters = false;
-  bool broadcast_buffers = true;  // rank 0's module buffers are sent to all ranks every step
-  bool gradient_as_bucket_view = false;
+  std::string store = "tcp";       // "tcp" (TCPStore at master_addr:master_port) | "file:PATH"
   double timeout_seconds = 300.0;  // rendezvous and every collective
 };
 
@@ -48,8 +45,11 @@ class AMPKIT_INTERFACE CommBackend : public Strategy {
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root) = 0;
   virtual void barrier() = 0;
   // The c10d process group the engine builds torch's DDP Reducer on (bucketed all-reduce
-  // overlapped with backward); owned by the backend. nullptr: no process group (one process),
-  // the engine then averages with all_reduce_mean after backward.
+  // overlapped with backward). nullptr: no process group (one process); the engine then averages
+  // with all_reduce_mean after backward. The rule that makes a raw pointer safe here: the backend
+  // holds the group in a c10::intrusive_ptr from init() until it is destroyed, and returns that
+  // group's get(). The engine takes its own reference once (unsafe_reclaim_from_nonowning, which
+  // increments the count), so the group outlives the backend's pointer if the Reducer needs it.
   virtual c10d::ProcessGroup* process_group() { return nullptr; }
   // After a collective failed with `what`: a one-line explanation naming the lost or hung rank
   // where the backend can tell (heartbeats in the rendezvous store); `what` otherwise.
@@ -66,9 +66,7 @@ struct KindLayout<CommBackend> {
     t.type("DistributedConfig", sizeof(D),
            {offsetof(D, world_size), offsetof(D, rank), offsetof(D, local_rank), offsetof(D, backend),
             offsetof(D, master_addr), offsetof(D, master_port), offsetof(D, nnodes), offsetof(D, node_rank),
-            offsetof(D, nproc_per_node), offsetof(D, device_ids), offsetof(D, store), offsetof(D, bucket_cap_mb),
-            offsetof(D, find_unused_parameters), offsetof(D, broadcast_buffers),
-            offsetof(D, gradient_as_bucket_view), offsetof(D, timeout_seconds)});
+            offsetof(D, nproc_per_node), offsetof(D, device_ids), offsetof(D, store), offsetof(D, timeout_seconds)});
     t.type("Tensor", sizeof(at::Tensor), {});
   }
 };

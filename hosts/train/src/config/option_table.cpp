@@ -32,6 +32,10 @@ template <class T>
 Store dist_field(T DistributedConfig::*member) {
   return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.dist.*member, v); };
 }
+template <class T>
+Store data_parallel_field(T DataParallelOptions::*member) {
+  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.data_parallel.*member, v); };
+}
 
 HostOption row(const char* name, OptionType type, std::optional<std::string> def, std::string help,
                Store store) {
@@ -326,21 +330,21 @@ std::vector<HostOption> data_parallel_and_progress_options() {
       number("bucket-cap-mb", "25",
              "Distributed: gradient bucket size in MiB for the all-reduce overlapped with backward (torch DDP's "
              "bucket_cap_mb).",
-             dist_field(&DistributedConfig::bucket_cap_mb))
+             data_parallel_field(&DataParallelOptions::bucket_cap_mb))
           .range(0, 65536)
           .above(0),
       boolean("find-unused-parameters", "false",
               "Distributed: true if some parameters get no gradient in a step (costs a graph traversal per step; "
               "torch DDP's option).",
-              dist_field(&DistributedConfig::find_unused_parameters)),
+              data_parallel_field(&DataParallelOptions::find_unused_parameters)),
       boolean("broadcast-buffers", "true",
               "Distributed: send rank 0's module buffers (e.g. BatchNorm statistics) to every rank before each "
               "step.",
-              dist_field(&DistributedConfig::broadcast_buffers)),
+              data_parallel_field(&DataParallelOptions::broadcast_buffers)),
       boolean("gradient-as-bucket-view", "false",
               "Distributed: gradients are views into the all-reduce buckets (saves one gradient-sized copy and its "
               "memory).",
-              dist_field(&DistributedConfig::gradient_as_bucket_view)),
+              data_parallel_field(&DataParallelOptions::gradient_as_bucket_view)),
       number("dist-timeout", "300",
              "Distributed: seconds the rendezvous and every collective may take; a lost or hung rank makes the "
              "others exit (code 7) after at most this plus a few seconds.",

@@ -3,6 +3,7 @@
 
 #include <ampkit/comm_backend.h>
 #include <ampkit/step.h>
+#include <ampkit/trainer.h>
 
 #include <cstdint>
 #include <map>
@@ -66,6 +67,7 @@ struct TrainConfig {
   // Where this process sits in a data-parallel job: command line > environment (torchrun, then
   // SLURM, then Open MPI variables) > config file > default (docs/distributed-training.md).
   DistributedConfig dist;
+  DataParallelOptions data_parallel;  // how gradients are bucketed (the engine's, not the backend's)
 
   bool help = false;
   bool print_config = false;

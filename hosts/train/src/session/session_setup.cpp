@@ -160,11 +160,7 @@ void Session::build_trainer() {
 // Every rank holds the checkpoint's (or its own seed's) parameters; from here rank 0's are
 // everyone's, and gradients are averaged by torch's DDP Reducer during backward.
 void Session::enable_data_parallel() {
-  DataParallelOptions dp;
-  dp.bucket_cap_mb = cfg_.dist.bucket_cap_mb;
-  dp.find_unused_parameters = cfg_.dist.find_unused_parameters;
-  dp.gradient_as_bucket_view = cfg_.dist.gradient_as_bucket_view;
-  dp.broadcast_buffers = cfg_.dist.broadcast_buffers;
+  DataParallelOptions dp = cfg_.data_parallel;
   for (const auto& item : workload_->module().named_buffers()) dp.buffers.push_back(item.value());
   trainer_->enable_data_parallel(dp);
 }
