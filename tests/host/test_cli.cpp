@@ -311,6 +311,39 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
       marked = p["compatible"] == false &&
                p["problem"].get<std::string>().find("another layout of StepStats") != std::string::npos;
   BOOST_TEST(marked);
+
+  // An untrusted (group-writable) file: list marks it, and a run that allows it says so in the
+  // summary's warnings, not only on stderr.
+  TempDir loose;
+  const fs::path file = loose.path / "libampkit-scaler-loose.so";
+  fs::copy_file(std::string(AMPKIT_TEST_BROKEN_DIR) + "/wrong_kind/libampkit-scaler-wrong_kind.so", file);
+  fs::permissions(file, fs::perms::group_write, fs::perm_options::add);
+  const Result untrusted = run(plugins + " list --plugin-dir " + loose.path.string());
+  BOOST_TEST(untrusted.output.find("[untrusted]") != std::string::npos, untrusted.output);
+  const auto listed = nlohmann::json::parse(run(plugins + " list --json --plugin-dir " + loose.path.string()).output);
+  bool untrusted_field = false;
+  for (const auto& p : listed["plugins"])
+    if (p["path"] == file.string()) untrusted_field = p["trusted"] == false && p.contains("untrusted");
+  BOOST_TEST(untrusted_field);
+  const Result allowed = run(synthetic + " --steps 2 --allow-untrusted-plugins --scaler " + file.string() +
+                             " --summary " + (loose.path / "s.json").string());
+  BOOST_TEST_INFO(allowed.output);
+  BOOST_TEST(allowed.code == 0);
+  // Two folders offering scaler 'duplicate': both marked, each naming the other in --json.
+  const std::string dup = std::string(AMPKIT_TEST_BROKEN_DIR) + "/duplicate";
+  const std::string both = " --plugin-dir " + dup + "/first --plugin-dir " + dup + "/second";
+  const Result clash = run(plugins + " list" + both);
+  size_t marks = 0;
+  for (size_t at = clash.output.find("[clash]"); at != std::string::npos; at = clash.output.find("[clash]", at + 1))
+    ++marks;
+  BOOST_TEST(marks == 2u, clash.output);
+  const auto clash_json = nlohmann::json::parse(run(plugins + " list --json" + both).output);
+  for (const auto& p : clash_json["plugins"])
+    if (p["name"] == "duplicate") BOOST_TEST(p["clash"].size() == 1u);
+  const auto summary = read_json(loose.path / "s.json");
+  BOOST_TEST_REQUIRE(summary["warnings"].size() == 1u);
+  BOOST_TEST(summary["warnings"][0].get<std::string>().find("loading untrusted plugin " + file.string()) !=
+             std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {

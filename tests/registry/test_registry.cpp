@@ -580,6 +580,10 @@ BOOST_AUTO_TEST_CASE(allow_untrusted_loads_the_group_writable_copy) {
   BOOST_TEST(plugin.info().path.string() == reported(copy.file));
   auto strategy = create(plugin, {{"scale", "64"}});
   BOOST_TEST(dynamic_cast<ampkit::LossScaler&>(*strategy).scale() == 64.0);
+  // The warning it printed is kept for the run's summary.
+  BOOST_TEST_REQUIRE(registry.warnings().size() == 1u);
+  AMPKIT_CHECK_CONTAINS(registry.warnings()[0], "loading untrusted plugin " + plugin.info().path.string());
+  AMPKIT_CHECK_CONTAINS(registry.warnings()[0], "(allowed by --allow-untrusted-plugins)");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -46,6 +46,15 @@ ordered_json info_json(const PluginInfo& p) {
   return j;
 }
 
+// Other files offering the same kind and name (selecting the name is then an error).
+std::vector<std::string> clashes(const PluginInfo& p, const ScanResult& scan) {
+  std::vector<std::string> out;
+  if (p.is_static) return out;
+  for (const auto& s : scan.plugins)
+    if (!s.is_static && s.kind == p.kind && s.name == p.name && s.path != p.path) out.push_back(s.path.string());
+  return out;
+}
+
 // A file offering the kind and name of a plugin linked into this program is never selected by name.
 bool shadowed(const PluginInfo& p, const ScanResult& scan) {
   if (p.is_static) return false;
@@ -64,6 +73,10 @@ int list(const Registry& registry, bool json) {
     for (const auto& p : scan.plugins) {
       out["plugins"].push_back(info_json(p));
       out["plugins"].back()["shadowed"] = shadowed(p, scan);
+      out["plugins"].back()["clash"] = clashes(p, scan);
+      const std::string why = p.is_static ? "" : untrusted_reason(p.path);
+      out["plugins"].back()["trusted"] = why.empty();
+      if (!why.empty()) out["plugins"].back()["untrusted"] = why;
     }
     out["problems"] = ordered_json::array();
     for (const auto& [file, why] : scan.problems)
@@ -82,6 +95,8 @@ int list(const Registry& registry, bool json) {
     for (const auto& p : scan.plugins) {
       if (p.kind != kind.name) continue;
       std::string note = shadowed(p, scan) ? "  [shadowed by static]" : "";
+      if (!p.is_static && !untrusted_reason(p.path).empty()) note += "  [untrusted]";
+      if (!clashes(p, scan).empty()) note += "  [clash]";
       try {
         check_compatible(p);
       } catch (const Error& e) {

@@ -265,7 +265,7 @@ void check_compatible(const PluginInfo& info) {
   if (!info.is_static) check_layout(info);
 }
 
-void check_trusted(const fs::path& file, bool allow_untrusted) {
+std::string untrusted_reason(const fs::path& file) {
   auto problem = [](const fs::path& p, const char* what) -> std::string {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return std::string(what) + " " + p.string() + " cannot be inspected";
@@ -286,12 +286,19 @@ void check_trusted(const fs::path& file, bool allow_untrusted) {
   const fs::path target = ec ? fs::absolute(file) : real;
   std::string why = problem(target, "the file");
   if (why.empty()) why = problem(target.parent_path(), "its folder");
-  if (why.empty()) return;
+  return why;
+}
+
+std::string check_trusted(const fs::path& file, bool allow_untrusted) {
+  const std::string why = untrusted_reason(file);
+  if (why.empty()) return "";
   if (!allow_untrusted)
     throw Error(ErrorCategory::plugin, "refusing untrusted plugin " + file.string() + ": " + why +
                                            "; --allow-untrusted-plugins overrides");
-  std::cerr << "ampkit: WARNING: loading untrusted plugin " << file.string() << ": " << why
-            << " (allowed by --allow-untrusted-plugins)\n";
+  const std::string warning =
+      "loading untrusted plugin " + file.string() + ": " + why + " (allowed by --allow-untrusted-plugins)";
+  std::cerr << "ampkit: WARNING: " << warning << "\n";
+  return warning;
 }
 
 }  // namespace ampkit

@@ -285,7 +285,8 @@ std::string format_option_table(const std::vector<OptionSetting>& settings, bool
     if (with_source) return s.set ? s.value : "(unset)";
     return s.default_value.empty() ? "(unset)" : s.default_value;
   };
-  size_t w_name = 4, w_type = 4, w_value = 5, w_source = 6;
+  // Each column at least as wide as its heading, so the help column lines up under "help".
+  size_t w_name = 4, w_type = 4, w_value = with_source ? 5 : 7, w_source = 6;
   for (const auto& s : settings) {
     w_name = std::max(w_name, s.name.size());
     w_type = std::max(w_type, s.type.size());

@@ -253,7 +253,8 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
   std::vector<const PluginInfo*> to_probe;
   for (const auto& info : infos) {
     if (info.is_static || loaded_.count(load_key(info))) continue;
-    check_trusted(info.path, options_.allow_untrusted);
+    if (std::string warning = check_trusted(info.path, options_.allow_untrusted); !warning.empty())
+      warnings_.push_back(std::move(warning));
     check_compatible(info);
     if (std::none_of(to_probe.begin(), to_probe.end(),
                      [&](const PluginInfo* p) { return p->path == info.path; }))

@@ -31,8 +31,12 @@ PluginInfo inspect_plugin_file(const std::filesystem::path& file);
 // Throws Error(plugin) when the plugin was built for another ABI, torch or C++ ABI than this host.
 void check_compatible(const PluginInfo& info);
 // Throws Error(plugin) when the file or its folder is writable by group/others or owned by a
-// user other than us or root (as ld.so and sudo refuse), unless `allow_untrusted`.
-void check_trusted(const std::filesystem::path& file, bool allow_untrusted);
+// user other than us or root (as ld.so and sudo refuse), unless `allow_untrusted`: then it prints
+// a warning and returns it ("loading untrusted plugin F: why (allowed by ...)"). Returns "" for a
+// trusted file.
+std::string check_trusted(const std::filesystem::path& file, bool allow_untrusted);
+// Why the file would not be trusted, or "" (what check_trusted judges, without acting on it).
+std::string untrusted_reason(const std::filesystem::path& file);
 
 // A plugin whose library is loaded; the library stays loaded for the life of the process.
 class LoadedPlugin {
@@ -67,6 +71,9 @@ class Registry {
   explicit Registry(RegistryOptions options = {});
   const std::vector<std::filesystem::path>& search_path() const { return search_path_; }
   const RegistryOptions& options() const { return options_; }
+  // The warnings loading has printed so far (untrusted plugins loaded with allow_untrusted), for
+  // a run's summary.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
   // Every *.so in the search path, read from ELF; statically linked plugins come first.
   ScanResult scan() const;
@@ -84,6 +91,7 @@ class Registry {
   RegistryOptions options_;
   std::vector<std::filesystem::path> search_path_;
   std::map<std::string, std::unique_ptr<LoadedPlugin>> loaded_;  // by path or static key
+  std::vector<std::string> warnings_;
 };
 
 // Result of loading a plugin in a child process (ampkit-plugins check, and Registry::load).

@@ -118,6 +118,8 @@ void Session::rendezvous() {
   if (is_root_)
     for (const auto& w : warnings_)
       std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  // Untrusted plugins loaded under --allow-untrusted-plugins: printed when loaded, kept here.
+  warnings_.insert(warnings_.end(), registry_->warnings().begin(), registry_->warnings().end());
   // About speed, not about the run's numbers: printed, not counted among the summary's warnings.
   if (is_root_ && device_.is_cpu())
     if (const std::string note = cpu_precision_note(cfg_.precision, cpu_capabilities()); !note.empty())
