@@ -293,13 +293,13 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
 // an edited StepStats (same ABI number) incompatible, in the table and in --json.
 BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   TempDir tmp;
-  fs::copy_file(fs::path(AMPKIT_TEST_PLUGIN_DIR) / "libampkit-scaler-static.so",
+  fs::copy_file(fs::path(AMPKIT_TEST_BROKEN_DIR) / "wrong_kind" / "libampkit-scaler-wrong_kind.so",
                 tmp.path / "libampkit-scaler-renamed.so");
   const Result renamed = run(plugins + " check --plugin-dir " + tmp.path.string());
   BOOST_TEST_INFO(renamed.output);
   BOOST_TEST(renamed.code == 8);
-  BOOST_TEST(renamed.output.find("the file name disagrees with its metadata (scaler 'static'): expected "
-                                 "libampkit-scaler-static.so") != std::string::npos);
+  BOOST_TEST(renamed.output.find("the file name disagrees with its metadata (scaler 'wrong_kind'): expected "
+                                 "libampkit-scaler-wrong_kind.so") != std::string::npos);
   const std::string broken = std::string(AMPKIT_TEST_BROKEN_DIR) + "/layout_changed";
   const Result list = run(plugins + " list --plugin-dir " + broken);
   BOOST_TEST_INFO(list.output);
@@ -340,6 +340,11 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   const auto clash_json = nlohmann::json::parse(run(plugins + " list --json" + both).output);
   for (const auto& p : clash_json["plugins"])
     if (p["name"] == "duplicate") BOOST_TEST(p["clash"].size() == 1u);
+  // check fails them too (ampkit-train refuses the name), naming the other file.
+  const Result clash_check = run(plugins + " check" + both);
+  BOOST_TEST(clash_check.code == 8);
+  BOOST_TEST(clash_check.output.find("another file offers scaler 'duplicate' too (") != std::string::npos,
+             clash_check.output);
   const auto summary = read_json(loose.path / "s.json");
   BOOST_TEST_REQUIRE(summary["warnings"].size() == 1u);
   BOOST_TEST(summary["warnings"][0].get<std::string>().find("loading untrusted plugin " + file.string()) !=

@@ -24,6 +24,8 @@
 #include "config/option_table.h"
 #include "config/train_config.h"
 
+#include <sys/stat.h>
+
 namespace ampkit::test {
 namespace {
 
@@ -214,6 +216,75 @@ BOOST_AUTO_TEST_CASE(combinations_and_plugin_options_are_checked) {
   BOOST_TEST(cfg.plugin_options_cli.at("scaler").at("scale") == "8");
   const TrainConfig two = parse({"--world-size", "2", "--rank", "1"});
   BOOST_TEST(two.plugins.at("comm") == "gloo");  // torch.distributed's choice on CPU
+}
+
+// A scratch folder for one test, removed after it.
+struct Scratch {
+  fs::path path = fs::temp_directory_path() / ("ampkit-units-" + std::to_string(::getpid()));
+  Scratch() { fs::create_directories(path); }
+  ~Scratch() { fs::remove_all(path); }
+  std::string file(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+// The defects an adversarial run found in the host's configuration (issue 21), one check each.
+BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
+  const Scratch dir;
+  // Stray words were ignored: "... --steps 3 fp16" trained in fp32.
+  BOOST_TEST(error_of([] { parse({"--steps", "3", "fp16"}); }) ==
+             "unexpected argument 'fp16': ampkit-train takes only --options (see ampkit-train --help)");
+  // Numbers that overflowed or wrapped.
+  BOOST_TEST(error_of([] { parse({"--epochs", "9223372036854775807"}); }).find("--epochs must be") == 0u);
+  BOOST_TEST(error_of([] { parse({"--epochs", "18446744073709552"}); }).find("--epochs must be") == 0u);
+  BOOST_TEST(error_of([] { parse({"--seed=-1"}); }).find("--seed must be a non-negative integer") == 0u);
+  const std::string negative_seed = dir.file("seed.yaml", "seed: -1\n");
+  BOOST_TEST(error_of([&] { parse({"--config", negative_seed}); }).find("--seed must be a non-negative integer") == 0u);
+  // A trust override in a file.
+  const std::string trust = dir.file("trust.yaml", "allow-untrusted-plugins: true\n");
+  BOOST_TEST(error_of([&] { parse({"--config", trust}); }) ==
+             "key 'allow-untrusted-plugins' in config file " + trust + " is only accepted on the command line");
+  // Every document after the first was ignored.
+  const std::string two_docs = dir.file("two.yaml", "steps: 3\n---\nprecision: bf16\n");
+  BOOST_TEST(error_of([&] { parse({"--config", two_docs}); }) ==
+             "config file " + two_docs + " holds 2 YAML documents; give one (its '---' separators split them)");
+  // A folder or a FIFO as --config (the FIFO blocked forever).
+  BOOST_TEST(error_of([&] { parse({"--config", dir.path.string()}); }) ==
+             "config file " + dir.path.string() + " is not a regular file");
+  const std::string fifo = (dir.path / "f.yaml").string();
+  BOOST_TEST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  BOOST_TEST(error_of([&] { parse({"--config", fifo}); }) == "config file " + fifo + " is not a regular file");
+  // A complex key.
+  const std::string complex = dir.file("complex.yaml", "? [a, b]\n: 1\n");
+  BOOST_TEST(error_of([&] { parse({"--config", complex}); }) ==
+             "config file " + complex + " has a key that is not a plain name");
+  // Deep nesting is refused with a message that says so.
+  const std::string deep = dir.file("deep.yaml", std::string(5000, '[') + std::string(5000, ']') + "\n");
+  BOOST_TEST(error_of([&] { parse({"--config", deep}); }).find("config file " + deep) == 0u);
+  // Output files that are not regular files are refused before training (a device was replaced).
+  BOOST_TEST(error_of([] { parse({"--summary", "/dev/full"}); }) ==
+             "--summary /dev/full exists and is not a regular file; give a file path");
+  BOOST_TEST(error_of([&] { parse({"--metrics", dir.path.string()}); }) ==
+             "--metrics " + dir.path.string() + " exists and is not a regular file; give a file path");
+  BOOST_TEST(error_of([] { parse({"--layer-norms", "/proc/version"}); }).empty());  // a regular file (read-only: fails at open)
+}
+
+// --steps on the command line overrides epochs from the config file (and the reverse), as the
+// command line overrides every other option; both in one source is still an error.
+BOOST_AUTO_TEST_CASE(the_command_line_sets_the_run_length_over_the_config_file) {
+  const Scratch dir;
+  const std::string epochs = dir.file("epochs.yaml", "epochs: 3\n");
+  const TrainConfig steps = parse({"--config", epochs, "--steps", "7"});
+  BOOST_TEST(steps.steps == 7);
+  BOOST_TEST(steps.epochs == 0);
+  for (const auto& s : steps.settings) BOOST_TEST(s.name != "epochs");
+  const std::string steps_file = dir.file("steps.yaml", "steps: 9\n");
+  const TrainConfig two = parse({"--config", steps_file, "--epochs", "2"});
+  BOOST_TEST(two.epochs == 2);
+  BOOST_TEST(two.steps == 0);
+  const std::string both = dir.file("both.yaml", "steps: 9\nepochs: 2\n");
+  BOOST_TEST(error_of([&] { parse({"--config", both}); }) == "give --epochs or --steps, not both");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -210,6 +210,13 @@ int check(const Registry& registry, bool json) {
       report(p.path.string(), what, false, false, e.what());
       continue;
     }
+    // ampkit-train refuses a name two files offer: check must not call them ok.
+    if (const auto others = clashes(p, scan); !others.empty()) {
+      report(p.path.string(), what, false, false,
+             "another file offers " + what + " too (" + others.front() +
+                 "); selecting it by name fails: remove one or select it by path");
+      continue;
+    }
     // Users select by name, and the file name is what they see: it must say what the file holds.
     const std::string expected = "libampkit-" + p.kind + "-" + p.name + ".so";
     if (p.path.filename() != expected) {

@@ -108,12 +108,13 @@ std::vector<HostOption> run_options() {
              cfg.precision = v.text == "bf16" ? Precision::bf16 : v.text == "fp16" ? Precision::fp16 : Precision::fp32;
            })
           .one_of({"fp32", "bf16", "fp16"}),
+      // Bounded so that steps x batches x samples stays far from int64's range.
       integer("epochs", nullptr, "Passes over the training set (default 1 when --steps is not given).",
               field(&TrainConfig::epochs))
-          .range(1, std::nullopt),
+          .range(1, 1e6),
       integer("steps", nullptr, "Optimizer steps to attempt (skipped steps count); excludes --epochs.",
               field(&TrainConfig::steps))
-          .range(1, std::nullopt),
+          .range(1, 1e12),
       integer("batch-size", "64", "Samples per micro-batch.", field(&TrainConfig::batch_size)).range(1, 1 << 20),
       integer("accumulate", "1", "Micro-batches per optimizer step (gradient accumulation).",
               field(&TrainConfig::accumulate))
@@ -165,9 +166,13 @@ std::vector<HostOption> plugin_options() {
   out.push_back(list("plugin-dir",
                      "Folder searched for plugins before AMPKIT_PLUGIN_PATH and the built-in folder (repeatable).",
                      field(&TrainConfig::plugin_dirs)));
-  out.push_back(flag("allow-untrusted-plugins",
-                     "Load plugin files writable by others or owned by another user (loudly).",
-                     field(&TrainConfig::allow_untrusted_plugins)));
+  // A trust override is the user's own decision at the command line, never a file's.
+  HostOption untrusted = flag("allow-untrusted-plugins",
+                              "Load plugin files writable by others or owned by another user (loudly; command "
+                              "line only).",
+                              field(&TrainConfig::allow_untrusted_plugins));
+  untrusted.command_line_only = true;
+  out.push_back(untrusted);
   return out;
 }
 

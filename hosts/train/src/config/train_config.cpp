@@ -2,10 +2,12 @@
 // the YAML file and the launchers' environment, on Boost.Program_options and yaml-cpp.
 #include "config/train_config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <ampkit/kinds.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -101,18 +103,35 @@ void yaml_words(const HostOption& option, const YAML::Node& value, const std::st
   }
 }
 
-std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
-  if (!std::filesystem::exists(file)) throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
-  YAML::Node root;
+// The one YAML document of a regular file (a FIFO would block, a folder is no file).
+YAML::Node load_yaml(const std::string& file) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(file, ec);
+  if (ec || !std::filesystem::exists(status)) throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
+  if (!std::filesystem::is_regular_file(status))
+    throw Error(ErrorCategory::usage, "config file " + file + " is not a regular file");
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::LoadFile(file);
+    documents = YAML::LoadAllFromFile(file);
+  } catch (const YAML::DeepRecursion&) {
+    throw Error(ErrorCategory::usage, "config file " + file + " is nested too deeply to be a configuration");
   } catch (const YAML::Exception& e) {
     throw Error(ErrorCategory::usage, "config file " + file + " is not valid YAML: " + e.what());
   }
+  if (documents.size() > 1)
+    throw Error(ErrorCategory::usage, "config file " + file + " holds " + std::to_string(documents.size()) +
+                                          " YAML documents; give one (its '---' separators split them)");
+  return documents.empty() ? YAML::Node() : documents.front();
+}
+
+std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
+  const YAML::Node root = load_yaml(file);
   if (root.IsNull()) return {};
   if (!root.IsMap()) throw Error(ErrorCategory::usage, "config file " + file + " must be a mapping of option: value");
   std::vector<std::string> words;
   for (const auto& item : root) {
+    if (!item.first.IsScalar())
+      throw Error(ErrorCategory::usage, "config file " + file + " has a key that is not a plain name");
     const std::string key = item.first.as<std::string>();
     const std::string where = "key '" + key + "' in config file " + file;
     if (key == "opt") {
@@ -148,6 +167,10 @@ ParsedSources parse_sources(int argc, const char* const argv[], TrainConfig& cfg
   ParsedSources p;
   try {
     p.cli = po::command_line_parser(argc, argv).options(options).run();
+    for (const auto& o : p.cli.options)
+      if (o.position_key >= 0 && !o.value.empty())
+        throw Error(ErrorCategory::usage, "unexpected argument '" + o.value.front() +
+                                              "': ampkit-train takes only --options (see ampkit-train --help)");
     po::store(p.cli, p.vm);
     if (p.vm.count("config")) {
       cfg.config_file = p.vm["config"].as<std::string>();
@@ -208,6 +231,19 @@ void apply_table(const ParsedSources& p, TrainConfig& cfg) {
   }
 }
 
+// --epochs and --steps together are one setting, the run's length: when the command line gives
+// one and the config file the other, the command line's wins as it does for every option.
+void choose_run_length(TrainConfig& cfg, const ParsedSources& p) {
+  auto drop = [&](const char* name, int64_t& field) {
+    field = 0;
+    cfg.settings.erase(std::remove_if(cfg.settings.begin(), cfg.settings.end(),
+                                      [&](const TrainConfig::Setting& s) { return s.name == name; }),
+                       cfg.settings.end());
+  };
+  if (mentions(p.cli, "steps") && !mentions(p.cli, "epochs") && mentions(p.file, "epochs")) drop("epochs", cfg.epochs);
+  if (mentions(p.cli, "epochs") && !mentions(p.cli, "steps") && mentions(p.file, "steps")) drop("steps", cfg.steps);
+}
+
 TrainConfig::Setting& setting(TrainConfig& cfg, const std::string& name) {
   for (auto& s : cfg.settings)
     if (s.name == name) return s;
@@ -240,7 +276,19 @@ void derive_defaults(TrainConfig& cfg) {
 
 // What no single option can check: values that must agree with each other.
 void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
-  require(!(p.vm.count("epochs") && p.vm.count("steps")), "give --epochs or --steps, not both");
+  require(!(mentions(p.cli, "epochs") && mentions(p.cli, "steps")) &&
+              !(mentions(p.file, "epochs") && mentions(p.file, "steps")),
+          "give --epochs or --steps, not both");
+  // Output files are replaced by rename: a folder, a device or a FIFO there would be lost (or
+  // the run would fail only at its end). Checked before anything trains.
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--metrics", cfg.metrics_file},
+                                     {"--summary", cfg.summary_file},
+                                     {"--layer-norms", cfg.layer_norms_file}}) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    require(path.empty() || ec || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
+            std::string(option) + " " + path + " exists and is not a regular file; give a file path");
+  }
   require(cfg.gpt_width % cfg.gpt_heads == 0, "--gpt-width must be a multiple of --gpt-heads (" +
                                                   std::to_string(cfg.gpt_heads) + "), got " +
                                                   std::to_string(cfg.gpt_width));
@@ -289,6 +337,7 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   cfg.help = p.vm["help"].as<bool>();
   cfg.print_config = p.vm["print-config"].as<bool>();
   apply_table(p, cfg);
+  choose_run_length(cfg, p);
   derive_defaults(cfg);
   check_combinations(cfg, p);
   return cfg;
