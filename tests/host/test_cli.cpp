@@ -351,6 +351,24 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
              std::string::npos);
 }
 
+// A write that fails mid-run (here a file-size limit, as a full disk) stops the run with one line
+// and exit 9 (output), and the summary of an earlier run is left as it was, not emptied.
+BOOST_AUTO_TEST_CASE(a_full_disk_stops_the_run_with_exit_9_and_keeps_the_previous_summary) {
+  TempDir tmp;
+  const fs::path summary = tmp.path / "s.json", metrics = tmp.path / "m.jsonl";
+  std::ofstream(summary) << "previous\n";
+  const Result r = run("bash -c \"trap '' XFSZ; ulimit -f 1; exec " + synthetic + " --steps 50 --metrics " +
+                       metrics.string() + " --summary " + summary.string() + "\"");
+  BOOST_TEST_INFO(r.output);
+  BOOST_TEST(r.code == 9);
+  BOOST_TEST(r.output.find("cannot write metrics file " + metrics.string() + " (disk full?)") != std::string::npos);
+  BOOST_TEST(lines(r.output) == 1u);
+  std::ifstream in(summary);
+  std::string first;
+  std::getline(in, first);
+  BOOST_TEST(first == "previous");
+}
+
 BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
   const std::string broken = AMPKIT_TEST_BROKEN_DIR;
   struct Case {

@@ -533,6 +533,30 @@ BOOST_AUTO_TEST_CASE(probe_reports_the_crash_even_when_the_host_handles_sigsegv)
 BOOST_AUTO_TEST_SUITE_END()
 
 // ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(factories)
+
+// A factory written by hand (not AMPKIT_PLUGIN's) that lets an exception escape is the plugin's
+// failure (exit 3), not an internal error (exit 1).
+BOOST_AUTO_TEST_CASE(a_hand_written_factory_that_throws_is_a_plugin_error) {
+  ampkit_plugin_descriptor d{};
+  d.abi_version = AMPKIT_ABI_VERSION;
+  d.struct_size = sizeof d;
+  d.kind = "scaler";
+  d.name = "raw";
+  d.create = [](const void*, char*, size_t) -> void* { throw std::runtime_error("raw factory exploded"); };
+  ampkit::PluginInfo info;
+  info.kind = "scaler";
+  info.name = "raw";
+  info.path = "/nowhere/libampkit-scaler-raw.so";
+  const ampkit::LoadedPlugin plugin(info, &d);
+  const Caught e = catch_error([&] { plugin.create(ampkit::OptionValues{}); });
+  AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
+  AMPKIT_CHECK_CONTAINS(e.message, "scaler 'raw'");
+  AMPKIT_CHECK_CONTAINS(e.message, "could not be created: its factory threw: raw factory exploded");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(untrusted_plugins)
 
 BOOST_AUTO_TEST_CASE(group_writable_file_is_refused) {

@@ -46,6 +46,31 @@ void create_parent_folder(const std::filesystem::path& file) {
     throw Error(ErrorCategory::output, "cannot create the folder of " + file.string() + ": " + ec.message());
 }
 
+// Writes `text` to a temporary file beside `file`, flushed and checked, then renames it over
+// `file`: a failure (a full disk) leaves the previous file as it was and says why.
+void replace_file(const std::filesystem::path& file, const std::string& text, const std::string& what) {
+  create_parent_folder(file);
+  const std::filesystem::path tmp = file.string() + ".tmp-" + std::to_string(::getpid());
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (out) {
+      out << text;
+      out.flush();
+      written = static_cast<bool>(out);
+      out.close();
+      written = written && !out.fail();
+    }
+  }
+  std::error_code ec;
+  if (written) std::filesystem::rename(tmp, file, ec);
+  if (!written || ec) {
+    std::filesystem::remove(tmp, ec);
+    throw Error(ErrorCategory::output, "cannot write " + what + " file " + file.string() +
+                                           " (disk full or not writable); the previous one is unchanged");
+  }
+}
+
 // Opens a per-step log for a run that starts at `first_step`. A resumed run keeps the earlier
 // lines whose step (read by `step_of`, -1 for a header, nullopt for a torn line) is before
 // first_step — the steps after the checkpoint are run again and written again — so the file
@@ -62,14 +87,24 @@ void open_log(std::ofstream& out, const std::filesystem::path& file, int64_t fir
       if (step && *step < first_step) kept += line + '\n';
     }
   }
-  out.open(file, std::ios::out | std::ios::trunc);
+  // A resumed run rewrites the kept records through a temporary file: a kill or a full disk
+  // now leaves the old file whole, never an empty one.
+  if (first_step > 0) replace_file(file, kept, what);
+  out.open(file, std::ios::out | (first_step > 0 ? std::ios::app : std::ios::trunc));
   if (!out)
     throw Error(ErrorCategory::output, std::string("cannot write ") + what + " file " + file.string());
-  out << kept;
+}
+
+// After every record: flushed, and a failed write (a full disk) is an error, not a lost line.
+void check_written(std::ofstream& out, const std::filesystem::path& file, const char* what) {
+  out.flush();
+  if (!out)
+    throw Error(ErrorCategory::output, std::string("cannot write ") + what + " file " + file.string() +
+                                           " (disk full?)");
 }
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_step) {
+MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_step) : file_(file) {
   if (file.empty()) return;
   open_log(out_, file, first_step, "metrics", [](const std::string& line) -> std::optional<int64_t> {
     const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -82,7 +117,7 @@ MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_st
 void MetricsWriter::write(const nlohmann::json& record) {
   if (!out_.is_open()) return;
   out_ << record.dump() << '\n';
-  out_.flush();
+  check_written(out_, file_, "metrics");
 }
 
 nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_total,
@@ -134,7 +169,7 @@ nlohmann::json top_layers(const std::vector<std::string>& names, const std::vect
   return out;
 }
 
-LayerNormWriter::LayerNormWriter(const std::filesystem::path& file, int64_t first_step) {
+LayerNormWriter::LayerNormWriter(const std::filesystem::path& file, int64_t first_step) : file_(file) {
   if (file.empty()) return;
   bool header = false;
   open_log(out_, file, first_step, "layer norms", [&](const std::string& line) -> std::optional<int64_t> {
@@ -148,7 +183,7 @@ LayerNormWriter::LayerNormWriter(const std::filesystem::path& file, int64_t firs
     return step;
   });
   if (!header) out_ << "step,name,grad_norm\n";
-  out_.flush();
+  check_written(out_, file_, "layer norms");
 }
 
 void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names,
@@ -172,7 +207,7 @@ void LayerNormWriter::write(int64_t step, const std::vector<std::string>& names,
       std::snprintf(value, sizeof value, "%s", std::isnan(norms[i]) ? "nan" : "inf");
     out_ << step << ',' << name << ',' << value << '\n';
   }
-  out_.flush();
+  check_written(out_, file_, "layer norms");
 }
 
 ProgressLine::ProgressLine(int64_t total_steps, int64_t every, bool enabled)
@@ -214,15 +249,7 @@ std::string parameter_sha256(const std::vector<at::Tensor>& parameters) {
 }
 
 void write_json_file(const std::filesystem::path& file, const nlohmann::json& summary) {
-  create_parent_folder(file);
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw Error(ErrorCategory::output, "cannot write " + file.string());
-    out << summary.dump(2) << '\n';
-    if (!out) throw Error(ErrorCategory::output, "cannot write " + file.string());
-  }
-  std::filesystem::rename(tmp, file);
+  replace_file(file, summary.dump(2) + "\n", "JSON");
 }
 
 void print_summary_table(std::FILE* out, const nlohmann::json& summary) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -110,13 +111,28 @@ const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info) {
 
 }  // namespace detail
 
+namespace {
+void detail_copy(char* out, size_t size, const std::string& text) {
+  std::snprintf(out, size, "%s", text.c_str());
+}
+}  // namespace
+
 void register_static_plugin(const ampkit_plugin_descriptor* descriptor) {
   static_plugins().push_back(descriptor);
 }
 
 std::unique_ptr<Strategy> LoadedPlugin::create(const OptionValues& values) const {
   char error[1024] = {};
-  void* object = descriptor_->create(&values, error, sizeof error);
+  void* object = nullptr;
+  // The factory must not throw (AMPKIT_PLUGIN's never does), but one written by hand might: it is
+  // still the plugin's failure, not the host's.
+  try {
+    object = descriptor_->create(&values, error, sizeof error);
+  } catch (const std::exception& e) {
+    detail_copy(error, sizeof error, std::string("its factory threw: ") + e.what());
+  } catch (...) {
+    detail_copy(error, sizeof error, "its factory threw a non-standard exception");
+  }
   if (object == nullptr)
     throw Error(ErrorCategory::plugin,
                 info_.kind + " '" + info_.name + "' (" + describe(info_) +

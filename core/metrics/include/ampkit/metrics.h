@@ -23,6 +23,7 @@ class MetricsWriter {
   bool enabled() const { return out_.is_open(); }
 
  private:
+  std::filesystem::path file_;
   std::ofstream out_;
 };
 
@@ -45,6 +46,7 @@ class LayerNormWriter {
   bool enabled() const { return out_.is_open(); }
 
  private:
+  std::filesystem::path file_;
   std::ofstream out_;
 };
 
