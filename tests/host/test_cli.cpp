@@ -340,6 +340,13 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   const auto clash_json = nlohmann::json::parse(run(plugins + " list --json" + both).output);
   for (const auto& p : clash_json["plugins"])
     if (p["name"] == "duplicate") BOOST_TEST(p["clash"].size() == 1u);
+  // check creates each strategy in its child: a crash or an exit() there is said to be there.
+  const Result faults = run(plugins + " check --plugin-dir " + std::string(AMPKIT_TEST_BROKEN_DIR) + "/faults");
+  BOOST_TEST(faults.code == 8);
+  BOOST_TEST(faults.output.find("create_segv.so crashed while creating its strategy (signal 11") != std::string::npos,
+             faults.output);
+  BOOST_TEST(faults.output.find("create_exit.so ended the process (exit 0) while creating its strategy") !=
+             std::string::npos);
   // check fails them too (ampkit-train refuses the name), naming the other file.
   const Result clash_check = run(plugins + " check" + both);
   BOOST_TEST(clash_check.code == 8);
@@ -395,6 +402,16 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
        "could not be created"},
       {"--scaler " + broken + "/static_init_crash/libampkit-scaler-static_init_crash.so",
        "crashed while loading (signal 11"},
+      // Faults inside the plugin's own code after loading: named, with the call (plugin_call.h).
+      {"--scaler " + broken + "/faults/libampkit-scaler-create_segv.so",
+       "scaler 'create_segv' 0.1.0 (" + broken +
+           "/faults/libampkit-scaler-create_segv.so) crashed (SIGSEGV, invalid memory access) in its constructor; "
+           "the run stops"},
+      {"--scaler " + broken + "/faults/libampkit-scaler-update_segv.so",
+       "crashed (SIGSEGV, invalid memory access) in update(); the run stops"},
+      {"--scaler " + broken + "/faults/libampkit-scaler-create_exit.so", "called exit() in its constructor"},
+      {"--plugin-timeout 1 --scaler " + broken + "/faults/hang/libampkit-scaler-create_hang.so",
+       "did not return (time limit reached) in its constructor"},
       {"--plugin-dir " + broken + "/duplicate/first --plugin-dir " + broken +
            "/duplicate/second --scaler duplicate",
        "two plugins offer scaler 'duplicate': " + broken +

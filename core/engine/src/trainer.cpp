@@ -17,6 +17,7 @@
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/plugin_call.h"
 
 namespace ampkit {
 
@@ -65,9 +66,19 @@ void Trainer::start(const RunInfo& extra) {
   info.accumulation_steps = accumulation_steps_;
   info.parameter_names = names_;
   info.cuda = !parameters_.empty() && parameters_.front().is_cuda();
-  strategies_.comm->start(info);
-  strategies_.scaler->start(info);
-  strategies_.clipper->start(info);
+  {
+    PluginCall call("comm", "start()");
+    strategies_.comm->start(info);
+  }
+  {
+    PluginCall call("scaler", "start()");
+    strategies_.scaler->start(info);
+  }
+  {
+    PluginCall call("clipper", "start()");
+    strategies_.clipper->start(info);
+  }
+  PluginCall call("nan_policy", "start()");
   strategies_.nan_policy->start(info);
   started_ = true;
 }
@@ -126,7 +137,10 @@ void Trainer::begin_step(StepOutcome& out) {
   out.stats.step = attempted_;
   out.stats.consecutive_skips = consecutive_skips_;
   // 2. The scale is read once: every micro-batch of this step uses the same value.
-  out.stats.scale = strategies_.scaler->scale();
+  {
+    PluginCall call("scaler", "scale()");
+    out.stats.scale = strategies_.scaler->scale();
+  }
   out.lr = schedule_.at(taken_);
 }
 
@@ -136,6 +150,7 @@ double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, 
   const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
   if (reducer_ && data_parallel_.broadcast_buffers && !data_parallel_.buffers.empty()) {
     at::NoGradGuard no_grad;
+    PluginCall call("comm", "broadcast()");
     strategies_.comm->broadcast(data_parallel_.buffers, 0);
   }
   zero_grad();
@@ -241,7 +256,10 @@ void Trainer::measure_gradients(const std::vector<at::Tensor>& grads, StepStats&
 // 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters would
 // be destroyed), so its proceed is overruled then.
 NanAction Trainer::decide(StepOutcome& out) const {
-  out.decision = strategies_.nan_policy->decide(out.stats);
+  {
+    PluginCall call("nan_policy", "decide()");
+    out.decision = strategies_.nan_policy->decide(out.stats);
+  }
   if (out.decision.action == NanAction::proceed && out.stats.found_inf)
     out.decision = {NanAction::skip, "non-finite gradients (the policy said proceed; skipped anyway)"};
   return out.decision.action;
@@ -254,7 +272,10 @@ void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at
   ++skipped_;
   ++consecutive_skips_;
   if (bad_step_observer_) bad_step_observer_(out, forward);
-  if (action == NanAction::skip_backoff) strategies_.scaler->backoff();
+  if (action == NanAction::skip_backoff) {
+    PluginCall call("scaler", "backoff()");
+    strategies_.scaler->backoff();
+  }
   if (action != NanAction::rollback) return;
   if (!rollback_)
     throw Error(ErrorCategory::internal,
@@ -274,7 +295,11 @@ void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at
 // 6. The clipper's coefficient from the unscaled statistics; unscale and clip in one multiply.
 void Trainer::clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out) {
   const StepStats& stats = out.stats;
-  const ClipResult clip = strategies_.clipper->clip(stats);
+  ClipResult clip;
+  {
+    PluginCall call("clipper", "clip()");
+    clip = strategies_.clipper->clip(stats);
+  }
   if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
     throw Error(ErrorCategory::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
   out.clip_coefficient = std::min(clip.coefficient, 1.0);
@@ -287,6 +312,7 @@ void Trainer::clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out) {
   std::vector<at::Tensor> weights;
   weights.reserve(parameters_.size());
   for (const auto& p : parameters_) weights.push_back(p.detach());
+  PluginCall call("clipper", "clip_unscaled_gradients()");
   out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
   out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
 }
@@ -304,6 +330,7 @@ void Trainer::take_optimizer_step(StepOutcome& out) {
 // that refuses to go on (a collapsing scale, on_min_scale=error) stops the run the way a NaN
 // policy's abort does: with its reason in the summary and the same exit code.
 void Trainer::update_scaler(StepOutcome& out, NanAction action) {
+  PluginCall call("scaler", "update()");
   try {
     strategies_.scaler->update(out.stats);
   } catch (const std::exception& e) {

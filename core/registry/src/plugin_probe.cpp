@@ -37,6 +37,7 @@ namespace {
     try {
       const ampkit_plugin_descriptor* d = detail::load_descriptor(*info);
       if (create) {
+        (void)!::write(out_fd, "L", 1);  // loaded; what follows is the plugin's own code
         OptionInputs defaults;
         defaults.read_environment = false;
         defaults.precision = RunInfo{}.precision;  // the run the probe starts below
@@ -90,24 +91,33 @@ std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
 // The verdict from the child's output and how it ended.
 ProbeResult probe_verdict(const std::vector<const PluginInfo*>& infos, const std::string& message, int status,
                           bool timed_out, double timeout_seconds) {
-  const size_t passed = std::min(message.find('!'), message.size());
-  const std::string error = passed < message.size() ? message.substr(passed + 1) : "";
+  // The child writes '+' per plugin that passed, 'L' once a plugin is loaded and its strategy is
+  // being created, and '!' + the message on an error.
+  const size_t bang = std::min(message.find('!'), message.size());
+  const std::string markers = message.substr(0, bang);
+  const size_t passed = static_cast<size_t>(std::count(markers.begin(), markers.end(), '+'));
+  const bool creating = !markers.empty() && markers.back() == 'L';
+  const std::string error = bang < message.size() ? message.substr(bang + 1) : "";
   const std::string path = infos[std::min(passed, infos.size() - 1)]->path.string();
   ProbeResult result;
   if (timed_out) {
-    result.message = "plugin file " + path + " hung while loading (killed after " +
+    result.message = "plugin file " + path + (creating ? " hung while creating its strategy" : " hung while loading") +
+                     " (killed after " +
                      std::to_string(static_cast<int>(timeout_seconds)) + " s)";
   } else if (WIFSIGNALED(status)) {
     result.crashed = true;
-    result.message = "plugin file " + path + " crashed while loading (signal " +
+    result.message = "plugin file " + path + (creating ? " crashed while creating its strategy (signal "
+                                                       : " crashed while loading (signal ") +
                      std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
-                     "), probably in a static initializer";
+                     (creating ? "), in its factory or constructor" : "), probably in a static initializer");
   } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && passed == infos.size()) {
     result.ok = true;
   } else {
+    const std::string code = std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     result.message = !error.empty() ? error
-                                    : "plugin file " + path + " failed to load (exit " +
-                                          std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")";
+                     : creating     ? "plugin file " + path + " ended the process (exit " + code +
+                                      ") while creating its strategy: it calls exit()"
+                                    : "plugin file " + path + " failed to load (exit " + code + ")";
   }
   return result;
 }

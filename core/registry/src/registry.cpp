@@ -277,7 +277,7 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
       to_probe.push_back(&info);
   }
   if (options_.probe && !to_probe.empty()) {
-    const ProbeResult probe = probe_plugins(to_probe, /*create=*/false);
+    const ProbeResult probe = probe_plugins(to_probe, /*create=*/false, options_.probe_timeout_seconds);
     if (!probe.ok) throw Error(ErrorCategory::plugin, probe.message);
   }
   std::vector<const LoadedPlugin*> out;

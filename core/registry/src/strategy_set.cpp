@@ -2,6 +2,7 @@
 #include "ampkit/strategy_set.h"
 
 #include "ampkit/error.h"
+#include "ampkit/plugin_call.h"
 
 namespace ampkit {
 
@@ -25,13 +26,19 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
     s.kind = kKinds[i].name;
     s.plugin = loaded[i];
     s.options = resolve_options(s.plugin->descriptor(), chosen[i].options);
+    const PluginInfo& info = s.plugin->info();
+    name_plugin(s.kind, s.kind + " '" + info.name + "' " + info.version + " (" +
+                            (info.is_static ? std::string("linked into this program") : info.path.string()) + ")");
     set->selected_.push_back(std::move(s));
   }
   return set;
 }
 
-void StrategySet::create() {
-  for (auto& s : selected_) s.strategy = s.plugin->create(s.options.values);
+void StrategySet::create(unsigned timeout_seconds) {
+  for (auto& s : selected_) {
+    PluginCall call(s.kind.c_str(), "its constructor", timeout_seconds);
+    s.strategy = s.plugin->create(s.options.values);
+  }
 }
 
 const SelectedStrategy& StrategySet::selected(const std::string& kind) const {

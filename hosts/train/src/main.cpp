@@ -11,6 +11,7 @@
 #include <string>
 
 #include "ampkit/exit_codes.h"
+#include "ampkit/plugin_call.h"
 #include "config/train_config.h"
 #include "session/rank_sync.h"
 #include "session/session.h"
@@ -35,6 +36,8 @@ int run(int argc, const char* const argv[]) {
   keep_freed_memory_for_reuse();
   const ampkit::TrainConfig cfg = ampkit::parse_train_config(argc, argv);
   ampkit::train::install_stop_handlers();
+  // A crash, exit() or hang inside plugin code is reported naming the plugin, with exit 3.
+  ampkit::install_plugin_fault_reporter("ampkit-train", ampkit::exit_status(ampkit::ExitCode::plugin));
   if (cfg.help) return ampkit::train::print_help(cfg);
   ampkit::train::Session session(cfg);
   return session.run();

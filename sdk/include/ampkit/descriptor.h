@@ -224,7 +224,10 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 // Class a subclass of the kind's interface constructible from `const ampkit::OptionValues&`,
 // then the summary (a string literal) and the option specs (ampkit::OptionSpec::Float(...), ...),
 // possibly none. Every option needs a name and a one-sentence help.
-#define AMPKIT_PLUGIN(kind, name, Class, ...)                                                                \
+// (Through AMPKIT_PLUGIN_IMPL_, so a kind or name given as a macro is expanded once, the same way
+// for the descriptor, the records and the build check.)
+#define AMPKIT_PLUGIN(kind, name, ...) AMPKIT_PLUGIN_IMPL_(kind, name, __VA_ARGS__)
+#define AMPKIT_PLUGIN_IMPL_(kind, name, Class, ...)                                                          \
   AMPKIT_PLUGIN_CHECK_BUILD_(kind, name)                                                                     \
   namespace {                                                                                                \
   constexpr ::ampkit::detail::PluginArgument ampkit_plugin_arguments_[] = {__VA_ARGS__};                     \

@@ -59,6 +59,7 @@ struct RegistryOptions {
   bool use_default_dirs = true;                    // <program>/../lib/ampkit/plugins, install prefix
   bool allow_untrusted = false;                    // --allow-untrusted-plugins
   bool probe = true;  // load each plugin in a child process first, so a crash is reported
+  double probe_timeout_seconds = 30.0;  // a probe child that has not finished by then is killed
 };
 
 struct ScanResult {

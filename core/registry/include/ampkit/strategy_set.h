@@ -43,8 +43,10 @@ class StrategySet {
   static std::unique_ptr<StrategySet> load(Registry& registry,
                                            const std::map<std::string, StrategyChoice>& choices);
 
-  // Creates the strategies from the resolved options (the plugins' factories run here).
-  void create();
+  // Creates the strategies from the resolved options (the plugins' factories run here), each
+  // inside a PluginCall (plugin_call.h) limited to `timeout_seconds`: a constructor that crashes,
+  // calls exit() or does not return is reported by name where a host installed the reporter.
+  void create(unsigned timeout_seconds = 30);
 
   LossScaler& scaler() const;
   GradClipper& clipper() const;

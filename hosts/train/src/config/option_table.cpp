@@ -173,6 +173,11 @@ std::vector<HostOption> plugin_options() {
                               field(&TrainConfig::allow_untrusted_plugins));
   untrusted.command_line_only = true;
   out.push_back(untrusted);
+  out.push_back(integer("plugin-timeout", "30",
+                        "Seconds a plugin may take to load (in the probe child) and to construct its strategy; "
+                        "past that the run stops with exit 3 naming it.",
+                        field(&TrainConfig::plugin_timeout))
+                    .range(1, 86400));
   return out;
 }
 

@@ -61,6 +61,7 @@ struct TrainConfig {
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
   int64_t nan_locate = 0;           // bad steps the locator re-runs; 0: off
   std::string nan_report_dir;       // empty: beside --summary, else --metrics, else "."
+  int64_t plugin_timeout = 0;  // seconds a plugin may take to load (probe) or construct
   std::string progress;
   int64_t log_every = 0;
 

@@ -175,7 +175,7 @@ int Session::run() {
     return 0;
   }
   validate(cfg_.dist, torch::cuda::is_available());
-  strategies_->create();
+  strategies_->create(static_cast<unsigned>(cfg_.plugin_timeout));
   set_threads_and_device();  // 2
   build_workload();
   rendezvous();     // 3

@@ -1,0 +1,41 @@
+// Which plugin call is running, so that a crash, an exit() or a hang inside plugin code is
+// reported as that plugin's, by name, instead of ending the host without a word.
+//
+// A host calls install_plugin_fault_reporter() once at start-up. StrategySet names each selected
+// plugin (name_plugin) and creates it inside a PluginCall with a time limit; the engine wraps every
+// call into a strategy in a PluginCall. While one is active:
+//   * a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes one line naming the plugin,
+//     its file and the call, and ends the process with the host's exit code for plugin errors;
+//   * exit() called by the plugin is reported the same way (an atexit hook);
+//   * a call with a time limit that has not returned when it expires (SIGALRM) likewise.
+// Outside plugin calls the process keeps the default behaviour (a crash is a crash). The active
+// call costs two stores; the handlers use only async-signal-safe functions. _exit() called by a
+// plugin cannot be seen from inside the process.
+#pragma once
+
+#include <string>
+
+namespace ampkit {
+
+// Installs the handlers (an alternate signal stack included); `program` starts the line
+// ("ampkit-train: error: ..."), `exit_code` ends the process. Idempotent.
+void install_plugin_fault_reporter(const char* program, int exit_code);
+// How reports name the plugin of `kind` from now on, e.g. "scaler 'dynamic' 0.1.0 (/x/libampkit-scaler-dynamic.so)".
+void name_plugin(const std::string& kind, const std::string& description);
+
+class PluginCall {
+ public:
+  // `kind` is one of ampkit/kinds.h; `call` a string literal ("update()", "its constructor").
+  // `timeout_seconds` > 0 arms a time limit for this call (not nested inside another limit).
+  PluginCall(const char* kind, const char* call, unsigned timeout_seconds = 0) noexcept;
+  ~PluginCall();
+  PluginCall(const PluginCall&) = delete;
+  PluginCall& operator=(const PluginCall&) = delete;
+
+ private:
+  int previous_kind_;
+  const char* previous_call_;
+  bool armed_ = false;
+};
+
+}  // namespace ampkit
