@@ -17,10 +17,12 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -592,6 +594,56 @@ BOOST_AUTO_TEST_CASE(group_writable_folder_is_refused) {
   AMPKIT_CHECK_CONTAINS(e.message, "refusing untrusted plugin " + info.path.string());
   AMPKIT_CHECK_CONTAINS(e.message, "its folder " + info.path.parent_path().string() +
                                        " is writable by group or others (mode 0770");
+}
+
+// The trust check and the load see the same open file. A symlink in a world-writable folder is
+// swapped, as fast as a thread can, between the trusted plugin and an untrusted copy of it (the
+// same kind and name, version 6.6.6, in the 0777 folder). Every load that succeeds must be the
+// trusted file; before the host pinned the file, 14 of 40 such runs loaded the untrusted one.
+BOOST_AUTO_TEST_CASE(a_symlink_swapped_while_loading_never_loads_the_untrusted_file) {
+  const CopiedPlugin trusted;
+  const fs::path open = trusted.dir / "open";
+  fs::create_directory(open);
+  fs::permissions(open, fs::perms(0777), fs::perm_options::replace);
+  std::string bytes;
+  {
+    std::ifstream in(trusted.file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  size_t replaced = 0;
+  for (size_t at = bytes.find("0.1.0"); at != std::string::npos; at = bytes.find("0.1.0", at + 5), ++replaced)
+    bytes.replace(at, 5, "6.6.6");
+  BOOST_TEST_REQUIRE(replaced >= 2u);  // the metadata record and the descriptor's string
+  const fs::path evil = open / "evil.so";
+  std::ofstream(evil, std::ios::binary) << bytes;
+  const fs::path link = open / "libampkit-scaler-static.so";
+  fs::create_symlink(trusted.file, link);
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    for (bool to_evil = true; !stop; to_evil = !to_evil) {
+      const fs::path tmp = open / "swap.tmp";
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      fs::create_symlink(to_evil ? evil : trusted.file, tmp, ec);
+      fs::rename(tmp, link, ec);
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+  });
+  int loaded = 0, refused = 0;
+  for (int i = 0; i < 40; ++i) {
+    Registry registry(only({}));
+    try {
+      const ampkit::LoadedPlugin& p = registry.load(registry.find("scaler", link.string()));
+      ++loaded;
+      BOOST_TEST(std::string(p.descriptor().version) == "0.1.0");
+    } catch (const ampkit::Error&) {
+      ++refused;  // inspected or opened while it pointed at the untrusted copy: refused, as it must be
+    }
+  }
+  stop = true;
+  swapper.join();
+  BOOST_TEST_MESSAGE("loaded " << loaded << ", refused " << refused);
+  BOOST_TEST(loaded + refused == 40);
 }
 
 BOOST_AUTO_TEST_CASE(allow_untrusted_loads_the_group_writable_copy) {

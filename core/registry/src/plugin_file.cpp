@@ -290,7 +290,11 @@ std::string untrusted_reason(const fs::path& file) {
 }
 
 std::string check_trusted(const fs::path& file, bool allow_untrusted) {
-  const std::string why = untrusted_reason(file);
+  return check_trusted(file, file, allow_untrusted);
+}
+
+std::string check_trusted(const fs::path& file, const fs::path& opened, bool allow_untrusted) {
+  const std::string why = untrusted_reason(opened);
   if (why.empty()) return "";
   if (!allow_untrusted)
     throw Error(ErrorCategory::plugin, "refusing untrusted plugin " + file.string() + ": " + why +

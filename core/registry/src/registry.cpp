@@ -2,13 +2,16 @@
 // plugin in a child process is plugin_probe.cpp.
 #include "ampkit/registry.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "ampkit/plugin_options.h"
@@ -94,7 +97,8 @@ namespace detail {
 const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info) {
   boost::dll::shared_library lib;
   try {
-    lib.load(info.path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    lib.load(info.load_from.empty() ? info.path : info.load_from,
+             boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     throw Error(ErrorCategory::plugin,
                 "plugin file " + info.path.string() + " cannot be loaded: " + e.what());
@@ -259,6 +263,27 @@ std::string load_key(const PluginInfo& info) {
 
 }  // namespace
 
+// The check and the load must see the same file: a symlink or file swapped after the check (a
+// race a local attacker can win in a writable folder) would otherwise load a file never judged.
+PluginInfo Registry::pin(const PluginInfo& info) {
+  const int fd = ::open(info.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " cannot be opened: " + std::strerror(errno));
+  pinned_fds_.push_back(fd);
+  const fs::path opened = "/proc/self/fd/" + std::to_string(fd);
+  if (std::string warning = check_trusted(info.path, opened, options_.allow_untrusted); !warning.empty())
+    warnings_.push_back(std::move(warning));
+  PluginInfo now = inspect_plugin_file(opened);
+  if (now.entry != info.entry || now.kind != info.kind || now.name != info.name)
+    throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() +
+                                           " changed between inspection and loading (it now holds " + now.kind +
+                                           " '" + now.name + "'); refusing it");
+  now.path = info.path;
+  now.load_from = opened;
+  check_compatible(now);
+  return now;
+}
+
 const LoadedPlugin& Registry::load(const PluginInfo& info) {
   return *load_all({info}).front();
 }
@@ -267,15 +292,14 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
   // Trust and compatibility first, for every file; then one child probes them all (one fork,
   // whatever their number: a fork of a process with LibTorch mapped costs about 10 ms here).
   std::vector<const PluginInfo*> to_probe;
+  std::vector<PluginInfo> pinned;
+  pinned.reserve(infos.size());
   for (const auto& info : infos) {
     if (info.is_static || loaded_.count(load_key(info))) continue;
-    if (std::string warning = check_trusted(info.path, options_.allow_untrusted); !warning.empty())
-      warnings_.push_back(std::move(warning));
-    check_compatible(info);
-    if (std::none_of(to_probe.begin(), to_probe.end(),
-                     [&](const PluginInfo* p) { return p->path == info.path; }))
-      to_probe.push_back(&info);
+    if (std::none_of(pinned.begin(), pinned.end(), [&](const PluginInfo& p) { return p.path == info.path; }))
+      pinned.push_back(pin(info));
   }
+  for (const auto& info : pinned) to_probe.push_back(&info);
   if (options_.probe && !to_probe.empty()) {
     const ProbeResult probe = probe_plugins(to_probe, /*create=*/false, options_.probe_timeout_seconds);
     if (!probe.ok) throw Error(ErrorCategory::plugin, probe.message);
@@ -291,10 +315,12 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
         for (const auto* d : static_plugins())
           if (info.kind == d->kind && info.name == d->name) descriptor = d;
         validate_descriptor(info, descriptor);
+        it = loaded_.emplace(key, std::make_unique<LoadedPlugin>(info, descriptor)).first;
       } else {
-        descriptor = detail::load_descriptor(info);
+        const auto p = std::find_if(pinned.begin(), pinned.end(), [&](const PluginInfo& x) { return x.path == info.path; });
+        descriptor = detail::load_descriptor(*p);
+        it = loaded_.emplace(key, std::make_unique<LoadedPlugin>(*p, descriptor)).first;
       }
-      it = loaded_.emplace(key, std::make_unique<LoadedPlugin>(info, descriptor)).first;
     }
     out.push_back(it->second.get());
   }

@@ -24,6 +24,9 @@ struct PluginInfo {
   int cxx11_abi = -1;
   bool is_static = false;  // linked into the executable, not loaded from a file
   std::string layout;      // the "ampkitly" layout record (ampkit/layout.h); empty for static plugins
+  // Where the host loads it from once it has opened the file for loading: /proc/self/fd/N, the
+  // very file that was judged (empty: `path`).
+  std::filesystem::path load_from;
 };
 
 // Reads a file's plugin metadata; throws Error(plugin) naming the file and what is wrong.
@@ -35,6 +38,9 @@ void check_compatible(const PluginInfo& info);
 // a warning and returns it ("loading untrusted plugin F: why (allowed by ...)"). Returns "" for a
 // trusted file.
 std::string check_trusted(const std::filesystem::path& file, bool allow_untrusted);
+// The same for a file already open for loading: judges `opened` (/proc/self/fd/N: the open file
+// itself and its real folder), names `file` in messages.
+std::string check_trusted(const std::filesystem::path& file, const std::filesystem::path& opened, bool allow_untrusted);
 // Why the file would not be trusted, or "" (what check_trusted judges, without acting on it).
 std::string untrusted_reason(const std::filesystem::path& file);
 
@@ -91,7 +97,10 @@ class Registry {
  private:
   RegistryOptions options_;
   std::vector<std::filesystem::path> search_path_;
+  // Opens the file once; from then on it is judged, probed and loaded through that descriptor.
+  PluginInfo pin(const PluginInfo& info);
   std::map<std::string, std::unique_ptr<LoadedPlugin>> loaded_;  // by path or static key
+  std::vector<int> pinned_fds_;  // kept open: the libraries stay loaded for the process's life
   std::vector<std::string> warnings_;
 };
 
