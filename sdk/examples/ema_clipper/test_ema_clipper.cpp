@@ -15,16 +15,6 @@ AMPKIT_TESTING_DECLARE(clipper, ema_norm);
 
 namespace {
 
-int failures = 0;
-
-#define CHECK(condition)                                                                 \
-  do {                                                                                   \
-    if (!(condition)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #condition); \
-      ++failures;                                                                        \
-    }                                                                                    \
-  } while (0)
-
 const ampkit_plugin_descriptor& descriptor() { return AMPKIT_TESTING_DESCRIPTOR(clipper, ema_norm); }
 
 std::unique_ptr<ampkit::GradClipper> make(const std::map<std::string, std::string>& given = {}) {
@@ -41,29 +31,29 @@ ampkit::StepStats norm(double value) {
 
 int main() {
   const ampkit_plugin_descriptor& d = descriptor();
-  CHECK(d.abi_version == AMPKIT_ABI_VERSION);
-  CHECK(std::string(d.kind) == "clipper");
-  CHECK(std::string(d.name) == "ema_norm");
-  CHECK(d.option_count == 3u);
+  AMPKIT_CHECK(d.abi_version == AMPKIT_ABI_VERSION);
+  AMPKIT_CHECK(std::string(d.kind) == "clipper");
+  AMPKIT_CHECK(std::string(d.name) == "ema_norm");
+  AMPKIT_CHECK(d.option_count == 3u);
 
   auto clipper = make({{"warmup_steps", "2"}, {"factor", "2"}, {"beta", "0.5"}});
-  CHECK(clipper != nullptr);
+  AMPKIT_CHECK(clipper != nullptr);
   if (!clipper) return 1;
   // Warm-up: no clipping, the average becomes the mean of 1 and 3.
-  CHECK(clipper->clip(norm(1.0)).coefficient == 1.0);
-  CHECK(clipper->clip(norm(3.0)).coefficient == 1.0);
+  AMPKIT_CHECK(clipper->clip(norm(1.0)).coefficient == 1.0);
+  AMPKIT_CHECK(clipper->clip(norm(3.0)).coefficient == 1.0);
   // Threshold 2 x 2 = 4: a norm of 8 is scaled by 4 / (8 + 1e-6).
   const ampkit::ClipResult spike = clipper->clip(norm(8.0));
-  CHECK(spike.threshold == 4.0);
-  CHECK(std::fabs(spike.coefficient - 4.0 / (8.0 + 1e-6)) < 1e-15);
+  AMPKIT_CHECK(spike.threshold == 4.0);
+  AMPKIT_CHECK(std::fabs(spike.coefficient - 4.0 / (8.0 + 1e-6)) < 1e-15);
   // The average moved towards the clipped norm 4, not towards 8: 0.5 x 2 + 0.5 x 4 = 3.
-  CHECK(clipper->clip(norm(1.0)).threshold == 6.0);
+  AMPKIT_CHECK(clipper->clip(norm(1.0)).threshold == 6.0);
 
   // save() then load() into a fresh clipper continues identically.
   auto resumed = make({{"warmup_steps", "2"}, {"factor", "2"}, {"beta", "0.5"}});
   resumed->load(clipper->save());
-  CHECK(resumed->clip(norm(5.0)).threshold == clipper->clip(norm(5.0)).threshold);
-  CHECK(resumed->save() == clipper->save());
+  AMPKIT_CHECK(resumed->clip(norm(5.0)).threshold == clipper->clip(norm(5.0)).threshold);
+  AMPKIT_CHECK(resumed->save() == clipper->save());
 
   // Options are checked as the host checks them: beta must be in (0, 1).
   bool range_refused = false;
@@ -72,7 +62,7 @@ int main() {
   } catch (const std::invalid_argument& e) {
     range_refused = std::string(e.what()).find("'beta'") != std::string::npos;
   }
-  CHECK(range_refused);
+  AMPKIT_CHECK(range_refused);
 
   // A state this plugin never writes is refused with a message, not used.
   ampkit::State bad;
@@ -84,8 +74,7 @@ int main() {
   } catch (const std::exception& e) {
     refused = std::string(e.what()).find("clipper 'ema_norm'") != std::string::npos;
   }
-  CHECK(refused);
+  AMPKIT_CHECK(refused);
 
-  std::printf("test_ema_clipper: %s\n", failures == 0 ? "ok" : "FAILED");
-  return failures == 0 ? 0 : 1;
+  return ampkit::testing::finish("test_ema_clipper");
 }

@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -140,6 +141,24 @@ std::unique_ptr<Interface> make(const ampkit_plugin_descriptor& d, const std::ma
   out->start(run);
   return out;
 }
+
+// A check for tests without a framework: a failed condition prints FILE:LINE and itself and is
+// counted; finish("test_x") prints "test_x: ok" or "test_x: FAILED" and returns the exit status.
+inline int& failures() {
+  static int count = 0;
+  return count;
+}
+inline int finish(const char* test) {
+  std::printf("%s: %s\n", test, failures() == 0 ? "ok" : "FAILED");
+  return failures() == 0 ? 0 : 1;
+}
+#define AMPKIT_CHECK(condition)                                                          \
+  do {                                                                                   \
+    if (!(condition)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #condition); \
+      ++::ampkit::testing::failures();                                                   \
+    }                                                                                    \
+  } while (0)
 
 // A healthy step's statistics: unscaled gradient norm and max |g|, the loss scale used.
 inline StepStats step(int64_t index, double grad_norm, double loss = 1.0, double scale = 1.0) {
