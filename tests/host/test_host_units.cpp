@@ -2,13 +2,16 @@
 // launchers' environment, fault specs, the NaN locator on a toy model, metrics kept on resume.
 #define BOOST_TEST_MODULE host_units
 #include <ATen/ATen.h>
+#include <ampkit/checkpoint.h>
 #include <ampkit/error.h>
 #include <ampkit/fault_injection.h>
 #include <ampkit/kinds.h>
 #include <ampkit/metrics.h>
 #include <ampkit/nan_locator.h>
 #include <ampkit/probe.h>
+#include <ampkit/utf8.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <boost/test/unit_test.hpp>
 #include <unistd.h>
@@ -268,6 +271,37 @@ BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
   BOOST_TEST(error_of([&] { parse({"--metrics", dir.path.string()}); }) ==
              "--metrics " + dir.path.string() + " exists and is not a regular file; give a file path");
   BOOST_TEST(error_of([] { parse({"--layer-norms", "/proc/version"}); }).empty());  // a regular file (read-only: fails at open)
+}
+
+// JSON holds only UTF-8: bytes that are not are refused where they enter (issue 21: they used to
+// fail the first checkpoint with an internal error, after training).
+BOOST_AUTO_TEST_CASE(text_that_is_not_utf8_is_refused_where_it_enters) {
+  BOOST_TEST(!invalid_utf8_at("h\xc3\xa9llo \xe2\x82\xac \xf0\x9d\x84\x9e"));  // é, €, a 4-byte one
+  BOOST_TEST(invalid_utf8_at("ab\xff").value() == 2u);
+  BOOST_TEST(invalid_utf8_at("\xc0\xaf").value() == 0u);          // overlong '/'
+  BOOST_TEST(invalid_utf8_at("x\xed\xa0\x80").value() == 1u);     // a surrogate
+  BOOST_TEST(invalid_utf8_at("\xf4\x90\x80\x80").value() == 0u);  // above U+10FFFF
+  BOOST_TEST(invalid_utf8_at("\xe2\x82").value() == 0u);          // cut short
+  BOOST_TEST(error_of([] { parse({"--metrics", "m\xff.jsonl"}); }) ==
+             "--metrics is not valid UTF-8 (byte 1); give UTF-8 text or paths");
+  BOOST_TEST(error_of([] { parse({"--opt", "scaler.scale=\xc3\x28"}); }) ==
+             "option scaler.scale is not valid UTF-8 (byte 0); give UTF-8 text or paths");
+  // A plugin's saved State: the checkpoint is refused naming the plugin, and nothing is left.
+  const Scratch dir;
+  at::Tensor w = torch::zeros({2}, torch::requires_grad());
+  torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
+  CheckpointManifest m;
+  State state;
+  state.set("note", std::string("caf\xe9"));  // Latin-1, not UTF-8
+  m.plugins.push_back({"scaler", "latin", "1.0", state});
+  const std::string e = error_of([&] { write_checkpoint(dir.path / "ckpt", m, {{"w", w}}, sgd, 2); });
+  BOOST_TEST(e.find("scaler 'latin': its saved State has a key or string that is not UTF-8 (key 'note')") !=
+                 std::string::npos, e);
+  BOOST_TEST(!fs::exists(dir.path / "ckpt" / "step-0"));
+  // A failed write leaves no temporary folder behind (retries on a full disk used to pile them up).
+  size_t left = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path / "ckpt")) left += entry.path().filename().string().rfind(".tmp-", 0) == 0;
+  BOOST_TEST(left == 0u);
 }
 
 // --steps on the command line overrides epochs from the config file (and the reverse), as the

@@ -81,7 +81,7 @@ int list(const Registry& registry, bool json) {
     out["problems"] = ordered_json::array();
     for (const auto& [file, why] : scan.problems)
       out["problems"].push_back({{"path", file.string()}, {"error", why}});
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   size_t wk = 4, wn = 4, wv = 7;
@@ -166,7 +166,7 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
       }
       out["options"].push_back(option);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   const PluginInfo& i = p.info();
@@ -229,7 +229,7 @@ int check(const Registry& registry, bool json) {
   }
   for (const auto& [file, why] : scan.problems) report(file.string(), "(not a plugin)", false, false, why);
   if (json)
-    std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2).c_str());
+    std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   else
     std::printf("\n%zu checked, %d failed\n", results.size(), failures);
   return failures ? ampkit::exit_status(ExitCode::check_failed) : 0;

@@ -124,11 +124,19 @@ fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
   const std::string name = "step-" + std::to_string(manifest.steps_attempted);
   const std::string pid = std::to_string(::getpid());
   const fs::path tmp = dir / (".tmp-" + name + "-" + pid);
+  // Leftovers of writers that died (a full disk, a kill) go first, so retries do not fill the disk.
+  remove_stale_temporaries(dir);
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec) || ec) fail("cannot create " + tmp.string() + ": " + ec.message());
 
-  write_files(tmp, std::move(manifest), tensors, optimizer);
-  const fs::path final_path = publish(dir, tmp, name, pid);
+  fs::path final_path;
+  try {
+    write_files(tmp, std::move(manifest), tensors, optimizer);
+    final_path = publish(dir, tmp, name, pid);
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // a failed write leaves nothing behind
+    throw;
+  }
   remove_oldest(dir, final_path, keep, pid);
   return final_path;
 }

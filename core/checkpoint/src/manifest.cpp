@@ -7,6 +7,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "ampkit/error.h"
+#include "ampkit/utf8.h"
 #include "checkpoint_files.h"
 
 namespace ampkit {
@@ -59,9 +61,15 @@ nlohmann::json manifest_to_json(const CheckpointManifest& m) {
                {"data_position", m.steps_attempted}};
   j["config"] = m.config;
   j["plugins"] = nlohmann::json::array();
-  for (const auto& p : m.plugins)
-    j["plugins"].push_back(
-        {{"kind", p.kind}, {"name", p.name}, {"version", p.version}, {"state", state_to_json(p.state)}});
+  for (const auto& p : m.plugins) {
+    nlohmann::json state;
+    try {
+      state = state_to_json(p.state);
+    } catch (const Error& e) {
+      throw Error(e.category(), p.kind + " '" + p.name + "': " + e.what());
+    }
+    j["plugins"].push_back({{"kind", p.kind}, {"name", p.name}, {"version", p.version}, {"state", state}});
+  }
   j["rng"] = {{"cpu", hex_encode(m.cpu_rng_state)}};
   j["param_sha256"] = m.param_sha256;
   j["host"] = m.host;
@@ -104,6 +112,10 @@ nlohmann::json state_to_json(const State& state) {
     return v;
   };
   for (const auto& [key, value] : state.values()) {
+    const auto* text = std::get_if<std::string>(&value);
+    if (invalid_utf8_at(key) || (text != nullptr && invalid_utf8_at(*text)))
+      throw Error(ErrorCategory::plugin, "its saved State has a key or string that is not UTF-8 (key '" + key +
+                                             "'); a checkpoint manifest holds only UTF-8 text");
     nlohmann::json entry;
     if (const auto* b = std::get_if<bool>(&value))
       entry = {{"type", "bool"}, {"value", *b}};

@@ -116,7 +116,7 @@ MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_st
 
 void MetricsWriter::write(const nlohmann::json& record) {
   if (!out_.is_open()) return;
-  out_ << record.dump() << '\n';
+  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   check_written(out_, file_, "metrics");
 }
 
@@ -249,7 +249,9 @@ std::string parameter_sha256(const std::vector<at::Tensor>& parameters) {
 }
 
 void write_json_file(const std::filesystem::path& file, const nlohmann::json& summary) {
-  replace_file(file, summary.dump(2) + "\n", "JSON");
+  // Paths and plugin summaries come from the file system and plugin files: bytes that are not
+  // UTF-8 become U+FFFD rather than failing the write (the values users set are checked at start).
+  replace_file(file, summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "JSON");
 }
 
 void print_summary_table(std::FILE* out, const nlohmann::json& summary) {

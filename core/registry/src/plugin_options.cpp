@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ampkit/error.h"
+#include "ampkit/utf8.h"
 
 extern char** environ;
 
@@ -42,6 +43,8 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
                                            d.name + "' " + why + ", got '" + text + "' (from " + source +
                                            ")");
   };
+  if (const auto at = invalid_utf8_at(text))  // values end up in JSON (summary, checkpoints)
+    throw bad("must be UTF-8 text (byte " + std::to_string(*at) + " is not)");
   switch (spec.type) {
     case AMPKIT_OPTION_BOOL: {
       static const char* truthy[] = {"true", "1", "yes", "on"};

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "ampkit/error.h"
+#include "ampkit/utf8.h"
 #include "config/option_table.h"
 
 namespace po = boost::program_options;
@@ -231,6 +232,22 @@ void apply_table(const ParsedSources& p, TrainConfig& cfg) {
   }
 }
 
+// Every value ends up in JSON (summary, checkpoint manifest), which holds only UTF-8: refuse
+// other bytes now, with the option's name, rather than after training.
+void check_utf8(const TrainConfig& cfg) {
+  auto check = [](const std::string& what, const std::string& text) {
+    if (const auto at = invalid_utf8_at(text))
+      throw Error(ErrorCategory::usage,
+                  what + " is not valid UTF-8 (byte " + std::to_string(*at) + "); give UTF-8 text or paths");
+  };
+  for (const auto& s : cfg.settings) check("--" + s.name, s.value);
+  for (const auto* source : {&cfg.plugin_options_cli, &cfg.plugin_options_file})
+    for (const auto& [kind, options] : *source)
+      for (const auto& [name, value] : options) check("option " + kind + "." + name, value);
+  for (const auto& dir : cfg.plugin_dirs) check("--plugin-dir", dir);
+  for (const auto& spec : cfg.inject) check("--inject", spec);
+}
+
 // --epochs and --steps together are one setting, the run's length: when the command line gives
 // one and the config file the other, the command line's wins as it does for every option.
 void choose_run_length(TrainConfig& cfg, const ParsedSources& p) {
@@ -337,6 +354,7 @@ TrainConfig parse_train_config(int argc, const char* const argv[]) {
   cfg.help = p.vm["help"].as<bool>();
   cfg.print_config = p.vm["print-config"].as<bool>();
   apply_table(p, cfg);
+  check_utf8(cfg);
   choose_run_length(cfg, p);
   derive_defaults(cfg);
   check_combinations(cfg, p);
