@@ -106,6 +106,8 @@ BOOST_AUTO_TEST_CASE(help_print_config_and_errors_match_the_recorded_outputs) {
 
 BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
   TempDir tmp;
+  fs::create_symlink(tmp.path / "loop-b", tmp.path / "loop-a");
+  fs::create_symlink(tmp.path / "loop-a", tmp.path / "loop-b");
   {
     std::ofstream(tmp.path / "bad.yaml") << "precision: [bf16\n";
     std::ofstream(tmp.path / "unknown.yaml") << "precison: bf16\n";
@@ -142,6 +144,10 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
        "unknown key 'precison' in config file " + (tmp.path / "unknown.yaml").string() +
            "; did you mean 'precision'?"},
       {"--plugin-dir /nonexistent", 2, "--plugin-dir /nonexistent is not a folder"},
+      // A name too long or a symlink loop is the user's input, not an internal error (issue 21).
+      {"--plugin-dir /tmp/" + std::string(300, 'a'), 2, " cannot be used: File name too long"},
+      {"--plugin-dir " + (tmp.path / "loop-a").string(), 2, "loop-a cannot be used: Too many levels of symbolic links"},
+      {"--config " + (tmp.path / "loop-a").string(), 2, "loop-a cannot be read: Too many levels of symbolic links"},
       {"--data-dir " + tmp.path.string() + " --workload=fashion-mnist", 4,
        "install the Debian package dataset-fashion-mnist"},
       {"--scaler /nonexistent/libx.so", 3, "plugin file /nonexistent/libx.so: does not exist"},

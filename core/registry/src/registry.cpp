@@ -144,11 +144,21 @@ std::unique_ptr<Strategy> LoadedPlugin::create(const OptionValues& values) const
   return std::unique_ptr<Strategy>(static_cast<Strategy*>(object));
 }
 
+namespace {
+// A folder the user named, or one usage error saying why not (a name too long, a symlink loop).
+void require_folder(const fs::path& d, const std::string& who) {
+  std::error_code ec;
+  const bool folder = fs::is_directory(d, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(ErrorCategory::usage, who + " " + d.string() + " cannot be used: " + ec.message());
+  if (!folder) throw Error(ErrorCategory::usage, who + " " + d.string() + " is not a folder");
+}
+}  // namespace
+
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
   std::vector<fs::path> dirs;
   for (const auto& d : options_.plugin_dirs) {
-    if (!fs::is_directory(d))
-      throw Error(ErrorCategory::usage, "--plugin-dir " + d.string() + " is not a folder");
+    require_folder(d, "--plugin-dir");
     dirs.push_back(d);
   }
   if (options_.use_environment) {
@@ -159,8 +169,7 @@ Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
         const size_t end = std::min(list.find(':', start), list.size());
         const std::string item = list.substr(start, end - start);
         if (!item.empty()) {
-          if (!fs::is_directory(item))
-            throw Error(ErrorCategory::usage, "AMPKIT_PLUGIN_PATH names " + item + ", which is not a folder");
+          require_folder(item, "AMPKIT_PLUGIN_PATH's folder");
           dirs.emplace_back(item);
         }
         start = end + 1;

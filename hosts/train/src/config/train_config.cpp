@@ -108,6 +108,8 @@ void yaml_words(const HostOption& option, const YAML::Node& value, const std::st
 YAML::Node load_yaml(const std::string& file) {
   std::error_code ec;
   const auto status = std::filesystem::status(file, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(ErrorCategory::usage, "config file " + file + " cannot be read: " + ec.message());
   if (ec || !std::filesystem::exists(status)) throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
   if (!std::filesystem::is_regular_file(status))
     throw Error(ErrorCategory::usage, "config file " + file + " is not a regular file");
