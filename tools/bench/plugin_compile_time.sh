@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What one plugin costs its author to build: compiles the minimal scaler and NaN-policy plugins of
+# What one plugin costs its author to build: compiles the minimal plugin of each kind in
 # tools/bench/minimal_plugins/ (each with its kind's header) three times and prints the best user
 # CPU time, the preprocessed lines, and the libraries the plugin needs once linked as
 # ampkit_add_plugin links it. With OLD_INCLUDE
@@ -26,12 +26,15 @@ best_user_seconds() {  # INCLUDE SOURCE
 }
 
 printf "%-12s  %-26s  %10s  %12s  %s\n" kind header "user s" "pp lines" "NEEDED"
-for kind in scaler nan_policy; do
+for kind in scaler nan_policy clipper comm; do
   src=tools/bench/minimal_plugins/$kind.cpp
   lines=$(g++ "${flags[@]}" -Isdk/include -E "$src" | wc -l)
   g++ "${flags[@]}" -Isdk/include -c "$src" -o "$work/$kind.o"
-  # As ampkit_add_plugin links a kind whose interface passes no tensors: no torch library.
-  g++ -shared -Wl,--as-needed -Wl,--no-undefined -o "$work/$kind.so" "$work/$kind.o"
+  # As ampkit_add_plugin links: LibTorch's CPU libraries only for kinds whose interface passes
+  # tensors (clipper, comm), with --as-needed.
+  torch_libs=()
+  case $kind in clipper|comm) torch_libs=("$torch/lib/libtorch_cpu.so" "$torch/lib/libc10.so") ;; esac
+  g++ -shared -Wl,--as-needed -Wl,--no-undefined -o "$work/$kind.so" "$work/$kind.o" "${torch_libs[@]}"
   needed=$(readelf -d "$work/$kind.so" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')
   printf "%-12s  %-26s  %10s  %12s  %s\n" "$kind" "ampkit/${kind}_plugin.h" "$(best_user_seconds sdk/include "$src")" "$lines" "$needed"
   if [ -n "$old" ]; then
