@@ -291,6 +291,12 @@ BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
   const Result none = run(launch + " --nproc-per-node 2");
   BOOST_TEST(none.code == 2);
   BOOST_TEST(none.output.find("ampkit-launch: error: no program given") != std::string::npos, none.output);
+  // A program that cannot be started is exit 7, as documented (it was the shell's 127).
+  const Result missing = run(launch + " --nproc-per-node 2 -- /nonexistent/prog");
+  BOOST_TEST(missing.code == 7, missing.output);
+  BOOST_TEST(missing.output.find("ampkit-launch: error: cannot run /nonexistent/prog: No such file or directory") !=
+                 std::string::npos,
+             missing.output);
 }
 
 BOOST_AUTO_TEST_CASE(bad_job_layouts_get_one_line_and_exit_2) {

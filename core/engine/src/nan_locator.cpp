@@ -216,7 +216,7 @@ NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>&
   NanLocation best;
   if (in.reference && !runs.empty()) best = largest_jump(runs, in, parameters);
   if (!best.found) {
-    best.finding = "not located: the re-run found no non-finite value and no module more than " +
+    best.finding = "the re-run found no non-finite value and no module more than " +
                    std::to_string(static_cast<int>(in.spike_ratio)) + "x a healthy batch";
     if (!runs.empty()) {
       best.loss = runs.front().loss;

@@ -73,7 +73,7 @@ int exit_code_of_status(int status) {
 
 struct LaunchOptions {
   int nproc = 1, nnodes = 1, node_rank = 0, port = 29500;
-  double grace = 5.0;
+  double grace = 30.0;  // torchrun's: survivors need ~timeout + 5 s to name a lost rank
   std::string addr;
   int split = 0;  // argv index of "--"; the program is argv[split + 1]
 };
@@ -92,7 +92,7 @@ std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
     ("node-rank", po::value<int>(&o.node_rank)->default_value(0), "This node's index in [0, nnodes); node 0 runs rank 0, which hosts the rendezvous store.")
     ("master-addr", po::value<std::string>(&o.addr)->default_value("127.0.0.1"), "Address of node 0, reachable from every node.")
     ("master-port", po::value<int>(&o.port)->default_value(29500), "Free TCP port on node 0 for the rendezvous store.")
-    ("grace-seconds", po::value<double>(&o.grace)->default_value(5.0), "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL.");
+    ("grace-seconds", po::value<double>(&o.grace)->default_value(30.0), "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL (long enough for them to say which rank was lost).");
   // clang-format on
   po::variables_map vm;
   try {
@@ -156,7 +156,7 @@ std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
   ::setenv("MASTER_ADDR", o.addr.c_str(), 1);
   ::execvp(argv[o.split + 1], argv + o.split + 1);
   std::fprintf(stderr, "ampkit-launch: error: cannot run %s: %s\n", argv[o.split + 1], std::strerror(errno));
-  ::_exit(127);
+  ::_exit(kLaunchFailed);  // "a rank could not be started" (exit 7), not the shell's 127
 }
 
 // Starts this node's ranks with their output on pipes; false (after one line) when one cannot start.
