@@ -304,6 +304,21 @@ BOOST_AUTO_TEST_CASE(text_that_is_not_utf8_is_refused_where_it_enters) {
   BOOST_TEST(left == 0u);
 }
 
+// torchrun's variables that contradict each other are refused at start (issue 18: this layout
+// passed validation and failed at the rendezvous).
+BOOST_AUTO_TEST_CASE(an_inconsistent_torchrun_environment_is_refused) {
+  {
+    const ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"},
+                         {"GROUP_RANK", "0"}});
+    BOOST_TEST(error_of([] { parse({"--comm", "gloo"}); }) ==
+               "inconsistent launcher environment: RANK=3 but GROUP_RANK=0 x LOCAL_WORLD_SIZE=2 + LOCAL_RANK=0 is 0");
+  }
+  const ScopedEnv good({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                        {"GROUP_RANK", "1"}});
+  const TrainConfig cfg = parse({"--comm", "gloo"});
+  BOOST_TEST(cfg.dist.rank == 3);
+}
+
 // --steps on the command line overrides epochs from the config file (and the reverse), as the
 // command line overrides every other option; both in one source is still an error.
 BOOST_AUTO_TEST_CASE(the_command_line_sets_the_run_length_over_the_config_file) {

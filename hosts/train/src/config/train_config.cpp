@@ -298,6 +298,21 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
   require(!(mentions(p.cli, "epochs") && mentions(p.cli, "steps")) &&
               !(mentions(p.file, "epochs") && mentions(p.file, "steps")),
           "give --epochs or --steps, not both");
+  // torchrun (and ampkit-launch) number ranks node by node; when all four come from its variables
+  // they must agree, or the job would fail later, at the rendezvous, with a less clear message.
+  auto from = [&](const char* name) -> std::string {
+    for (const auto& s : cfg.settings)
+      if (s.name == name) return s.source;
+    return "";
+  };
+  const DistributedConfig& d = cfg.dist;
+  if (from("rank") == "environment (RANK)" && from("local-rank") == "environment (LOCAL_RANK)" &&
+      from("node-rank") == "environment (GROUP_RANK)" && from("nproc-per-node") == "environment (LOCAL_WORLD_SIZE)")
+    require(d.rank == d.node_rank * d.nproc_per_node + d.local_rank,
+            "inconsistent launcher environment: RANK=" + std::to_string(d.rank) + " but GROUP_RANK=" +
+                std::to_string(d.node_rank) + " x LOCAL_WORLD_SIZE=" + std::to_string(d.nproc_per_node) +
+                " + LOCAL_RANK=" + std::to_string(d.local_rank) + " is " +
+                std::to_string(d.node_rank * d.nproc_per_node + d.local_rank));
   // Output files are replaced by rename: a folder, a device or a FIFO there would be lost (or
   // the run would fail only at its end). Checked before anything trains.
   for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--metrics", cfg.metrics_file},
