@@ -28,6 +28,31 @@ std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, 
   return out;
 }
 
+void check_same_settings(CommBackend& comm, const at::Device& device,
+                         const std::vector<std::pair<std::string, std::string>>& settings) {
+  if (comm.world_size() == 1 || settings.empty()) return;
+  std::vector<double> hashes;
+  for (const auto& [name, value] : settings) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a; 24 bits survive the gather's mean exactly
+    for (const char c : name + "=" + value) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    hashes.push_back(static_cast<double>(h & 0xFFFFFFu));
+  }
+  const std::vector<double> all = gather(comm, hashes, device);
+  const size_t n = settings.size();
+  std::string differing, mine;
+  for (size_t i = 0; i < n; ++i)
+    for (int r = 0; r < comm.world_size(); ++r)
+      if (std::llround(all[static_cast<size_t>(r) * n + i]) != std::llround(hashes[i])) {
+        differing += (differing.empty() ? "" : ", ") + settings[i].first;
+        mine += (mine.empty() ? "" : ", ") + settings[i].first + "=" + settings[i].second;
+        break;
+      }
+  if (!differing.empty())
+    throw Error(ErrorCategory::usage, "the ranks were started with different settings: " + differing +
+                                          " (this rank, " + std::to_string(comm.rank()) + ": " + mine +
+                                          "); start every rank with the same ones");
+}
+
 std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, int64_t step, double sps,
                                   int stop_signal, const StepOutcome& out, int& agreed_stop) {
   constexpr size_t kFields = 4;

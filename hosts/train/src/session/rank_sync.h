@@ -6,6 +6,8 @@
 #include <ampkit/comm_backend.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ampkit/trainer.h"
@@ -19,6 +21,13 @@ extern CommBackend* g_comm;
 // Each rank's `local` values, in rank order, on every rank (an all-gather on all_reduce_mean:
 // every rank fills its own slot of a zero tensor).
 std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device);
+
+// Settings every rank must share ("lr" -> "0.001", "scaler.growth_interval" -> "2000"): a rank
+// started with another --lr diverges for the whole run, another --steps hangs or aborts a
+// collective at the end. Each is compared across ranks as a 24-bit hash of its name and value;
+// a difference stops every rank with one usage error naming the settings and this rank's values.
+void check_same_settings(CommBackend& comm, const at::Device& device,
+                         const std::vector<std::pair<std::string, std::string>>& settings);
 
 // One small all-gather per step: each rank's throughput, a stop signal any rank received, and a
 // check that every rank took the same decision with the same scale (they must: they saw the same

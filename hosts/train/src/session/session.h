@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ampkit/fault_injection.h"
@@ -64,6 +65,7 @@ class Session {
   void set_threads_and_device();
   void build_workload();
   void rendezvous();
+  std::vector<std::pair<std::string, std::string>> shared_settings() const;
   void build_trainer();
   void enable_data_parallel();
   // session_loop.cpp: the per-step host loop (docs/architecture.md, "One host step").

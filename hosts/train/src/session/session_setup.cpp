@@ -10,7 +10,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "ampkit/device_support.h"
 #include "ampkit/error.h"
@@ -95,6 +99,23 @@ void Session::build_workload() {
                     "' rolls back to the newest checkpoint (snapshot=checkpoint): give --checkpoint-dir");
 }
 
+// What every rank must agree on: the training's own settings and the strategies' options (where
+// each rank writes its files, its faults to inject and its device are its own business).
+std::vector<std::pair<std::string, std::string>> Session::shared_settings() const {
+  static const std::set<std::string> kShared = {
+      "workload", "precision", "epochs", "steps", "batch-size", "accumulate", "lr", "seed", "optimizer",
+      "weight-decay", "lr-schedule", "warmup-steps", "synthetic-width", "synthetic-depth", "synthetic-inputs",
+      "synthetic-classes", "gpt-layers", "gpt-width", "gpt-heads", "gpt-context", "scaler", "clipper",
+      "nan-policy", "comm", "world-size", "bucket-cap-mb", "find-unused-parameters", "broadcast-buffers",
+      "gradient-as-bucket-view", "checkpoint-every", "nan-locate"};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& s : cfg_.settings)
+    if (kShared.count(s.name)) out.emplace_back("--" + s.name, s.value);
+  for (const auto& strategy : strategies_->all())
+    for (const auto& [name, value] : strategy.options.values.all()) out.emplace_back(strategy.kind + "." + name, value);
+  return out;
+}
+
 void Session::rendezvous() {
   CommBackend& comm = strategies_->comm();
   const std::string name = strategies_->selected("comm").plugin->info().name;
@@ -114,6 +135,7 @@ void Session::rendezvous() {
                     std::to_string(cfg_.dist.rank) + " of " + std::to_string(cfg_.dist.world_size));
   if (comm.world_size() > 1) g_comm = &comm;
   is_root_ = comm.rank() == 0;
+  check_same_settings(comm, device_, shared_settings());
   warnings_ = precision_warnings(cfg_, *strategies_);
   if (is_root_)
     for (const auto& w : warnings_)
