@@ -337,11 +337,17 @@ std::string train_options_help() {
   s << "usage: ampkit-train [options]\n\n" << program_options();
   s << "\nEnvironment: AMPKIT_PLUGIN_PATH (plugin folders, colon-separated), AMPKIT_<KIND>_<OPTION> (plugin "
        "options).\n"
-       "Distributed: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, "
-       "MASTER_PORT; "
-       "SLURM_PROCID/NTASKS/LOCALID/NODEID/NNODES/NTASKS_PER_NODE/JOB_NODELIST; "
-       "OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/"
-       "LOCAL_SIZE (override the config file; the command line overrides them).\n";
+       "Launchers (torchrun, then SLURM, then Open MPI; they override the config file, the command line "
+       "overrides them):";
+  // From the option table's own lists, so this line cannot drift from what is read.
+  std::string sep = " ";
+  for (const HostOption& o : host_option_table()) {
+    if (o.environment.empty()) continue;
+    s << sep << "--" << o.name << " <-";
+    for (size_t i = 0; i < o.environment.size(); ++i) s << (i == 0 ? " " : "/") << o.environment[i];
+    sep = "; ";
+  }
+  s << ".\n";
   return s.str();
 }
 
