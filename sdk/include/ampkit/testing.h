@@ -9,7 +9,7 @@
 //   ampkit::ClipResult r = clipper->clip(ampkit::testing::step(0, /*grad_norm=*/2.0));
 //
 // Header-only; link the test with ampkit::sdk (and ampkit::torch_cpu for tensor kinds).
-// docs/plugin-authoring.md ("Unit tests") walks through it.
+// docs/plugin-authoring.md (section 9, "Unit-testing a plugin without the host") walks through it.
 #pragma once
 
 #include <ampkit/descriptor.h>
