@@ -224,6 +224,38 @@ BOOST_AUTO_TEST_CASE(skipped_steps_do_not_advance_the_lr_schedule) {
   BOOST_TEST(trainer.steps_skipped() == 3);
 }
 
+// The cosine's horizon is in steps taken: 10 attempts with 3 skipped take 7 steps, and the 7th
+// ends at the floor (before, the horizon stayed 10 and the run ended at lr 0.345).
+BOOST_AUTO_TEST_CASE(cosine_reaches_its_floor_at_the_end_of_a_run_with_skips) {
+  Plugins plugins;
+  auto set = plugins.strategies();
+  TinyModel model;
+  torch::optim::SGD opt(model.params(), torch::optim::SGDOptions(1.0));
+  LrSchedule schedule;
+  schedule.kind = LrSchedule::Kind::cosine;
+  schedule.base_lr = 1.0;
+  schedule.min_lr = 0.0;
+  schedule.total_steps = 10;
+  Trainer trainer(Precision::fp32, 1, model.params(), model.names(), opt, Plugins::of(*set), schedule);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> lrs;
+  for (double factor : {1.0, nan, 1.0, 1.0, nan, 1.0, 1.0, nan, 1.0, 1.0}) {
+    const StepOutcome o =
+        trainer.step([&](int) { return model.layer->forward(batch_x(2)).pow(2).mean() * factor; });
+    lrs.push_back(o.lr);
+  }
+  BOOST_TEST(trainer.steps_taken() == 7);
+  // lr(k, lost) = 0.5 (1 + cos(pi k / (10 - lost))): k taken before the step, lost before it.
+  auto cosine = [](double k, double horizon) { return 0.5 * (1.0 + std::cos(M_PI * k / horizon)); };
+  const std::vector<double> expected = {1.0,          cosine(1, 10), cosine(1, 9), cosine(2, 9),
+                                        cosine(3, 9), cosine(3, 8),  cosine(4, 8), cosine(5, 8),
+                                        cosine(5, 7), cosine(6, 7)};
+  BOOST_TEST(lrs == expected, boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
+  BOOST_TEST(opt.param_groups()[0].options().get_lr() == 0.0, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(schedule.at(7, 3) == 0.0);
+  BOOST_TEST(schedule.at(7) == cosine(7, 10), boost::test_tools::tolerance(1e-12));  // no loss: as before
+}
+
 BOOST_AUTO_TEST_CASE(accumulated_micro_batches_equal_one_large_batch) {
   Plugins plugins;
   auto set = plugins.strategies({{"scaler", Plugins::choice("static", {{"scale", "4096"}})}});
@@ -264,6 +296,33 @@ BOOST_AUTO_TEST_CASE(autocast_guard_lowers_matmul_precision_only_inside) {
   }
   {
     AutocastGuard guard(Precision::fp32, at::kCPU);
+    BOOST_TEST(at::mm(x, y).scalar_type() == at::kFloat);
+  }
+  BOOST_TEST(at::mm(x, y).scalar_type() == at::kFloat);
+}
+
+BOOST_AUTO_TEST_CASE(autocast_off_guard_restores_fp32_inside_an_autocast_region) {
+  const at::Tensor x = at::randn({64, 64}), y = at::randn({64, 64});
+  const at::Tensor exact = at::mm(x, y);
+  {
+    AutocastGuard on(Precision::bf16, at::kCPU);
+    {
+      AutocastOffGuard off(at::kCPU);
+      const at::Tensor inside = at::mm(x, y);
+      BOOST_TEST(inside.scalar_type() == at::kFloat);
+      BOOST_TEST(at::equal(inside, exact));  // the same kernel as without any guard
+      {
+        AutocastGuard nested(Precision::fp16, at::kCPU);  // a region may turn it back on
+        BOOST_TEST(at::mm(x, y).scalar_type() == at::kHalf);
+      }
+      BOOST_TEST(at::mm(x, y).scalar_type() == at::kFloat);
+    }
+    const at::Tensor after = at::mm(x, y);
+    BOOST_TEST(after.scalar_type() == at::kBFloat16);  // the outer region is back
+    BOOST_TEST(!at::equal(after.to(at::kFloat), exact));
+  }
+  {
+    AutocastOffGuard off(at::kCPU);  // with autocast already off: changes nothing
     BOOST_TEST(at::mm(x, y).scalar_type() == at::kFloat);
   }
   BOOST_TEST(at::mm(x, y).scalar_type() == at::kFloat);

@@ -2,6 +2,7 @@
 // launchers' environment, fault specs, the NaN locator on a toy model, metrics kept on resume.
 #define BOOST_TEST_MODULE host_units
 #include <ATen/ATen.h>
+#include <ampkit/autocast_guard.h>
 #include <ampkit/checkpoint.h>
 #include <ampkit/error.h>
 #include <ampkit/fault_injection.h>
@@ -26,6 +27,8 @@
 
 #include "config/option_table.h"
 #include "config/train_config.h"
+#include "session/precision_checks.h"
+#include "workloads/workload.h"
 
 #include <sys/stat.h>
 
@@ -470,6 +473,102 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_keeps_earlier_steps_and_rewrites_the_rest) {
   fs::remove(file);
   BOOST_TEST(steps == (std::vector<int64_t>{0, 1, 2, 3}), boost::test_tools::per_element());
   BOOST_TEST(losses[3] == 0.125);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(workloads)
+
+// The synthetic workload's training labels are computed inside the trainer's autocast region;
+// they must be those of fp32 whatever --precision is (evaluation labels always were).
+BOOST_AUTO_TEST_CASE(synthetic_labels_do_not_depend_on_the_precision) {
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({64 * 100, 128}), teacher = at::randn({128, 10});
+  const at::Tensor fp32 = train::synthetic_labels(x, teacher);
+  BOOST_TEST(at::equal(fp32, at::matmul(x, teacher).argmax(1)));
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    AutocastGuard autocast(p, at::kCPU);
+    BOOST_TEST(at::equal(train::synthetic_labels(x, teacher), fp32), to_string(p));
+    // What the labels were before: argmax of the autocast matmul, which differs on some samples.
+    const int64_t differing = at::ne(at::matmul(x, teacher).argmax(1), fp32).sum().item<int64_t>();
+    BOOST_TEST(differing > 0, to_string(p));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(precision_warnings_)
+
+train::PrecisionFacts facts(Precision p, std::string scaler, bool dynamic, double scale) {
+  train::PrecisionFacts f;
+  f.precision = p;
+  f.scaler = std::move(scaler);
+  f.scaler_dynamic = dynamic;
+  f.scale = scale;
+  f.scale_is_option = f.scaler == "static";
+  return f;
+}
+
+std::vector<std::string> warnings(const train::PrecisionFacts& f) {
+  return train::precision_warnings(f);
+}
+
+BOOST_AUTO_TEST_CASE(each_mismatch_gets_its_own_right_advice) {
+  using V = std::vector<std::string>;
+  // fp16 without any scaler: suggest one.
+  BOOST_TEST(
+      warnings(facts(Precision::fp16, "none", false, 1.0)) ==
+          V{"--precision fp16 with scaler 'none' (scale 1): gradients below 6e-8 underflow to zero in fp16; "
+            "use --scaler dynamic or --scaler static"},
+      boost::test_tools::per_element());
+  // fp16 with static at scale 1: raise the scale (it already is --scaler static).
+  BOOST_TEST(warnings(facts(Precision::fp16, "static", false, 1.0)) ==
+                 V{"--precision fp16 with scaler 'static' (scale 1): gradients below 6e-8 underflow to zero "
+                   "in fp16; "
+                   "raise it (--opt scaler.scale=1024) or use --scaler dynamic"},
+             boost::test_tools::per_element());
+  // fp16 with static below 1: worse than none.
+  BOOST_TEST(
+      warnings(facts(Precision::fp16, "static", false, 0.5)) ==
+          V{"--precision fp16 with scaler 'static' (scale 0.5): a scale below 1 pushes gradients further "
+            "into fp16's underflow (below 6e-8 they become zero); use a scale of at least 1, usually a "
+            "power of two such as 1024, or --scaler dynamic"},
+      boost::test_tools::per_element());
+  // A dynamic scaler outside fp16: the reason names the precision's own property.
+  BOOST_TEST(
+      warnings(facts(Precision::bf16, "dynamic", true, 65536)) ==
+          V{"--precision bf16 with the dynamic loss scaler 'dynamic': bf16 has fp32's exponent range, so "
+            "scaling only costs work; use --scaler none"},
+      boost::test_tools::per_element());
+  BOOST_TEST(
+      warnings(facts(Precision::fp32, "predictive", true, 65536)) ==
+          V{"--precision fp32 with the dynamic loss scaler 'predictive': fp32 gradients do not underflow, "
+            "so scaling only costs work; use --scaler none"},
+      boost::test_tools::per_element());
+  // A constant scale outside fp16 is flagged like a dynamic one.
+  BOOST_TEST(
+      warnings(facts(Precision::bf16, "static", false, 65536)) ==
+          V{"--precision bf16 with scaler 'static' (scale 65536): bf16 has fp32's exponent range, so a "
+            "constant scale only costs work (and a large one can overflow); use --scaler none"},
+      boost::test_tools::per_element());
+  BOOST_TEST(warnings(facts(Precision::fp32, "static", false, 0.5)).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(the_usual_settings_are_quiet) {
+  BOOST_TEST(warnings(facts(Precision::fp16, "static", false, 1024)).empty());
+  BOOST_TEST(warnings(facts(Precision::fp16, "dynamic", true, 65536)).empty());
+  BOOST_TEST(warnings(facts(Precision::bf16, "none", false, 1.0)).empty());
+  BOOST_TEST(warnings(facts(Precision::bf16, "static", false, 1.0)).empty());
+  BOOST_TEST(warnings(facts(Precision::fp32, "none", false, 1.0)).empty());
+  train::PrecisionFacts clipped = facts(Precision::fp16, "dynamic", true, 65536);
+  clipped.clipper_set = {{"max_norm", "1"}};
+  BOOST_TEST(warnings(clipped).empty());
+  clipped.clipper_set = {{"max_norm", "5"}};
+  BOOST_TEST(
+      warnings(clipped) ==
+          std::vector<std::string>{"note: clipper.max_norm=5 is the usual bf16 starting point; fp16 runs "
+                                   "usually start at 1.0 (docs/gradient-clipping.md)"},
+      boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

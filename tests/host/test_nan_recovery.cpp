@@ -95,6 +95,59 @@ BOOST_AUTO_TEST_CASE(locator_names_the_injected_layer_of_the_gpt) {
   check_located(gpt, "spike", "blocks.0.fc", "grad");
 }
 
+// A spike planted in the loss itself (no layer): every module output is normal and every gradient
+// is only scaled by the loss, so the report blames the loss, not the layer nearest to it.
+BOOST_AUTO_TEST_CASE(a_loss_spike_is_blamed_on_the_loss) {
+  const Located r = inject(mlp, "spike@step=8", 8, 10, spike_detection);
+  BOOST_TEST(r.report["located"].get<bool>());
+  BOOST_TEST(r.report["phase"].get<std::string>() == "loss", r.report["finding"]);
+  BOOST_TEST(r.report["module"].get<std::string>() == "");
+  BOOST_TEST(r.report["finding"].get<std::string>().find("the loss is ") == 0u);
+  const double ratio =
+      r.report["micro_batch_loss"].get<double>() / r.report["reference_absmax"].get<double>();
+  BOOST_TEST(ratio > 10.0);
+  BOOST_TEST(r.result.output.find("locator: in the loss: the loss is ") != std::string::npos,
+             r.result.output);
+  BOOST_TEST(r.summary["skipped_steps"].get<int64_t>() == 1);
+}
+
+// on_spike=clip: the spike's step is applied, its gradient norm clipped to the detector's ceiling
+// (mean + spike_zscore sd of the healthy steps' norms), recorded as its own action; the run ends
+// where a run without the spike ends, within that run's step-to-step noise.
+BOOST_AUTO_TEST_CASE(a_clipped_spike_is_applied_at_the_window_threshold) {
+  TempDir tmp;
+  const std::string common = tiny + " --steps 80" + spike_detection + " --metrics ";
+  const Result clipped = run(common + (tmp.path / "clip.jsonl").string() +
+                             " --opt nan_policy.on_spike=clip --inject spike@step=40");
+  BOOST_TEST_REQUIRE(clipped.code == 0, clipped.output);
+  const Result clean = run(common + (tmp.path / "clean.jsonl").string());
+  BOOST_TEST_REQUIRE(clean.code == 0, clean.output);
+  const auto c = read_jsonl(tmp.path / "clip.jsonl");
+  const auto n = read_jsonl(tmp.path / "clean.jsonl");
+  BOOST_TEST_REQUIRE(c.size() == 80u);
+  const nlohmann::json& spike = c[40];
+  BOOST_TEST(spike["action"].get<std::string>() == "clip");
+  BOOST_TEST(spike["stepped"].get<bool>());
+  BOOST_TEST(spike["skipped_steps"].get<int64_t>() == 0);
+  BOOST_TEST(spike["reason"].get<std::string>().find("applied with the gradient norm clipped to") !=
+             std::string::npos);
+  // The threshold, recomputed from the metrics: every earlier step was healthy and in the window.
+  double mean = 0, var = 0;
+  for (int i = 0; i < 40; ++i) mean += c[i]["grad_norm"].get<double>() / 40.0;
+  for (int i = 0; i < 40; ++i) var += std::pow(c[i]["grad_norm"].get<double>() - mean, 2) / 39.0;
+  const double threshold = mean + 6.0 * std::sqrt(var);
+  BOOST_TEST(spike["clip_threshold"].get<double>() == threshold, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(spike["grad_norm_clipped"].get<double>() == threshold, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(spike["grad_norm"].get<double>() > 100.0 * threshold);  // it really was a spike
+  for (int i = 41; i < 80; ++i) BOOST_TEST(c[i]["action"].get<std::string>() == "proceed", i);
+  // The end of the run: within the clean run's noise (sd of its last 10 losses).
+  double clean_mean = 0, clean_var = 0, clip_mean = 0;
+  for (int i = 70; i < 80; ++i) clean_mean += n[i]["loss"].get<double>() / 10.0;
+  for (int i = 70; i < 80; ++i) clean_var += std::pow(n[i]["loss"].get<double>() - clean_mean, 2) / 9.0;
+  for (int i = 70; i < 80; ++i) clip_mean += c[i]["loss"].get<double>() / 10.0;
+  BOOST_TEST(std::abs(clip_mean - clean_mean) < std::sqrt(clean_var), clip_mean << " vs " << clean_mean);
+}
+
 // In fp16 a spike's activations stay finite but the scaled gradients behind them overflow: the
 // first non-finite value is a gradient, and the report traces it back to the spiked layer.
 BOOST_AUTO_TEST_CASE(fp16_gradient_overflow_is_traced_to_the_spiked_layer) {

@@ -24,4 +24,15 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_dtype(device_, previous_dtype_);
 }
 
+AutocastOffGuard::AutocastOffGuard(c10::DeviceType device) : device_(device) {
+  previous_enabled_ = at::autocast::is_autocast_enabled(device);
+  at::autocast::set_autocast_enabled(device, false);
+  at::autocast::increment_nesting();
+}
+
+AutocastOffGuard::~AutocastOffGuard() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, previous_enabled_);
+}
+
 }  // namespace ampkit

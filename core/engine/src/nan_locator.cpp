@@ -179,6 +179,28 @@ NanLocation largest_jump(const std::vector<Run>& runs, const LocatorInputs& in,
     double q = 0;
     const char* phase = "forward";
     int i = first_jump(r.forward, ref.forward, in.spike_ratio, &q);
+    // Every output normal but the loss jumped: the loss function (or its labels) did it, and
+    // every gradient below it is only scaled by it, so no layer is to blame.
+    const double loss_q = ratio(std::abs(r.loss), std::abs(ref.loss));
+    if (i < 0 && loss_q > in.spike_ratio) {
+      if (loss_q <= best_ratio) continue;
+      best_ratio = loss_q;
+      best = NanLocation{};
+      best.found = true;
+      best.micro_batch = static_cast<int>(m);
+      best.loss = r.loss;
+      best.phase = "loss";
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "the loss is %.3gx that of a healthy batch while every module output is within %gx: "
+                    "look at the loss function and the labels",
+                    loss_q, in.spike_ratio);
+      best.finding = line;
+      best.reference_absmax = std::abs(ref.loss);
+      best.forward = r.forward;
+      best.backward = r.backward;
+      continue;
+    }
     if (i < 0) {
       phase = "backward";
       i = first_jump(r.backward, ref.backward, in.spike_ratio, &q);

@@ -21,11 +21,12 @@
 
 namespace ampkit {
 
-double LrSchedule::at(int64_t k) const {
+double LrSchedule::at(int64_t k, int64_t steps_lost) const {
   if (warmup_steps > 0 && k < warmup_steps)
     return base_lr * static_cast<double>(k + 1) / static_cast<double>(warmup_steps);
-  if (kind == Kind::cosine && total_steps > warmup_steps) {
-    const double span = static_cast<double>(total_steps - warmup_steps);
+  const int64_t horizon = total_steps - std::max<int64_t>(steps_lost, 0);
+  if (kind == Kind::cosine && horizon > warmup_steps) {
+    const double span = static_cast<double>(horizon - warmup_steps);
     const double t = std::min(1.0, static_cast<double>(k - warmup_steps) / span);
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(M_PI * t));
   }
@@ -55,7 +56,7 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
       throw Error(ErrorCategory::usage,
                   "master weights must be fp32 (autocast lowers precision per op); got " +
                       std::string(c10::toString(p.scalar_type())));
-  set_lr(schedule_.at(0));
+  set_lr(scheduled_lr());
 }
 
 Trainer::~Trainer() = default;
@@ -95,7 +96,7 @@ void Trainer::restore_counters(int64_t attempted, int64_t taken, int64_t consecu
   skipped_ = attempted - taken - discarded;
   rollbacks_ = rollbacks;
   consecutive_skips_ = consecutive_skips;
-  set_lr(schedule_.at(taken_));
+  set_lr(scheduled_lr());
 }
 
 std::vector<at::Tensor> Trainer::gradients() const {
@@ -122,8 +123,8 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   std::vector<at::Tensor> grads = average_across_ranks(out.stats);  // 3
   measure_gradients(grads, out.stats);                              // 4
   const NanAction action = decide(out);                             // 5
-  if (action == NanAction::proceed) {
-    clip_unscaled(grads, out);  // 6
+  if (action == NanAction::proceed || action == NanAction::clip) {
+    clip_unscaled(grads, out);  // 6 (a clip decision caps the norm further)
     take_optimizer_step(out);   // 7
   } else {
     recover(action, out, forward);  // 5: skip, backoff or rollback
@@ -141,7 +142,9 @@ void Trainer::begin_step(StepOutcome& out) {
     PluginCall call("scaler", "scale()");
     out.stats.scale = strategies_.scaler->scale();
   }
-  out.lr = schedule_.at(taken_);
+  // A skip since the last step shortens the cosine's horizon (LrSchedule): set it again.
+  out.lr = scheduled_lr();
+  set_lr(out.lr);
 }
 
 // 1, 2: each micro-batch's forward under autocast, then the backward of loss * scale / accumulate.
@@ -260,8 +263,15 @@ NanAction Trainer::decide(StepOutcome& out) const {
     PluginCall call("nan_policy", "decide()");
     out.decision = strategies_.nan_policy->decide(out.stats);
   }
-  if (out.decision.action == NanAction::proceed && out.stats.found_inf)
-    out.decision = {NanAction::skip, "non-finite gradients (the policy said proceed; skipped anyway)"};
+  const NanAction said = out.decision.action;
+  if ((said == NanAction::proceed || said == NanAction::clip) && out.stats.found_inf)
+    out.decision = {NanAction::skip, std::string("non-finite gradients (the policy said ") + to_string(said) +
+                                         "; skipped anyway)"};
+  if (out.decision.action == NanAction::clip &&
+      (!(out.decision.clip_norm > 0.0) || !std::isfinite(out.decision.clip_norm)))
+    throw Error(ErrorCategory::plugin, "NaN policy decided clip with clip_norm " +
+                                           std::to_string(out.decision.clip_norm) +
+                                           "; it must be finite and > 0");
   return out.decision.action;
 }
 
@@ -289,7 +299,7 @@ void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at
   taken_ = restored_taken;
   ++rollbacks_;
   consecutive_skips_ = 0;
-  set_lr(schedule_.at(taken_));
+  set_lr(scheduled_lr());
 }
 
 // 6. The clipper's coefficient from the unscaled statistics; unscale and clip in one multiply.
@@ -304,6 +314,14 @@ void Trainer::clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out) {
     throw Error(ErrorCategory::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
   out.clip_coefficient = std::min(clip.coefficient, 1.0);
   out.clip_threshold = clip.threshold;
+  // A spike the NaN policy lets through clipped: its norm cap wins where it is tighter.
+  if (out.decision.action == NanAction::clip && stats.grad_norm > 0.0) {
+    const double spike_coefficient = out.decision.clip_norm / stats.grad_norm;
+    if (spike_coefficient < out.clip_coefficient) {
+      out.clip_coefficient = spike_coefficient;
+      out.clip_threshold = out.decision.clip_norm;
+    }
+  }
   out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
   scale_grads_(grads, out.clip_coefficient / stats.scale);
   if (!strategies_.clipper->clips_elementwise()) return;
@@ -321,7 +339,7 @@ void Trainer::clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out) {
 void Trainer::take_optimizer_step(StepOutcome& out) {
   optimizer_.step();
   ++taken_;
-  set_lr(schedule_.at(taken_));
+  set_lr(scheduled_lr());
   out.stepped = true;
   consecutive_skips_ = 0;
 }

@@ -8,11 +8,14 @@ namespace {
 class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
  public:
   explicit BackoffNanPolicy(const ampkit::OptionValues& options)
-      : DetectingNanPolicy(options, options.get_int("max_consecutive")) {}
+      : DetectingNanPolicy(options, options.get_int("max_consecutive")),
+        clip_spikes_(options.get_string("on_spike") == "clip") {}
 
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
     if (!d) return {};
+    ampkit::NanDecision clipped;
+    if (clip_spikes_ && clip_spike(d, clipped)) return clipped;
     // A spike is not an overflow: a smaller scale would not have prevented it.
     ampkit::NanDecision out = d.non_finite() ? ampkit::NanDecision{ampkit::NanAction::skip_backoff,
                                                                    d.what + "; extra scaler backoff"}
@@ -20,6 +23,9 @@ class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
     streak_limit_reached(stats, d, out);
     return out;
   }
+
+ private:
+  bool clip_spikes_;
 };
 
 }  // namespace
@@ -30,4 +36,5 @@ AMPKIT_PLUGIN(nan_policy, backoff, BackoffNanPolicy,
                                       "Abort the run with a report after this many consecutive "
                                       "skipped steps; 0 never aborts.")
                   .min(0),
+              ampkit::OptionSpec::Choice("on_spike", "skip", "skip|clip", AMPKIT_ON_SPIKE_HELP),
               AMPKIT_NAN_DETECTOR_OPTIONS)

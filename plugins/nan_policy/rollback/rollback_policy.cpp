@@ -3,6 +3,8 @@
 #include <ampkit/nan_detector.h>
 #include <ampkit/nan_policy_plugin.h>
 
+#include <string>
+
 namespace {
 
 class RollbackNanPolicy final : public ampkit::DetectingNanPolicy {
@@ -13,7 +15,8 @@ class RollbackNanPolicy final : public ampkit::DetectingNanPolicy {
         skip_batches_(options.get_int("skip_batches")),
         max_rollbacks_(options.get_int("max_rollbacks")),
         snapshot_every_(options.get_int("snapshot_every")),
-        from_checkpoint_(options.get_string("snapshot") == "checkpoint") {}
+        from_checkpoint_(options.get_string("snapshot") == "checkpoint"),
+        on_spike_(options.get_string("on_spike")) {}
 
   ampkit::RollbackPlan rollback_plan() const override {
     return {from_checkpoint_ ? 0 : snapshot_every_, from_checkpoint_};
@@ -29,6 +32,10 @@ class RollbackNanPolicy final : public ampkit::DetectingNanPolicy {
     // backs off and the next step is fine. Rolling back would throw good progress away.
     if (d.kind == ampkit::Detection::Kind::nonfinite_gradients && stats.scale > 1.0)
       return {ampkit::NanAction::skip, d.what + " (an overflow of the scaled gradients: skipped)"};
+    // A finite spike handled without a rollback: it does not count towards rollback_after.
+    ampkit::NanDecision spike{ampkit::NanAction::skip, d.what + " (nan_policy.on_spike=skip)"};
+    if (on_spike_ == "clip" && clip_spike(d, spike)) return spike;
+    if (on_spike_ == "skip" && !d.non_finite()) return spike;
     ++streak_;
     if (streak_ < rollback_after_)
       return {ampkit::NanAction::skip, d.what + "; bad step " + std::to_string(streak_) + " of " +
@@ -62,6 +69,7 @@ class RollbackNanPolicy final : public ampkit::DetectingNanPolicy {
  private:
   int64_t rollback_after_, skip_batches_, max_rollbacks_, snapshot_every_;
   bool from_checkpoint_;
+  std::string on_spike_;
   int64_t rollbacks_ = 0;
   int64_t streak_ = 0;
 };
@@ -89,4 +97,9 @@ AMPKIT_PLUGIN(nan_policy, rollback, RollbackNanPolicy,
               ampkit::OptionSpec::Choice("snapshot", "memory", "memory|checkpoint",
                                          "Where a rollback restores from: the in-memory snapshot, or the "
                                          "newest checkpoint in --checkpoint-dir."),
+              ampkit::OptionSpec::Choice("on_spike", "rollback", "rollback|skip|clip",
+                                         "What to do with a finite loss or gradient-norm spike "
+                                         "(spike_zscore > 0): treat it as a bad step (rollback), skip "
+                                         "it, or clip: apply it with the gradient norm clipped to the "
+                                         "window's mean + spike_zscore standard deviations."),
               AMPKIT_NAN_DETECTOR_OPTIONS)

@@ -1,5 +1,5 @@
 // NaN policy "skip": drop a step with a non-finite loss or gradient (or a spike, when enabled);
-// abort after a long streak.
+// abort after a long streak. on_spike=clip applies a finite spike with its gradient norm clipped.
 #include <ampkit/nan_detector.h>
 #include <ampkit/nan_policy_plugin.h>
 
@@ -8,15 +8,20 @@ namespace {
 class SkipNanPolicy final : public ampkit::DetectingNanPolicy {
  public:
   explicit SkipNanPolicy(const ampkit::OptionValues& options)
-      : DetectingNanPolicy(options, options.get_int("max_consecutive")) {}
+      : DetectingNanPolicy(options, options.get_int("max_consecutive")),
+        clip_spikes_(options.get_string("on_spike") == "clip") {}
 
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
     if (!d) return {};
     ampkit::NanDecision out{ampkit::NanAction::skip, d.what};
+    if (clip_spikes_ && clip_spike(d, out)) return out;
     streak_limit_reached(stats, d, out);
     return out;
   }
+
+ private:
+  bool clip_spikes_;
 };
 
 }  // namespace
@@ -27,4 +32,5 @@ AMPKIT_PLUGIN(nan_policy, skip, SkipNanPolicy,
                                       "Abort the run with a report after this many consecutive "
                                       "skipped steps; 0 never aborts.")
                   .min(0),
+              ampkit::OptionSpec::Choice("on_spike", "skip", "skip|clip", AMPKIT_ON_SPIKE_HELP),
               AMPKIT_NAN_DETECTOR_OPTIONS)

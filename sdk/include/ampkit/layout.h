@@ -73,7 +73,8 @@ constexpr void common_layout(LayoutText& t) {
          {offsetof(RunInfo, precision), offsetof(RunInfo, cuda), offsetof(RunInfo, rank),
           offsetof(RunInfo, world_size), offsetof(RunInfo, accumulation_steps), offsetof(RunInfo, parameter_names)});
   t.type("NanDecision", sizeof(NanDecision),
-         {offsetof(NanDecision, action), offsetof(NanDecision, reason), offsetof(NanDecision, skip_batches)});
+         {offsetof(NanDecision, action), offsetof(NanDecision, reason), offsetof(NanDecision, skip_batches),
+          offsetof(NanDecision, clip_norm)});
   // State's variant: its size, then the size of each alternative (their number is the count).
   t.type("StateValue", sizeof(StateValue),
          {sizeof(std::variant_alternative_t<0, StateValue>), sizeof(std::variant_alternative_t<1, StateValue>),

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <string>
 #include <vector>
@@ -31,12 +32,16 @@ class SpikeDetector {
     double mean = 0;
     for (double v : values_) mean += v;
     mean /= static_cast<double>(values_.size());
-    double var = 0;
-    for (double v : values_) var += (v - mean) * (v - mean);
-    var /= static_cast<double>(values_.size() - 1);
-    // A flat window (constant loss) must not turn rounding noise into a spike.
-    const double sd = std::max(std::sqrt(var), 1e-6 * std::abs(mean) + 1e-12);
-    return (x - mean) / sd;
+    return (x - mean) / sd(mean);
+  }
+  // The largest value that is not a spike: mean + zscore * sd of the window; NaN while the
+  // window is too short.
+  double ceiling() const {
+    if (!enabled() || values_.size() < min_samples_) return NAN;
+    double mean = 0;
+    for (double v : values_) mean += v;
+    mean /= static_cast<double>(values_.size());
+    return mean + zscore_ * sd(mean);
   }
   bool is_spike(double x) const {
     const double z = zscore_of(x);
@@ -54,6 +59,13 @@ class SpikeDetector {
   }
 
  private:
+  double sd(double mean) const {
+    double var = 0;
+    for (double v : values_) var += (v - mean) * (v - mean);
+    var /= static_cast<double>(values_.size() - 1);
+    // A flat window (constant loss) must not turn rounding noise into a spike.
+    return std::max(std::sqrt(var), 1e-6 * std::abs(mean) + 1e-12);
+  }
   size_t window_;
   double zscore_;
   size_t min_samples_;
@@ -100,6 +112,11 @@ class NanDetector {
     return d;
   }
 
+  // A finite spike's recovery by clipping: the gradient norm the step is clipped to, the grad
+  // window's mean + zscore * sd (the largest norm the detector calls normal); NaN before the
+  // window has spike_min_samples values.
+  double grad_norm_ceiling() const { return grad_.ceiling(); }
+
   void save(State& state) const {
     state.set("loss_window", loss_.values());
     state.set("grad_norm_window", grad_.values());
@@ -143,6 +160,19 @@ class DetectingNanPolicy : public NanPolicy {
                                  std::to_string(max_consecutive_) + "): the loss is probably diverging"};
     return true;
   }
+  // on_spike=clip: a finite spike (loss or gradient norm) is applied with the gradient norm
+  // clipped to the detector's ceiling; non-finite steps are not spikes and return false.
+  bool clip_spike(const Detection& d, NanDecision& out) const {
+    if (d.kind != Detection::Kind::loss_spike && d.kind != Detection::Kind::grad_norm_spike) return false;
+    const double ceiling = detector_.grad_norm_ceiling();
+    if (!(ceiling > 0) || !std::isfinite(ceiling)) return false;
+    char text[64];
+    std::snprintf(text, sizeof text, "%.4g", ceiling);
+    out = {NanAction::clip, d.what + "; applied with the gradient norm clipped to " + text +
+                                " (the window's mean + spike_zscore standard deviations)"};
+    out.clip_norm = ceiling;
+    return true;
+  }
 
  private:
   NanDetector detector_;
@@ -167,3 +197,10 @@ class DetectingNanPolicy : public NanPolicy {
       ampkit::OptionSpec::Int("spike_min_samples", "20",                                           \
                               "Healthy steps needed in the window before spikes are judged.")      \
           .min(2)
+
+// The recovery of a finite spike, for policies that offer clipping (skip, backoff, rollback):
+//   ampkit::OptionSpec::Choice("on_spike", "skip", AMPKIT_ON_SPIKE_HELP ...)
+#define AMPKIT_ON_SPIKE_HELP                                                                 \
+  "What to do with a finite loss or gradient-norm spike (spike_zscore > 0): skip the step, " \
+  "or clip: apply it with the gradient norm clipped to the window's mean + spike_zscore "    \
+  "standard deviations. Non-finite steps are never clipped."

@@ -58,6 +58,7 @@ enum class NanAction {
   skip_backoff,  // skip, and ask the scaler for one extra backoff
   rollback,      // skip, restore the last good snapshot (needs a snapshot handle)
   abort,         // stop the run with a report
+  clip,          // a finite spike: step, with the gradient norm clipped to NanDecision::clip_norm
 };
 
 inline const char* to_string(NanAction a) {
@@ -72,6 +73,8 @@ inline const char* to_string(NanAction a) {
       return "rollback";
     case NanAction::abort:
       return "abort";
+    case NanAction::clip:
+      return "clip";
   }
   return "?";
 }
@@ -80,6 +83,7 @@ struct NanDecision {
   NanAction action = NanAction::proceed;
   std::string reason;        // one line for logs and the report, empty on proceed
   int64_t skip_batches = 0;  // rollback: global batches the data stream skips after the bad one
+  double clip_norm = 0;      // clip: the unscaled total gradient norm the step is clipped to (> 0)
 };
 
 }  // namespace ampkit

@@ -16,7 +16,8 @@
 // 2: NanDecision::skip_batches and NanPolicy::rollback_plan() (the rollback NaN policy).
 // 3: the layout record (section "ampkitly"), per-kind headers, the alias without Boost.DLL,
 //    AMPKIT_PLUGIN(kind, name, Class, summary, options...) checked against ampkit_add_plugin.
-#define AMPKIT_ABI_VERSION 3
+// 4: NanAction::clip and NanDecision::clip_norm (a finite spike applied with its norm clipped).
+#define AMPKIT_ABI_VERSION 4
 #endif
 
 #define AMPKIT_STRINGIFY_(x) #x

@@ -169,3 +169,40 @@ BOOST_AUTO_TEST_CASE(rollback_counts_survive_save_and_load) {
   q->load(p->save());
   BOOST_TEST(to_string(q->decide(nan_loss(0)).action) == std::string("abort"));
 }
+
+// on_spike=clip: a finite spike proceeds with clip_norm = the grad window's mean + zscore * sd
+// (sample sd); a non-finite step is never clipped; the clipped spike stays out of the window.
+BOOST_AUTO_TEST_CASE(on_spike_clip_applies_finite_spikes_at_the_window_ceiling) {
+  const std::vector<double> norms = {1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.1, 0.9};
+  double mean = 0, var = 0;
+  for (double n : norms) mean += n / 8.0;
+  for (double n : norms) var += (n - mean) * (n - mean) / 7.0;
+  const double ceiling = mean + 6.0 * std::sqrt(var);
+  for (const std::string name : {"skip", "backoff", "rollback"}) {
+    BOOST_TEST_CONTEXT(name) {
+      auto p = make(name, {{"on_spike", "clip"}, {"spike_zscore", "6"}, {"spike_min_samples", "5"}});
+      for (double n : norms)
+        BOOST_TEST(to_string(p->decide(healthy(2.0, n)).action) == std::string("proceed"));
+      const NanDecision grad_spike = p->decide(healthy(2.0, 40.0));
+      BOOST_TEST(to_string(grad_spike.action) == std::string("clip"));
+      BOOST_TEST(grad_spike.clip_norm == ceiling, boost::test_tools::tolerance(1e-12));
+      const NanDecision loss_spike = p->decide(healthy(90.0, 1.0));  // the loss jumped, not the norm
+      BOOST_TEST(to_string(loss_spike.action) == std::string("clip"));
+      BOOST_TEST(loss_spike.clip_norm == ceiling, boost::test_tools::tolerance(1e-12));  // window unchanged
+      BOOST_TEST(to_string(p->decide(nan_loss(0)).action) != std::string("clip"));
+      BOOST_TEST(to_string(p->decide(overflow(0)).action) != std::string("clip"));
+    }
+  }
+  // The defaults are unchanged: skip and backoff skip a spike, rollback rolls back.
+  for (const auto& [name, action] : std::vector<std::pair<std::string, std::string>>{
+           {"skip", "skip"}, {"backoff", "skip"}, {"rollback", "rollback"}}) {
+    auto p = make(name, {{"spike_zscore", "6"}, {"spike_min_samples", "5"}});
+    for (double n : norms) p->decide(healthy(2.0, n));
+    BOOST_TEST(to_string(p->decide(healthy(2.0, 40.0)).action) == action, name);
+  }
+  auto rollback_skips =
+      make("rollback", {{"on_spike", "skip"}, {"spike_zscore", "6"}, {"spike_min_samples", "5"}});
+  for (double n : norms) rollback_skips->decide(healthy(2.0, n));
+  BOOST_TEST(to_string(rollback_skips->decide(healthy(2.0, 40.0)).action) == std::string("skip"));
+  BOOST_TEST(to_string(rollback_skips->decide(nan_loss(0)).action) == std::string("rollback"));
+}

@@ -23,4 +23,20 @@ class AutocastGuard {
   c10::ScalarType previous_dtype_;
 };
 
+// Turns autocast off on a device type for the guard's lifetime, as
+// `with torch.autocast(device, enabled=False):` does: ops inside run in their inputs' dtypes
+// (cast them to fp32 yourself where they came from an autocast region). For computations that
+// must not depend on --precision: labels, metrics, a numerically sensitive block of a model.
+class AutocastOffGuard {
+ public:
+  explicit AutocastOffGuard(c10::DeviceType device);
+  ~AutocastOffGuard();
+  AutocastOffGuard(const AutocastOffGuard&) = delete;
+  AutocastOffGuard& operator=(const AutocastOffGuard&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool previous_enabled_ = false;
+};
+
 }  // namespace ampkit

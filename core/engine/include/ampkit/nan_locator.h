@@ -35,7 +35,7 @@ struct NanLocation {
   std::string phase;    // forward | backward | loss
   std::string finding;  // one line
   ModuleObservation observation;
-  double reference_absmax = 0;                       // spikes: the same module on a healthy batch
+  double reference_absmax = 0;                       // spikes: the same module (or |loss|) on a healthy batch
   std::vector<ModuleObservation> forward, backward;  // the reported micro-batch, in execution order
 };
 

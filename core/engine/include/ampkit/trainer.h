@@ -23,15 +23,20 @@ class Reducer;
 
 namespace ampkit {
 
-// Learning rate as a function of the number of optimizer steps actually taken.
+// Learning rate as a function of the number of optimizer steps actually taken. The cosine's
+// horizon is in steps taken too: a run of total_steps attempts that loses some (skipped, or
+// discarded by a rollback) takes fewer, so each lost step shortens the horizon by one and the
+// last step still ends at min_lr (PyTorch's loop steps its scheduler on skipped iterations
+// instead; DeepSpeed does not step it and so never reaches the floor).
 struct LrSchedule {
   enum class Kind { constant, cosine };
   Kind kind = Kind::constant;
   double base_lr = 1e-3;
-  int64_t warmup_steps = 0;  // linear warm-up from 0 to base_lr
-  int64_t total_steps = 0;   // cosine decays to min_lr at total_steps
+  int64_t warmup_steps = 0;  // linear warm-up from 0 to base_lr, in steps taken
+  int64_t total_steps = 0;   // attempted steps of the run; cosine reaches min_lr at its end
   double min_lr = 0.0;
-  double at(int64_t steps_taken) const;
+  // `steps_lost`: attempted steps so far that were not taken (horizon = total_steps - lost).
+  double at(int64_t steps_taken, int64_t steps_lost = 0) const;
 };
 
 struct Strategies {
@@ -138,6 +143,7 @@ class Trainer {
   void update_scaler(StepOutcome& out, NanAction action);                                           // 8
 
   std::vector<at::Tensor> gradients() const;
+  double scheduled_lr() const { return schedule_.at(taken_, skipped_ + discarded_); }
   void set_lr(double lr);
   void zero_grad();
 

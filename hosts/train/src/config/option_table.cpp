@@ -129,7 +129,9 @@ std::vector<HostOption> run_options() {
           .one_of({"adamw", "sgd"}),
       number("weight-decay", "0.01", "Weight decay (decoupled for adamw).", field(&TrainConfig::weight_decay))
           .range(0, std::nullopt),
-      text("lr-schedule", "constant", "constant | cosine (to 0 over the run, after warm-up).",
+      text("lr-schedule", "constant",
+           "constant | cosine (after warm-up, to 0 at the run's last step; skipped steps shorten it, "
+           "docs/configuration.md).",
            field(&TrainConfig::lr_schedule))
           .one_of({"constant", "cosine"}),
       integer("warmup-steps", "0", "Linear learning-rate warm-up over this many taken steps.",

@@ -136,7 +136,7 @@ void Session::rendezvous() {
   if (comm.world_size() > 1) g_comm = &comm;
   is_root_ = comm.rank() == 0;
   check_same_settings(comm, device_, shared_settings());
-  warnings_ = precision_warnings(cfg_, *strategies_);
+  warnings_ = precision_warnings(precision_facts(cfg_, *strategies_));
   if (is_root_)
     for (const auto& w : warnings_)
       std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());

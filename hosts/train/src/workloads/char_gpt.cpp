@@ -155,7 +155,7 @@ class CharGpt final : public Workload {
       count += static_cast<double>(targets.numel());
     }
     model_->train();
-    Evaluation e{loss_sum / count, correct / count};
+    Evaluation e{loss_sum / count, correct / count, std::nullopt};
     e.perplexity = std::exp(e.loss);
     return e;
   }

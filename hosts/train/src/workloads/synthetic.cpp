@@ -5,6 +5,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ampkit/autocast_guard.h"
 #include "ampkit/probe.h"
 #include "workloads/workload.h"
 
@@ -38,7 +39,10 @@ struct MlpImpl : torch::nn::Module {
 };
 
 // Samples are generated, never stored: batch i of epoch e comes from a generator seeded with
-// (seed, e, i), so any batch can be regenerated exactly (resume, NaN re-runs).
+// (seed, e, i), so any batch can be regenerated exactly (resume, NaN re-runs). Each micro-batch
+// is such a batch of its own: with --accumulate K, a step sees K independently generated
+// batches, not K slices of one large batch (the same in distribution, not in samples).
+// Labels are computed in fp32 whatever --precision is (synthetic_labels).
 class Synthetic final : public Workload {
  public:
   Synthetic(const TrainConfig& cfg, const at::Device& device)
@@ -83,8 +87,7 @@ class Synthetic final : public Workload {
   std::pair<at::Tensor, at::Tensor> batch(uint64_t seed, int64_t ranks = 1) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     at::Tensor x = at::randn({cfg_.batch_size * ranks, cfg_.synthetic_inputs}, gen).to(device_);
-    at::Tensor y = at::matmul(x, teacher_).argmax(1);
-    return {x, y};
+    return {x, synthetic_labels(x, teacher_)};
   }
   TrainConfig cfg_;
   at::Device device_;
@@ -94,6 +97,13 @@ class Synthetic final : public Workload {
 };
 
 }  // namespace
+
+at::Tensor synthetic_labels(const at::Tensor& x, const at::Tensor& teacher) {
+  // loss() runs under the trainer's autocast; the teacher's matmul would then run in bf16/fp16
+  // and the labels would depend on --precision (0.4% of them in bf16). Labels are data.
+  AutocastOffGuard fp32(x.device().type());
+  return at::matmul(x, teacher).argmax(1);
+}
 
 std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device) {
   return std::make_unique<Synthetic>(cfg, device);

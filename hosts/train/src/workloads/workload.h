@@ -35,4 +35,8 @@ std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::D
 std::unique_ptr<Workload> make_char_gpt(const TrainConfig& cfg, const at::Device& device);
 std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device);
 
+// The synthetic workload's labels, argmax(x @ teacher), always in fp32 (autocast off): the
+// training data must not depend on --precision.
+at::Tensor synthetic_labels(const at::Tensor& x, const at::Tensor& teacher);
+
 }  // namespace ampkit::train
