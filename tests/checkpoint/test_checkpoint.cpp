@@ -123,7 +123,8 @@ BOOST_AUTO_TEST_CASE(checkpoint_folder_layout_and_keep) {
   for (const auto& e : fs::directory_iterator(dir / "step-25")) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
   BOOST_TEST(
-      files == (std::vector<std::string>{"manifest.json", "manifest.sha256", "model.pt", "optimizer.pt"}),
+      files == (std::vector<std::string>{"manifest.json", "manifest.sha256", "model.pt", "optimizer.pt",
+                                         "optimizer_state_dict.pt"}),
       boost::test_tools::per_element());
   const auto m = read_json(dir / "step-25" / "manifest.json");
   BOOST_TEST(m["step"]["attempted"] == 25);

@@ -19,6 +19,7 @@ namespace ampkit::checkpoint_files {
 
 inline constexpr const char* kModelFile = "model.pt";
 inline constexpr const char* kOptimizerFile = "optimizer.pt";
+inline constexpr const char* kOptimizerStateDictFile = "optimizer_state_dict.pt";
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kManifestSumFile = "manifest.sha256";
 

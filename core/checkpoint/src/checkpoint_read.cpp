@@ -85,6 +85,11 @@ LoadedCheckpoint read_checkpoint(const fs::path& folder) {
   const auto& files = j.contains("files") ? j["files"] : nlohmann::json::object();
   out.model_bytes = checked_file_bytes(folder, where, files, kModelFile);
   out.optimizer_bytes = checked_file_bytes(folder, where, files, kOptimizerFile);
+  for (const auto& [name, unused] : files.items())  // the PyTorch-readable copies too
+    if (name.find('/') != std::string::npos || name == ".." || name == ".")
+      fail(where + ": manifest.json lists a file outside the folder ('" + name + "')");
+    else if (name != kModelFile && name != kOptimizerFile)
+      checked_file_bytes(folder, where, files, name.c_str());
   return out;
 }
 

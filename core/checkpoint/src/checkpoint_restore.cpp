@@ -68,6 +68,8 @@ void restore_tensors(const LoadedCheckpoint& checkpoint,
     auto it = dict.find(name);
     if (it == dict.end())
       fail(where + ": " + (checkpoint.folder / kModelFile).string() + " has no tensor '" + name + "'");
+    if (!it->value().isTensor())
+      fail(where + ": '" + name + "' in " + (checkpoint.folder / kModelFile).string() + " is not a tensor");
     const at::Tensor value = it->value().toTensor();
     if (value.sizes() != t.sizes() || value.scalar_type() != t.scalar_type())
       fail(where + ": tensor '" + name + "' in " + kModelFile + " does not match its manifest entry");

@@ -3,13 +3,15 @@
 #include <ATen/core/ivalue.h>
 #include <ampkit/version.h>
 #include <signal.h>
-#include <torch/serialize.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
+#include "ampkit/pytorch_state.h"
 #include "checkpoint_files.h"
 
 namespace fs = std::filesystem;
@@ -37,26 +39,32 @@ void remove_stale_temporaries(const fs::path& dir) {
 
 // Writes model.pt, optimizer.pt, manifest.json and manifest.sha256 into `tmp` and fsyncs it.
 // Tensors leave as CPU copies, by name, so a checkpoint loads on any device.
+// The PyTorch-readable optimizer.state_dict() file is written for the optimizers python has.
 void write_files(const fs::path& tmp, CheckpointManifest manifest,
                  const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                 torch::optim::Optimizer& optimizer) {
-  c10::Dict<std::string, at::Tensor> dict;
+                 torch::optim::Optimizer& optimizer, const std::vector<CheckpointFile>& extra) {
   manifest.tensors.clear();
-  for (const auto& [tensor_name, t] : tensors) {
-    dict.insert(tensor_name, t.detach().to(at::kCPU).contiguous());
+  for (const auto& [tensor_name, t] : tensors)
     manifest.tensors.push_back({tensor_name, std::string(c10::toString(t.scalar_type())), t.sizes().vec()});
-  }
-  const std::vector<char> model = torch::pickle_save(c10::IValue(dict));
+  std::vector<CheckpointFile> files = {{kModelFile, pickle_bytes(tensor_dict(tensors))}};
   const std::string optim = optimizer_bytes(optimizer);
-  write_durable(tmp / kModelFile, model.data(), model.size());
-  write_durable(tmp / kOptimizerFile, optim.data(), optim.size());
+  files.push_back({kOptimizerFile, std::vector<char>(optim.begin(), optim.end())});
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) || dynamic_cast<torch::optim::SGD*>(&optimizer))
+    files.push_back({kOptimizerStateDictFile, pickle_bytes(optimizer_state_dict(optimizer))});
+  files.insert(files.end(), extra.begin(), extra.end());
+  nlohmann::json listed = nlohmann::json::object();
+  for (const auto& f : files) {
+    if (listed.contains(f.name) || f.name == kManifestFile || f.name == kManifestSumFile ||
+        f.name.find('/') != std::string::npos)
+      fail("checkpoint file name '" + f.name + "' is reserved or repeated");
+    write_durable(tmp / f.name, f.bytes.data(), f.bytes.size());
+    listed[f.name] = {{"sha256", sha256_of(f.bytes.data(), f.bytes.size())}, {"bytes", f.bytes.size()}};
+  }
 
   manifest.ampkit_version = AMPKIT_VERSION_STRING;
   manifest.torch_version = AMPKIT_TORCH_VERSION;
   nlohmann::json j = manifest_to_json(manifest);
-  j["files"] = {
-      {kModelFile, {{"sha256", sha256_of(model.data(), model.size())}, {"bytes", model.size()}}},
-      {kOptimizerFile, {{"sha256", sha256_of(optim.data(), optim.size())}, {"bytes", optim.size()}}}};
+  j["files"] = listed;
   const std::string manifest_text = j.dump(1) + "\n";
   write_durable(tmp / kManifestFile, manifest_text);
   write_durable(tmp / kManifestSumFile,
@@ -116,7 +124,7 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 
 fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
                           const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                          torch::optim::Optimizer& optimizer, int keep) {
+                          torch::optim::Optimizer& optimizer, int keep, const std::vector<CheckpointFile>& extra) {
   if (keep < 1) fail("keep must be >= 1, got " + std::to_string(keep));
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -131,7 +139,7 @@ fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
 
   fs::path final_path;
   try {
-    write_files(tmp, std::move(manifest), tensors, optimizer);
+    write_files(tmp, std::move(manifest), tensors, optimizer, extra);
     final_path = publish(dir, tmp, name, pid);
   } catch (...) {
     fs::remove_all(tmp, ec);  // a failed write leaves nothing behind

@@ -19,9 +19,13 @@ class Optimizer;
 namespace ampkit {
 
 // Layout of one checkpoint folder `step-<N>` (N = optimizer steps attempted):
-//   model.pt         parameters and buffers by name (torch::pickle_save of a name -> tensor dict)
+//   model.pt         parameters and buffers by name (torch::pickle_save of a name -> tensor dict):
+//                    python's model.load_state_dict(torch.load(f, weights_only=True)) takes it
 //   optimizer.pt     optimizer state (torch::serialize::OutputArchive, as torch::save writes it)
-//   manifest.json    everything else (below) and the SHA-256 and size of model.pt and optimizer.pt
+//   optimizer_state_dict.pt  the same state in python's optimizer.state_dict() layout (AdamW,
+//                    SGD; pytorch_state.h), for torch.optim.AdamW.load_state_dict
+//   <extra files>    what the host adds (ampkit-train: scaler_state_dict.pt, GradScaler's form)
+//   manifest.json    everything else (below) and the SHA-256 and size of every file above
 //   manifest.sha256  the SHA-256 of manifest.json, in `sha256sum -c` format
 inline constexpr int kCheckpointFormatVersion = 1;
 
@@ -64,9 +68,14 @@ struct LoadedCheckpoint {
 // folder, rename, fsync of `dir`; then switches `latest` atomically and removes all but the
 // newest `keep` complete checkpoints (and temp folders of processes that no longer run).
 // Returns the new folder. Throws Error(checkpoint) naming the path on any I/O failure.
+struct CheckpointFile {
+  std::string name;  // a plain file name inside the folder
+  std::vector<char> bytes;
+};
 std::filesystem::path write_checkpoint(const std::filesystem::path& dir, CheckpointManifest manifest,
                                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                                       torch::optim::Optimizer& optimizer, int keep);
+                                       torch::optim::Optimizer& optimizer, int keep,
+                                       const std::vector<CheckpointFile>& extra = {});
 
 // Reads and verifies a checkpoint folder: manifest.sha256 against manifest.json, then the size
 // and SHA-256 of every file the manifest lists. Throws Error(checkpoint) naming the bad file.

@@ -245,6 +245,10 @@ std::vector<HostOption> checkpoint_and_nan_options() {
            "With --resume: load only the parameters (another scaler/clipper/optimizer allowed); counters, "
            "optimizer and plugin states start fresh.",
            field(&TrainConfig::weights_only)),
+      text("init-from", "",
+           "Start from a file python's torch.save wrote: a model state_dict, or {'model', 'optimizer', 'scaler'} "
+           "as the GradScaler docs save it; step 0, fresh counters (docs/configuration.md, PyTorch interop).",
+           field(&TrainConfig::init_from)),
       list("inject",
            "Testing and demos: plant a fault, KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; "
            "KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) "

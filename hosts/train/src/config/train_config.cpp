@@ -328,6 +328,9 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
                                                   std::to_string(cfg.gpt_width));
   require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
   require(!cfg.weights_only || !cfg.resume.empty(), "--weights-only needs --resume");
+  require(cfg.init_from.empty() || cfg.resume.empty() || cfg.resume == "auto",
+          "--init-from and --resume PATH exclude each other (--resume auto with --init-from: resume if a "
+          "checkpoint exists, else start from the file)");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "ampkit/error.h"
+#include "session/pytorch_files.h"
 
 namespace ampkit::train {
 
@@ -127,7 +128,7 @@ void CheckpointKeeper::save() {
   run_.state.rollbacks = t.rollbacks();
   m.host = run_.state;
   last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.module), run_.optimizer,
-                           run_.cfg.keep_checkpoints)
+                           run_.cfg.keep_checkpoints, pytorch_checkpoint_files(run_))
               .string();
   last_saved_ = t.steps_attempted();
 }

@@ -20,6 +20,7 @@
 #include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
 #include "session/checkpoints.h"
+#include "session/pytorch_files.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
 #include "session/rank_sync.h"
@@ -204,6 +205,10 @@ int Session::run() {
   build_trainer();  // 4
   const bool writes_checkpoints = !cfg_.checkpoint_dir.empty() && strategies_->comm().rank() == 0;
   resumed_from_ = resume(*parts_);  // 5
+  if (!cfg_.init_from.empty() && resumed_from_.empty()) init_from_pytorch(*parts_);
+  if (!cfg_.init_from.empty() && !resumed_from_.empty())
+    std::fprintf(stderr, "ampkit-train: note: --init-from %s not used: resumed from a checkpoint\n",
+                 cfg_.init_from.c_str());
   enable_data_parallel();
   first_step_ = trainer_->steps_attempted();
   metrics_ = std::make_unique<MetricsWriter>(is_root_ ? cfg_.metrics_file : "", first_step_);

@@ -1,0 +1,377 @@
+// A restricted pickle machine for torch.save archives (torch/_weights_only_unpickler.py is the
+// reference: the same allowed globals, the same refusal of everything else).
+#include "torch_unpickler.h"
+
+#include <ATen/ops/empty.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ampkit/error.h"
+
+namespace ampkit::checkpoint_files {
+
+namespace {
+
+// A GLOBAL on the stack: a string no pickled str starts with.
+const std::string kGlobal("\0global:", 8);
+
+at::ScalarType storage_dtype(const std::string& name) {
+  static const std::map<std::string, at::ScalarType> types = {
+      {"torch.FloatStorage", at::kFloat}, {"torch.DoubleStorage", at::kDouble},
+      {"torch.HalfStorage", at::kHalf},   {"torch.BFloat16Storage", at::kBFloat16},
+      {"torch.LongStorage", at::kLong},   {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort}, {"torch.CharStorage", at::kChar},
+      {"torch.ByteStorage", at::kByte},   {"torch.BoolStorage", at::kBool}};
+  const auto it = types.find(name);
+  return it == types.end() ? at::ScalarType::Undefined : it->second;
+}
+
+class Machine {
+ public:
+  Machine(caffe2::serialize::PyTorchStreamReader& reader, const char* data, size_t size, std::string where)
+      : reader_(reader),
+        p_(reinterpret_cast<const uint8_t*>(data)),
+        end_(p_ + size),
+        where_(std::move(where)) {}
+
+  c10::IValue run() {
+    while (true) {
+      const uint8_t op = byte();
+      if (op == '.') {
+        if (stack_.size() != 1) bad("the pickle ends with " + std::to_string(stack_.size()) + " values");
+        return stack_.back();
+      }
+      step(op);
+    }
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& what) const {
+    throw Error(ErrorCategory::checkpoint, where_ + ": not a weights-only torch.save file (" + what + ")");
+  }
+  uint8_t byte() {
+    if (p_ >= end_) bad("truncated pickle");
+    return *p_++;
+  }
+  uint64_t little(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) bad("truncated pickle");
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p_[i]) << (8 * i);
+    p_ += n;
+    return v;
+  }
+  std::string text(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) bad("truncated pickle");
+    std::string s(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return s;
+  }
+  std::string line() {
+    std::string s;
+    for (uint8_t c = byte(); c != '\n'; c = byte()) s.push_back(static_cast<char>(c));
+    return s;
+  }
+  c10::IValue pop() {
+    if (stack_.empty()) bad("stack underflow");
+    c10::IValue v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+  std::vector<c10::IValue> pop_to_mark() {
+    if (marks_.empty() || marks_.back() > stack_.size()) bad("MARK missing");
+    std::vector<c10::IValue> out(
+        std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back())),
+        std::make_move_iterator(stack_.end()));
+    stack_.resize(marks_.back());
+    marks_.pop_back();
+    return out;
+  }
+  c10::impl::GenericDict& top_dict() {
+    if (stack_.empty() || !stack_.back().isGenericDict()) bad("SETITEM on a non-dict");
+    dict_ = stack_.back().toGenericDict();
+    return dict_;
+  }
+  void set(const c10::IValue& key, const c10::IValue& value) {
+    if (!key.isString() && !key.isInt() && !key.isDouble() && !key.isBool())
+      bad("a dict key of type " + key.tagKind());
+    top_dict().insert_or_assign(key, value);
+  }
+  void append(const c10::IValue& value) {
+    if (stack_.empty() || !stack_.back().isList()) bad("APPEND on a non-list");
+    stack_.back().toList().push_back(value);
+  }
+  void memo_put(size_t index) {
+    if (stack_.empty()) bad("PUT on an empty stack");
+    if (memo_.size() <= index) memo_.resize(index + 1);
+    memo_[index] = stack_.back();
+  }
+  void memo_get(size_t index) {
+    if (index >= memo_.size()) bad("GET of an unknown memo entry");
+    stack_.push_back(memo_[index]);
+  }
+  static bool is_global(const c10::IValue& v) {
+    return v.isString() && v.toStringRef().rfind(kGlobal, 0) == 0;
+  }
+  std::string global_name(const c10::IValue& v) const {
+    if (!is_global(v)) bad("a call of something that is not a global");
+    return v.toStringRef().substr(kGlobal.size());
+  }
+
+  // Only what weights_only allows for tensors and state dicts; anything else is refused at once.
+  void push_global(const std::string& name) {
+    if (name != "collections.OrderedDict" && name != "torch._utils._rebuild_tensor_v2" &&
+        name != "torch._utils._rebuild_parameter" && name != "torch._utils._rebuild_parameter_with_state" &&
+        storage_dtype(name) == at::ScalarType::Undefined)
+      bad("global " + name);
+    stack_.emplace_back(kGlobal + name);
+  }
+  bool value(uint8_t op);
+  bool container(uint8_t op);
+  void step(uint8_t op);
+  c10::IValue reduce(const std::string& callable, const std::vector<c10::IValue>& args);
+  c10::IValue storage(const c10::IValue& pid);
+
+  caffe2::serialize::PyTorchStreamReader& reader_;
+  const uint8_t* p_;
+  const uint8_t* end_;
+  std::string where_;
+  std::vector<c10::IValue> stack_;
+  std::vector<size_t> marks_;
+  std::vector<c10::IValue> memo_;
+  std::map<std::string, at::Tensor> storages_;
+  c10::impl::GenericDict dict_{c10::AnyType::get(), c10::AnyType::get()};
+};
+
+// Values: protocol framing, marks, str, int, float, bool, None. False: not one of these.
+bool Machine::value(uint8_t op) {
+  switch (op) {
+    case 0x80:
+      byte();
+      return true;  // PROTO
+    case 0x95:
+      little(8);
+      return true;  // FRAME
+    case '}':
+      stack_.emplace_back(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+      return true;
+    case ']':
+      stack_.emplace_back(c10::impl::GenericList(c10::AnyType::get()));
+      return true;
+    case ')':
+      stack_.emplace_back(c10::ivalue::Tuple::create(std::vector<c10::IValue>{}));
+      return true;
+    case '(':
+      marks_.push_back(stack_.size());
+      return true;  // MARK
+    case 'X':
+      stack_.emplace_back(text(little(4)));
+      return true;
+    case 0x8c:
+      stack_.emplace_back(text(little(1)));
+      return true;
+    case 0x8d:
+      stack_.emplace_back(text(little(8)));
+      return true;
+    case 'J':
+      stack_.emplace_back(static_cast<int64_t>(static_cast<int32_t>(little(4))));
+      return true;
+    case 'K':
+      stack_.emplace_back(static_cast<int64_t>(little(1)));
+      return true;
+    case 'M':
+      stack_.emplace_back(static_cast<int64_t>(little(2)));
+      return true;
+    case 0x8a: {  // LONG1: little-endian two's complement
+      const size_t n = byte();
+      if (n > 8) bad("an integer wider than 64 bits");
+      uint64_t v = little(n);
+      if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);
+      stack_.emplace_back(static_cast<int64_t>(v));
+      return true;
+    }
+    case 'G': {  // BINFLOAT, big-endian
+      uint64_t bits = 0;
+      for (int i = 0; i < 8; ++i) bits = (bits << 8) | byte();
+      double d;
+      std::memcpy(&d, &bits, sizeof d);
+      stack_.emplace_back(d);
+      return true;
+    }
+    case 0x88:
+      stack_.emplace_back(true);
+      return true;
+    case 0x89:
+      stack_.emplace_back(false);
+      return true;
+    case 'N':
+      stack_.emplace_back();
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Tuples, dicts, lists and the memo. False: not one of these.
+bool Machine::container(uint8_t op) {
+  switch (op) {
+    case 't':
+      stack_.emplace_back(c10::ivalue::Tuple::create(pop_to_mark()));
+      return true;
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
+      std::vector<c10::IValue> items(op - 0x84);
+      for (size_t i = items.size(); i-- > 0;) items[i] = pop();
+      stack_.emplace_back(c10::ivalue::Tuple::create(std::move(items)));
+      return true;
+    }
+    case 's': {
+      c10::IValue value = pop(), key = pop();
+      set(key, value);
+      return true;
+    }
+    case 'u': {
+      const std::vector<c10::IValue> items = pop_to_mark();
+      if (items.size() % 2 != 0) bad("SETITEMS with an odd number of values");
+      for (size_t i = 0; i < items.size(); i += 2) set(items[i], items[i + 1]);
+      return true;
+    }
+    case 'a':
+      append(pop());
+      return true;
+    case 'e':
+      for (const auto& v : pop_to_mark()) append(v);
+      return true;
+    case 'q':
+      memo_put(little(1));
+      return true;
+    case 'r':
+      memo_put(little(4));
+      return true;
+    case 0x94:
+      memo_put(memo_.size());
+      return true;  // MEMOIZE
+    case 'h':
+      memo_get(little(1));
+      return true;
+    case 'j':
+      memo_get(little(4));
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Globals, calls and storages (the allowed ones), after value() and container().
+void Machine::step(uint8_t op) {
+  if (value(op) || container(op)) return;
+  switch (op) {
+    case 'c': {
+      const std::string module = line();
+      push_global(module + "." + line());
+      return;
+    }
+    case 0x93: {  // STACK_GLOBAL
+      const c10::IValue name = pop(), module = pop();
+      if (!name.isString() || !module.isString()) bad("STACK_GLOBAL of non-strings");
+      push_global(module.toStringRef() + "." + name.toStringRef());
+      return;
+    }
+    case 'R': {
+      const c10::IValue args = pop();
+      const std::string callable = global_name(pop());
+      if (!args.isTuple()) bad("REDUCE without an argument tuple");
+      stack_.push_back(reduce(callable, args.toTupleRef().elements().vec()));
+      return;
+    }
+    case 'b':
+      pop();
+      return;  // BUILD: an OrderedDict's _metadata and the like, not needed
+    case 'Q':
+      stack_.push_back(storage(pop()));
+      return;
+    default: {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", op);
+      bad(std::string("pickle opcode ") + hex);
+    }
+  }
+}
+
+// ('storage', torch.<Type>Storage, key, location, numel): record data/<key> as a flat CPU tensor.
+c10::IValue Machine::storage(const c10::IValue& pid) {
+  if (!pid.isTuple() || pid.toTupleRef().elements().size() < 5) bad("a persistent id that is not a storage");
+  const std::vector<c10::IValue> e = pid.toTupleRef().elements().vec();
+  if (!e[0].isString() || e[0].toStringRef() != "storage" || !e[2].isString() || !e[4].isInt())
+    bad("a persistent id that is not a storage");
+  const at::ScalarType dtype = storage_dtype(global_name(e[1]));
+  if (dtype == at::ScalarType::Undefined) bad("storage type " + global_name(e[1]));
+  const std::string key = e[2].toStringRef();
+  if (const auto it = storages_.find(key); it != storages_.end()) return it->second;
+  const int64_t numel = e[4].toInt();
+  const std::string record = "data/" + key;
+  if (numel < 0 || !reader_.hasRecord(record)) bad("storage " + key + " is missing");
+  auto [data, size] = reader_.getRecord(record);
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+  if (size != static_cast<size_t>(t.nbytes()))
+    bad("storage " + key + " has " + std::to_string(size) + " bytes");
+  if (size > 0) std::memcpy(t.data_ptr(), data.get(), size);
+  storages_[key] = t;
+  return t;
+}
+
+c10::IValue Machine::reduce(const std::string& callable, const std::vector<c10::IValue>& args) {
+  if (callable == "collections.OrderedDict" && args.empty())
+    return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
+  if ((callable == "torch._utils._rebuild_parameter" ||
+       callable == "torch._utils._rebuild_parameter_with_state") &&
+      !args.empty() && args[0].isTensor())
+    return args[0];
+  if (callable != "torch._utils._rebuild_tensor_v2") bad("global " + callable);
+  // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+  if (args.size() < 4 || !args[0].isTensor() || !args[1].isInt() || !args[2].isTuple() || !args[3].isTuple())
+    bad("_rebuild_tensor_v2 with unexpected arguments");
+  std::vector<int64_t> sizes, strides;
+  for (const auto& v : args[2].toTupleRef().elements()) sizes.push_back(v.isInt() ? v.toInt() : -1);
+  for (const auto& v : args[3].toTupleRef().elements()) strides.push_back(v.isInt() ? v.toInt() : -1);
+  const at::Tensor& storage = args[0].toTensor();
+  const int64_t offset = args[1].toInt();
+  if (sizes.size() != strides.size() || offset < 0) bad("a tensor with inconsistent sizes and strides");
+  int64_t last = offset, elements = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0 || strides[i] < 0) bad("a tensor with a negative size or stride");
+    elements *= sizes[i];
+    if (sizes[i] > 0) last += (sizes[i] - 1) * strides[i];
+  }
+  if (elements > 0 && last >= storage.numel()) bad("a tensor that reaches past its storage");
+  if (elements == 0) return at::empty(sizes, storage.options());
+  return storage.as_strided(sizes, strides, offset).clone();
+}
+
+}  // namespace
+
+c10::IValue load_torch_file(const std::filesystem::path& file, const std::string& where) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(file.string());
+    if (reader.hasRecord("byteorder")) {
+      auto [order, n] = reader.getRecord("byteorder");
+      if (std::string(static_cast<const char*>(order.get()), n) != "little")
+        throw Error(ErrorCategory::checkpoint, where + ": written on a big-endian machine");
+    }
+    if (!reader.hasRecord("data.pkl"))
+      throw Error(ErrorCategory::checkpoint, where + ": no data.pkl in the archive");
+    auto [data, size] = reader.getRecord("data.pkl");
+    return Machine(reader, static_cast<const char*>(data.get()), size, where).run();
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    throw Error(ErrorCategory::checkpoint,
+                where + ": not a file torch.save wrote (" + what.substr(0, what.find('\n')) + ")");
+  }
+}
+
+}  // namespace ampkit::checkpoint_files
