@@ -35,4 +35,10 @@ else
   say "torch $have present"
 fi
 "$PYTHON" -c 'import matplotlib' 2>/dev/null || { say "installing matplotlib from PyPI (tools/plot_run.py, tools/bench/plot_throughput.py)"; "$PYTHON" -m pip install --quiet matplotlib; }
+TENSORBOARD_VERSION=2.21.0  # test dependency: its own reader checks --tensorboard's event files
+have_tb=$("$PYTHON" -c 'import tensorboard; print(tensorboard.__version__)' 2>/dev/null || true)
+if [ "$have_tb" != "$TENSORBOARD_VERSION" ]; then
+  say "installing tensorboard==$TENSORBOARD_VERSION from PyPI (tests/interop/test_tensorboard.sh reads ampkit's event files with it)"
+  "$PYTHON" -m pip install --quiet "tensorboard==$TENSORBOARD_VERSION"
+fi
 say "done"

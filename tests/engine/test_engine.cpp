@@ -2,6 +2,7 @@
 // skipped steps, gradient accumulation and autocast; FusedAdamW against LibTorch's AdamW.
 #define BOOST_TEST_MODULE engine
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -10,6 +11,9 @@
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -254,6 +258,31 @@ BOOST_AUTO_TEST_CASE(cosine_reaches_its_floor_at_the_end_of_a_run_with_skips) {
   BOOST_TEST(opt.param_groups()[0].options().get_lr() == 0.0, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(schedule.at(7, 3) == 0.0);
   BOOST_TEST(schedule.at(7) == cosine(7, 10), boost::test_tools::tolerance(1e-12));  // no loss: as before
+}
+
+// docs/mixed-precision-guide.md's profiling recipe: LibTorch's profiler around Trainer::step
+// writes a Chrome trace with the step's ATen ops: forward, autocast's casts, backward, optimizer.
+BOOST_AUTO_TEST_CASE(a_step_can_be_profiled_with_libtorchs_profiler) {
+  Plugins plugins;
+  auto set = plugins.strategies();
+  TinyModel model;
+  torch::optim::SGD opt(model.params(), torch::optim::SGDOptions(0.1));
+  LrSchedule schedule;
+  schedule.base_lr = 0.1;
+  Trainer trainer(Precision::bf16, 1, model.params(), model.names(), opt, Plugins::of(*set), schedule);
+  const std::filesystem::path trace =
+      std::filesystem::temp_directory_path() / ("ampkit-step-" + std::to_string(::getpid()) + ".trace.json");
+  {
+    torch::autograd::profiler::RecordProfile profile(trace.string());
+    trainer.step([&](int) { return model.layer->forward(batch_x(0)).pow(2).mean(); });
+  }
+  std::ifstream in(trace);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(trace);
+  BOOST_TEST(text.find("\"name\": \"aten::addmm\"") != std::string::npos);     // the forward, under autocast
+  BOOST_TEST(text.find("\"name\": \"aten::_to_copy\"") != std::string::npos);  // autocast's casts
+  BOOST_TEST(text.find("\"name\": \"torch::autograd::AccumulateGrad\"") != std::string::npos);  // backward
+  BOOST_TEST(text.find("\"name\": \"aten::add_\"") != std::string::npos);                       // SGD's step
 }
 
 BOOST_AUTO_TEST_CASE(accumulated_micro_batches_equal_one_large_batch) {

@@ -10,6 +10,7 @@
 #include <ampkit/metrics.h>
 #include <ampkit/nan_locator.h>
 #include <ampkit/probe.h>
+#include <ampkit/tensorboard.h>
 #include <ampkit/utf8.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -98,7 +99,7 @@ BOOST_AUTO_TEST_CASE(every_option_is_declared_once_with_help_and_a_valid_default
       if (o.min && o.max) BOOST_TEST(*o.min <= *o.max);
     }
   }
-  BOOST_TEST(names.size() == 66u);  // every host option; a new one updates the docs and this count
+  BOOST_TEST(names.size() == 67u);  // every host option; a new one updates the docs and this count
   for (const KindInfo& k : kKinds) BOOST_TEST(names.count(k.flag) == 1u, k.flag);  // one selector per kind
 }
 
@@ -569,6 +570,26 @@ BOOST_AUTO_TEST_CASE(the_usual_settings_are_quiet) {
           std::vector<std::string>{"note: clipper.max_norm=5 is the usual bf16 starting point; fp16 runs "
                                    "usually start at 1.0 (docs/gradient-clipping.md)"},
       boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(tensorboard)
+
+BOOST_AUTO_TEST_CASE(crc32c_is_castagnolis_and_masked_as_tfrecord_does) {
+  const std::string check = "123456789";  // the standard check value of CRC-32C
+  BOOST_TEST(crc32c(check.data(), check.size()) == 0xE3069283u);
+  BOOST_TEST(crc32c("", 0) == 0u);
+  const uint32_t c = 0xE3069283u;
+  BOOST_TEST(masked_crc32c(check.data(), check.size()) == ((c >> 15) | (c << 17)) + 0xa282ead8u);
+}
+
+BOOST_AUTO_TEST_CASE(the_tensorboard_folder_must_be_a_folder) {
+  const fs::path file = fs::temp_directory_path() / ("ampkit-units-tb-" + std::to_string(::getpid()));
+  std::ofstream(file) << "x";
+  BOOST_TEST(error_of([&] { parse({"--tensorboard", file.string()}); }) ==
+             "--tensorboard " + file.string() + " exists and is not a folder; give a folder path");
+  fs::remove(file);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

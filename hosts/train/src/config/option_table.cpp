@@ -192,6 +192,8 @@ std::vector<HostOption> output_and_workload_options() {
               "(\"top_layers\", largest first); 0 turns it off.",
               field(&TrainConfig::layer_norms_top_k))
           .range(0, 1000000),
+      text("tensorboard", "", "TensorBoard event files in this folder: the metrics' scalars per step; empty: off.",
+           field(&TrainConfig::tensorboard_dir)),
       text("layer-norms", "",
            "Write every parameter's unscaled gradient norm at every step to this CSV file (step,name,grad_norm).",
            field(&TrainConfig::layer_norms_file)),
@@ -246,8 +248,7 @@ std::vector<HostOption> checkpoint_and_nan_options() {
            "optimizer and plugin states start fresh.",
            field(&TrainConfig::weights_only)),
       text("init-from", "",
-           "Start from a file python's torch.save wrote: a model state_dict, or {'model', 'optimizer', 'scaler'} "
-           "as the GradScaler docs save it; step 0, fresh counters (docs/configuration.md, PyTorch interop).",
+           "Start at step 0 from a torch.save file: a model state_dict, or {model, optimizer, scaler}.",
            field(&TrainConfig::init_from)),
       list("inject",
            "Testing and demos: plant a fault, KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; "

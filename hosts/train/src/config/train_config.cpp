@@ -323,6 +323,12 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
     require(path.empty() || ec || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
             std::string(option) + " " + path + " exists and is not a regular file; give a file path");
   }
+  {
+    std::error_code ec;
+    require(cfg.tensorboard_dir.empty() || !std::filesystem::exists(cfg.tensorboard_dir, ec) ||
+                std::filesystem::is_directory(cfg.tensorboard_dir, ec),
+            "--tensorboard " + cfg.tensorboard_dir + " exists and is not a folder; give a folder path");
+  }
   require(cfg.gpt_width % cfg.gpt_heads == 0, "--gpt-width must be a multiple of --gpt-heads (" +
                                                   std::to_string(cfg.gpt_heads) + "), got " +
                                                   std::to_string(cfg.gpt_width));

@@ -41,6 +41,7 @@ struct TrainConfig {
   std::string metrics_file;
   std::string summary_file;
   int64_t layer_norms_top_k = 0;  // "top_layers" entries per metrics record; 0: none
+  std::string tensorboard_dir;    // TensorBoard event files; empty: not written
   std::string layer_norms_file;   // per-parameter norms CSV; empty: not written
   std::string data_dir;
   int64_t eval_batches = 0;  // 0: the whole test set

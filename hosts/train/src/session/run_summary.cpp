@@ -59,6 +59,10 @@ nlohmann::json Session::summary(double train_seconds) const {
 int Session::finish(double train_seconds) {
   const nlohmann::json s = summary(train_seconds);
   if (is_root_ && !cfg_.summary_file.empty()) write_json_file(cfg_.summary_file, s);
+  std::vector<std::pair<std::string, double>> test;
+  for (const char* key : {"test_loss", "test_accuracy", "test_perplexity"})
+    if (s.contains(key)) test.emplace_back(std::string("eval/") + key, s[key].get<double>());
+  if (!test.empty()) tensorboard_->write(trainer_->steps_attempted(), test);
   if (is_root_) print_summary_table(stdout, s);
   strategies_->comm().barrier();  // rank 0 hosts the rendezvous store: it leaves last
   if (!abort_reason_.empty()) {

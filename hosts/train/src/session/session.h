@@ -16,6 +16,7 @@
 
 #include "ampkit/fault_injection.h"
 #include "ampkit/metrics.h"
+#include "ampkit/tensorboard.h"
 #include "ampkit/registry.h"
 #include "ampkit/strategy_set.h"
 #include "ampkit/trainer.h"
@@ -107,6 +108,7 @@ class Session {
   // The loop's own state.
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<LayerNormWriter> layer_norms_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<ProgressLine> progress_;
   int64_t first_step_ = 0, epoch_ = -1;
   double samples_per_step_ = 0, last_time_ = 0;

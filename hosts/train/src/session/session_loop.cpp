@@ -35,8 +35,13 @@ void Session::train() {
     const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
     const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
     last_time_ = now;
-    metrics_->write(step_metrics(step, data_step, out, sps, now));  // 5. metrics, agreed across ranks
+    const nlohmann::json record = step_metrics(step, data_step, out, sps, now);  // 5. agreed across ranks
+    metrics_->write(record);
     layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
+    if (layer_norms_->enabled())
+      tensorboard_->write_step(record, names_, out.stats.tensor_norms);
+    else
+      tensorboard_->write_step(record);
     progress_->update(step + 1, out, sps);
     if (out.decision.action == NanAction::abort) {  // 6. abort, or 7. a periodic checkpoint
       abort_reason_ = out.decision.reason;

@@ -213,6 +213,7 @@ int Session::run() {
   first_step_ = trainer_->steps_attempted();
   metrics_ = std::make_unique<MetricsWriter>(is_root_ ? cfg_.metrics_file : "", first_step_);
   layer_norms_ = std::make_unique<LayerNormWriter>(is_root_ ? cfg_.layer_norms_file : "", first_step_);
+  tensorboard_ = std::make_unique<TensorBoardWriter>(is_root_ ? cfg_.tensorboard_dir : "", first_step_);
   checkpoints_ = std::make_unique<CheckpointKeeper>(*parts_, writes_checkpoints, steps_per_epoch_);
   rollbacks_ = std::make_unique<RollbackKeeper>(*parts_, rollback_plan_, *checkpoints_);
   nan_reports_ = std::make_unique<NanReporter>(*parts_, *workload_, strategies_->comm().rank());

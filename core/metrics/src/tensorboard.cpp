@@ -1,0 +1,175 @@
+// TensorBoard event files (tensorflow/core/util/event.proto, summary.proto; the TFRecord
+// framing of tensorflow/core/lib/io/record_writer.cc).
+#include "ampkit/tensorboard.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "ampkit/error.h"
+
+namespace ampkit {
+
+namespace {
+
+std::array<uint32_t, 256> crc_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+
+// Protobuf wire format: a varint, a key (field number and wire type), fixed-width values.
+void varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+void key(std::string& out, int field, int wire) {
+  varint(out, static_cast<uint64_t>(field) << 3 | wire);
+}
+void fixed(std::string& out, const void* value, size_t n) {  // little-endian machines only
+  out.append(static_cast<const char*>(value), n);
+}
+void bytes_field(std::string& out, int field, const std::string& value) {
+  key(out, field, 2);
+  varint(out, value.size());
+  out += value;
+}
+
+// Event { double wall_time = 1; int64 step = 2; ... }
+std::string event_head(int64_t step) {
+  std::string e;
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  key(e, 1, 1);
+  fixed(e, &now, 8);
+  key(e, 2, 0);
+  varint(e, static_cast<uint64_t>(step));
+  return e;
+}
+
+void little_endian_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+void little_endian_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+// The scalars a metrics record contributes: its numeric fields, and booleans as 0/1.
+constexpr const char* kNumbers[] = {"loss",
+                                    "lr",
+                                    "scale",
+                                    "grad_norm",
+                                    "grad_norm_clipped",
+                                    "clip_threshold",
+                                    "clip_coef",
+                                    "grad_max_abs",
+                                    "zero_fraction",
+                                    "samples_per_second",
+                                    "skipped_steps",
+                                    "steps_discarded",
+                                    "rollbacks"};
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t size) {
+  static const std::array<uint32_t, 256> table = crc_table();
+  uint32_t c = 0xFFFFFFFFu;
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < size; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+uint32_t masked_crc32c(const void* data, size_t size) {
+  const uint32_t c = crc32c(data, size);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& folder, int64_t first_step) {
+  if (folder.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  file_ = folder / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." +
+                    std::to_string(::getpid()) + ".0");
+  out_.open(file_, std::ios::binary | std::ios::trunc);
+  if (!out_)
+    throw Error(ErrorCategory::output,
+                "cannot write TensorBoard file " + file_.string() + ": " + ec.message());
+  std::string version = event_head(first_step);
+  bytes_field(version, 3, "brain.Event:2");  // Event.file_version
+  write_event(version);
+  if (first_step > 0) {  // Event.session_log = SessionLog { status = START (1) }
+    std::string start = event_head(first_step);
+    bytes_field(start, 6, std::string("\x08\x01", 2));
+    write_event(start);
+  }
+}
+
+void TensorBoardWriter::write_event(const std::string& event) {
+  std::string record;
+  little_endian_u64(record, event.size());
+  little_endian_u32(record, masked_crc32c(record.data(), 8));
+  record += event;
+  little_endian_u32(record, masked_crc32c(event.data(), event.size()));
+  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
+  out_.flush();
+  if (!out_)
+    throw Error(ErrorCategory::output, "cannot write TensorBoard file " + file_.string() + " (disk full?)");
+}
+
+void TensorBoardWriter::write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
+  if (!enabled()) return;
+  std::string summary;  // Summary { repeated Value value = 1; }
+  for (const auto& [tag, value] : scalars) {
+    std::string v;  // Value { string tag = 1; float simple_value = 2; }
+    bytes_field(v, 1, tag);
+    const float f = static_cast<float>(value);
+    key(v, 2, 5);
+    fixed(v, &f, 4);
+    bytes_field(summary, 1, v);
+  }
+  std::string event = event_head(step);
+  bytes_field(event, 5, summary);  // Event.summary
+  write_event(event);
+}
+
+void TensorBoardWriter::write_step(const nlohmann::json& record, const std::vector<std::string>& names,
+                                   const std::vector<double>& norms) {
+  if (!enabled()) return;
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const char* name : kNumbers) {
+    const auto it = record.find(name);
+    if (it == record.end()) continue;
+    if (it->is_number()) {
+      scalars.emplace_back(std::string("train/") + name, it->get<double>());
+    } else if (it->is_string()) {  // "nan", "inf", "-inf"
+      const std::string s = it->get<std::string>();
+      scalars.emplace_back(std::string("train/") + name, s == "inf"    ? INFINITY
+                                                         : s == "-inf" ? -INFINITY
+                                                                       : std::nan(""));
+    }
+  }
+  scalars.emplace_back("train/found_inf", record.value("found_inf", false) ? 1.0 : 0.0);
+  scalars.emplace_back("train/skipped", record.value("stepped", true) ? 0.0 : 1.0);
+  scalars.emplace_back("train/clipped", record.value("clipped", false) ? 1.0 : 0.0);
+  for (size_t i = 0; i < names.size() && i < norms.size(); ++i)
+    scalars.emplace_back("layer_norms/" + names[i], norms[i]);
+  write(record.at("step").get<int64_t>(), scalars);
+}
+
+}  // namespace ampkit
