@@ -575,6 +575,28 @@ std::vector<std::string> words_of_line(const std::string& text, const std::strin
 }
 }  // namespace
 
+// value, agc and adaptive's ceiling follow the precision as norm does (docs/gradient-clipping.md,
+// "Defaults per precision").
+BOOST_AUTO_TEST_CASE(every_clippers_threshold_default_follows_the_precision) {
+  struct Case {
+    std::string clipper, option;
+    std::map<std::string, std::string> value;  // precision -> default
+  };
+  for (const Case& c : std::vector<Case>{{"value", "clip_value", {{"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}}},
+                                         {"agc", "clip_factor", {{"fp16", "0.01"}, {"bf16", "0.05"}, {"fp32", "0.1"}}},
+                                         {"adaptive", "max_norm", {{"fp16", "10"}, {"bf16", "50"}, {"fp32", "100"}}}})
+    for (const auto& [precision, value] : c.value) {
+      const Result r = run(train + " --precision " + precision + " --clipper " + c.clipper + " --print-config");
+      BOOST_TEST_CONTEXT(c.clipper << " " << precision << "\n" << r.output) {
+        BOOST_TEST(r.code == 0);
+        const auto w = words_of_line(r.output, "    " + c.option + " ");
+        BOOST_TEST_REQUIRE(w.size() >= 8u);
+        BOOST_TEST(w[4] == value);
+        BOOST_TEST(w[5] + " " + w[6] + " " + w[7] == "default for " + precision);
+      }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(max_norm_default_follows_the_precision_and_is_printed_with_its_source) {
   // --print-config: "    max_norm  float > 0  1  default for fp16  help..."
   for (const auto& [precision, value] :

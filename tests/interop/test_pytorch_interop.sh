@@ -82,5 +82,7 @@ expect_error "$tmp/decay.pt" "weight_decay (--weight-decay) 0.1, this run uses 0
 expect_error "$tmp/other.pt" "unexpected entry 'epoch' (expected model, optimizer, scaler)"
 expect_error "$tmp/code.pt" "not a weights-only torch.save file (global __builtin__.print)"
 expect_error "$tmp/text.pt" "not a file torch.save wrote"
+head -c 2000 "$tmp/start.pt" > "$tmp/truncated.pt"
+expect_error "$tmp/truncated.pt" "not a file torch.save wrote"
 expect_error "$tmp/missing.pt" "not a readable file"
 echo "PASS"

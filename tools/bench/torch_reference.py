@@ -63,7 +63,7 @@ except ImportError as e:  # one clear line instead of a traceback
 
 
 # ---------------------------------------------------------------------------------------------
-# synthetic: hosts/train/src/synthetic.cpp
+# synthetic: hosts/train/src/workloads/synthetic.cpp
 
 class Mlp(nn.Module):
     def __init__(self, inputs, width, depth, classes):
@@ -97,7 +97,8 @@ class Synthetic:
         seed = (self.a.seed * 7919 + self.epoch * 1000003 + index) % 2**64
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(self.a.batch_size, self.a.synthetic_inputs, generator=gen)
-        y = (x @ self.teacher).argmax(1)
+        with torch.autocast("cpu", enabled=False):  # labels are data: fp32 whatever the precision
+            y = (x @ self.teacher).argmax(1)
         x, y = shard(x, y)
         return F.cross_entropy(self.model(x).float(), y)
 

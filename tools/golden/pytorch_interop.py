@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The PyTorch side of ampkit's checkpoint interop (docs/configuration.md, "PyTorch interop").
 
-Plain PyTorch only: the synthetic workload's MLP and data rebuilt in Python, exactly as
-hosts/train/src/workloads/synthetic.cpp makes them (same generators, same seeds), trained with
-torch.optim.AdamW(fused=True) in fp32.
+Plain PyTorch only: the synthetic workload's MLP and data as tools/bench/torch_reference.py
+rebuilds them from hosts/train/src/workloads/synthetic.cpp (same generators, same seeds), trained
+with torch.optim.AdamW(fused=True) in fp32.
 
   continue CKPT --steps N      load an ampkit checkpoint folder with torch.load(weights_only=True)
                                into nn modules and AdamW, train N more steps from its data
@@ -19,48 +19,29 @@ import argparse
 import json
 import pathlib
 import sys
+import types
 
 import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+import torch_reference as reference  # noqa: E402  the workloads rebuilt in PyTorch (Mlp, Synthetic)
+
+Mlp = reference.Mlp
 
 
-class Mlp(torch.nn.Module):
-    """ampkit's synthetic MLP: `depth` Linear(width) + GELU, then Linear(classes); names layers.<i>."""
-
-    def __init__(self, inputs, width, depth, classes):
-        super().__init__()
-        sizes = [inputs] + [width] * depth + [classes]
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i + 1 < len(self.layers):
-                x = F.gelu(x)
-        return x
+def synthetic(a):
+    """The synthetic workload of tools/bench/torch_reference.py, for these options."""
+    return reference.Synthetic(types.SimpleNamespace(
+        synthetic_inputs=a.inputs, synthetic_width=a.width, synthetic_depth=a.depth, synthetic_classes=a.classes,
+        batch_size=a.batch_size, seed=a.seed))
 
 
-class Data:
-    """Batch `index` of epoch `epoch`: generated from seed*7919 + epoch*1000003 + index."""
-
-    def __init__(self, a):
-        self.a = a
-        gen = torch.Generator().manual_seed(a.seed ^ 0x7E4C4E5)
-        self.teacher = torch.randn(a.inputs, a.classes, generator=gen)
-
-    def batch(self, epoch, index):
-        seed = (self.a.seed * 7919 + epoch * 1000003 + index) % (1 << 64)
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(self.a.batch_size, self.a.inputs, generator=gen)
-        return x, (x @ self.teacher).argmax(1)
-
-
-def train(model, opt, data, first_step, steps):
+def train(work, opt, first_step, steps):
     """ampkit's loop for --accumulate 1 in fp32: batch = data step, 1000 batches an epoch."""
     losses = []
     for step in range(first_step, first_step + steps):
-        x, y = data.batch(step // 1000, step % 1000)
-        loss = F.cross_entropy(model(x).float(), y)
+        work.start_epoch(step // 1000)
+        loss = work.loss(step % 1000)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -100,24 +81,23 @@ def main():
 
     if a.mode == "continue":
         first = from_manifest(a, a.path)
-        model = Mlp(a.inputs, a.width, a.depth, a.classes)
-        model.load_state_dict(torch.load(a.path / "model.pt", weights_only=True))
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, fused=True)
+        work = synthetic(a)
+        work.model.load_state_dict(torch.load(a.path / "model.pt", weights_only=True))
+        opt = torch.optim.AdamW(work.model.parameters(), lr=a.lr, weight_decay=a.weight_decay, fused=True)
         opt.load_state_dict(torch.load(a.path / "optimizer_state_dict.pt", weights_only=True))
-        print(json.dumps(train(model, opt, Data(a), first, a.steps)))
+        print(json.dumps(train(work, opt, first, a.steps)))
         return
 
     torch.manual_seed(a.seed + 12345)  # another initialisation than ampkit's
-    model = Mlp(a.inputs, a.width, a.depth, a.classes)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, fused=True)
-    data = Data(a)
-    train(model, opt, data, 500, a.warm_steps)  # other batches, so the moments are not zero
+    work = synthetic(a)
+    opt = torch.optim.AdamW(work.model.parameters(), lr=a.lr, weight_decay=a.weight_decay, fused=True)
+    train(work, opt, 500, a.warm_steps)  # other batches, so the moments are not zero
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**14, growth_interval=10)
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
     scaler._growth_tracker.fill_(7)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict()}, a.path)
-    print(json.dumps(train(model, opt, data, 0, a.steps)))
-
+    torch.save({"model": work.model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict()},
+               a.path)
+    print(json.dumps(train(work, opt, 0, a.steps)))
 
 if __name__ == "__main__":
     main()

@@ -107,6 +107,8 @@ class Machine {
   }
   void memo_put(size_t index) {
     if (stack_.empty()) bad("PUT on an empty stack");
+    // Pickles number memo slots 0, 1, 2, ...: a far index is a damaged or hostile file.
+    if (index > memo_.size() + 1024) bad("memo index " + std::to_string(index));
     if (memo_.size() <= index) memo_.resize(index + 1);
     memo_[index] = stack_.back();
   }

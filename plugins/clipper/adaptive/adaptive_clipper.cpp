@@ -200,7 +200,10 @@ AMPKIT_PLUGIN(
                               "method=zscore: multiplier of the adaptive threshold; "
                               "0.3-0.7 clips harder (ZClip's default 1.0).")
         .min(0.0, true),
-    ampkit::OptionSpec::Float("max_norm", nullptr,
+    // 10x norm's max_norm per precision: a safety net above every healthy norm measured
+    // (docs/gradient-clipping.md, "Defaults per precision"); 3e38 turns it off.
+    ampkit::OptionSpec::Float("max_norm", "fp16=10;bf16=50;fp32=100",
                               "Upper bound of the threshold, as ZClip's max_grad_norm "
-                              "(also applied during warm-up); unset: no bound.")
+                              "(also applied during warm-up); 3e38: no bound.")
+        .per_precision()
         .min(0.0, true))

@@ -78,10 +78,13 @@ class AgcGradClipper final : public ampkit::GradClipper {
 
 AMPKIT_PLUGIN(clipper, agc, AgcGradClipper,
               "Unit-wise adaptive gradient clipping relative to the weights' norms (NFNets AGC, timm)",
-              ampkit::OptionSpec::Float("clip_factor", "0.01",
+              // Per precision (docs/gradient-clipping.md, "Defaults per precision"): the paper's 0.01
+              // for fp16, looser where a large relative update cannot overflow anything.
+              ampkit::OptionSpec::Float("clip_factor", "fp16=0.01;bf16=0.05;fp32=0.1",
                                         "Largest allowed ratio of a unit's gradient norm to its "
                                         "weight norm (lambda; timm's and the paper's 0.01 suits "
                                         "large batches, raise it for small ones).")
+                  .per_precision()
                   .min(0.0, true),
               ampkit::OptionSpec::Float("eps", "1e-3",
                                         "Floor of the weight norm, so units with zero-initialised "

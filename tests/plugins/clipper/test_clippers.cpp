@@ -213,7 +213,7 @@ BOOST_AUTO_TEST_CASE(agc_equals_timm_adaptive_clip_grad) {
 BOOST_AUTO_TEST_CASE(agc_skip_last_leaves_the_trailing_parameters_alone) {
   Plugins plugins;
   const std::vector<at::Tensor> grads = golden_grads();
-  auto clipper = plugins.clipper("agc", {{"skip_last", "2"}});  // defaults: timm's 0.01, 1e-3
+  auto clipper = plugins.clipper("agc", {{"clip_factor", "0.01"}, {"skip_last", "2"}});  // timm's 0.01, eps 1e-3
   std::vector<at::Tensor> ours = clone_all(grads);
   as_clipper(clipper)->clip_unscaled_gradients(detach_all(golden_params()), ours);
   const std::vector<at::Tensor> expected = tensors(goldens()["agc"][0]["grads"], at::kDouble);
@@ -464,7 +464,7 @@ BOOST_AUTO_TEST_CASE(trainer_step_with_scale_65536_equals_the_golden_unscaled_th
       {"norm", {{"max_norm", text(g["norm"][0]["max_norm"])}, {"norm_type", "2"}}, &g["norm"][0], false},
       {"norm", {{"max_norm", text(g["norm"][2]["max_norm"])}, {"norm_type", "inf"}}, &g["norm"][2], false},
       {"value", {{"clip_value", text(g["value"][0]["clip_value"])}}, &g["value"][0], true},
-      {"agc", {}, &g["agc"][0], false},
+      {"agc", {{"clip_factor", text(g["agc"][0]["clip_factor"])}}, &g["agc"][0], false},
   };
   const std::vector<at::Tensor> grads = golden_grads();
   const double golden_norm = g["norm"][0]["total_norm"];
