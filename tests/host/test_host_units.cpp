@@ -594,4 +594,16 @@ BOOST_AUTO_TEST_CASE(the_tensorboard_folder_must_be_a_folder) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(batch_copies)
+
+// On the CPU a batch is used where it is (no copy, no pinning: pinning needs a CUDA runtime).
+BOOST_AUTO_TEST_CASE(a_cpu_batch_stays_where_it_is) {
+  const at::Tensor x = at::randn({4, 3});
+  const at::Tensor y = train::to_device(x, at::Device(at::kCPU));
+  BOOST_TEST(y.data_ptr() == x.data_ptr());
+  BOOST_TEST(!y.is_pinned());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 }  // namespace ampkit::test

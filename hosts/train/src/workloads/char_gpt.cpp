@@ -164,7 +164,8 @@ class CharGpt final : public Workload {
   std::pair<at::Tensor, at::Tensor> windows(const at::Tensor& data, const at::Tensor& offsets) {
     const at::Tensor index = offsets.unsqueeze(1) + at::arange(cfg_.gpt_context + 1, at::kLong).unsqueeze(0);
     const at::Tensor w = data.index({index});
-    return {w.narrow(1, 0, cfg_.gpt_context).to(device_), w.narrow(1, 1, cfg_.gpt_context).to(device_)};
+    return {to_device(w.narrow(1, 0, cfg_.gpt_context), device_),
+            to_device(w.narrow(1, 1, cfg_.gpt_context), device_)};
   }
   at::Tensor window_loss(const at::Tensor& data, const at::Tensor& offsets) {
     auto [x, y] = windows(data, offsets);

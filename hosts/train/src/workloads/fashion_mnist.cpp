@@ -114,8 +114,8 @@ class FashionMnist final : public Workload {
   }
   at::Tensor loss(int64_t index) override {
     const at::Tensor idx = order_.narrow(0, (index * ranks_ + rank_) * batch_size_, batch_size_);
-    const at::Tensor x = train_x_.index_select(0, idx).to(device_);
-    const at::Tensor y = train_y_.index_select(0, idx).to(device_);
+    const at::Tensor x = to_device(train_x_.index_select(0, idx), device_);
+    const at::Tensor y = to_device(train_y_.index_select(0, idx), device_);
     return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
@@ -127,8 +127,8 @@ class FashionMnist final : public Workload {
     double loss_sum = 0, correct = 0, count = 0;
     for (int64_t b = 0; b < batches; ++b) {
       const int64_t len = std::min(bs, n - b * bs);
-      const at::Tensor x = test_x_.narrow(0, b * bs, len).to(device_);
-      const at::Tensor y = test_y_.narrow(0, b * bs, len).to(device_);
+      const at::Tensor x = to_device(test_x_.narrow(0, b * bs, len), device_);
+      const at::Tensor y = to_device(test_y_.narrow(0, b * bs, len), device_);
       const at::Tensor logits = model_->forward(x).to(at::kFloat);
       loss_sum +=
           F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();

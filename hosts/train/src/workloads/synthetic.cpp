@@ -86,7 +86,7 @@ class Synthetic final : public Workload {
  private:
   std::pair<at::Tensor, at::Tensor> batch(uint64_t seed, int64_t ranks = 1) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    at::Tensor x = at::randn({cfg_.batch_size * ranks, cfg_.synthetic_inputs}, gen).to(device_);
+    at::Tensor x = to_device(at::randn({cfg_.batch_size * ranks, cfg_.synthetic_inputs}, gen), device_);
     return {x, synthetic_labels(x, teacher_)};
   }
   TrainConfig cfg_;

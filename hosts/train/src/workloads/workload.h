@@ -35,6 +35,10 @@ std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::D
 std::unique_ptr<Workload> make_char_gpt(const TrainConfig& cfg, const at::Device& device);
 std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device);
 
+// A CPU batch on `device`: unchanged on the CPU; on CUDA through pinned memory with a
+// non-blocking copy, as PyTorch's pin_memory=True loaders do (batch_copy.cpp).
+at::Tensor to_device(const at::Tensor& batch, const at::Device& device);
+
 // The synthetic workload's labels, argmax(x @ teacher), always in fp32 (autocast off): the
 // training data must not depend on --precision.
 at::Tensor synthetic_labels(const at::Tensor& x, const at::Tensor& teacher);
