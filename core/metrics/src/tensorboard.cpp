@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -108,8 +109,8 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& folder, int64_
                     std::to_string(::getpid()) + ".0");
   out_.open(file_, std::ios::binary | std::ios::trunc);
   if (!out_)
-    throw Error(ErrorCategory::output,
-                "cannot write TensorBoard file " + file_.string() + ": " + ec.message());
+    throw Error(ErrorCategory::output, "cannot write TensorBoard file " + file_.string() + ": " +
+                                           (ec ? ec.message() : std::string(std::strerror(errno))));
   std::string version = event_head(first_step);
   bytes_field(version, 3, "brain.Event:2");  // Event.file_version
   write_event(version);
