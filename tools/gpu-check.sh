@@ -2,7 +2,10 @@
 # One command for a machine with a GPU (issue 20): runs ampkit's CUDA checks from an existing build
 # and writes a Markdown report (format: docs/benchmarks.md, "What has run on a GPU").
 #
-#   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N]
+#   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--dry-run-on-cpu]
+#
+# --dry-run-on-cpu runs every check but NCCL on the CPU, with short runs, to test this script on a
+# machine without a GPU (ctest's test_gpu_check_dry_run); its figures mean nothing.
 #
 # Without a GPU it prints "no GPU: nothing to check" and exits 0 (CI runs it that way). The build
 # may come from another machine (Release, Boost and yaml-cpp linked statically, carried over):
@@ -10,34 +13,58 @@
 # that ran passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=build report=gpu-report.md steps=100
+build=build report=gpu-report.md steps=100 device=cuda
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --dry-run-on-cpu) device=cpu; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 python=${PYTHON:-python3}
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-if [ "${gpus:-0}" = 0 ]; then
+if [ "${gpus:-0}" = 0 ] && [ "$device" = cuda ]; then
   echo "no GPU: nothing to check"
   exit 0
 fi
 [ -x "$build/bin/ampkit-train" ] || { echo "gpu-check.sh: no build in $build (run tools/test.sh or carry one)" >&2; exit 2; }
 torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# A build carried from another machine has that machine's absolute paths compiled into its tests
+# (plugin folder, golden files) and its CTest files: make them resolve to this checkout.
+recorded=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+if [ -n "$recorded" ] && [ ! -e "$recorded" ]; then
+  if mkdir -p "$(dirname "$recorded")" 2>/dev/null && ln -s "$PWD" "$recorded" 2>/dev/null; then
+    echo "gpu-check.sh: the build was made in $recorded: linked it to $PWD"
+  else
+    echo "gpu-check.sh: warning: the build was made in $recorded, which cannot be linked here; tests may not find their files" >&2
+  fi
+fi
 failed=0
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
+quick=""  # the dry run's shorter benchmark settings
+workloads="synthetic fashion-mnist char-gpt"
+if [ "$device" = cpu ]; then
+  steps=5 workloads=synthetic
+  quick="--workloads mlp-1m --precisions fp32,fp16 --steps 3 --warmup 1 --repeats 1 --batch-size 64"
+  bench_quick="--reps 2 --warmup 1"
+fi
 {
-  echo "# ampkit on a GPU: $(date -u +%Y-%m-%d)"
-  echo
-  echo "Device: $("$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
-  echo "($gpus visible); torch $("$python" -c 'import torch; print(torch.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  if [ "$device" = cpu ]; then
+    echo "# ampkit's GPU checks, dry run on the CPU: $(date -u +%Y-%m-%d) (figures mean nothing)"
+    echo
+    echo "Device: the CPU ($(nproc) cores)"
+  else
+    echo "# ampkit on a GPU: $(date -u +%Y-%m-%d)"
+    echo
+    echo "Device: $("$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
+  fi
+  echo "($gpus GPUs visible); torch $("$python" -c 'import torch; print(torch.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
   echo
   echo "## NCCL"
   echo
@@ -46,7 +73,9 @@ trap 'rm -rf "$out"' EXIT
 } > "$report"
 
 # test_nccl: one rank (two when there are two GPUs), as ctest runs it.
-if (cd "$build" && ctest -R '^test_nccl$' --output-on-failure) > "$out/nccl.log" 2>&1; then
+if [ "$device" = cpu ]; then
+  echo "| test_nccl | not run (dry run on the CPU) |" >> "$report"
+elif (cd "$build" && ctest -R '^test_nccl$' --output-on-failure) > "$out/nccl.log" 2>&1; then
   if grep -q "Skipped" "$out/nccl.log"; then
     echo "| test_nccl | skipped: $(grep -m1 -i 'skip' "$out/nccl.log" | cut -c1-120) |" >> "$report"
     failed=1
@@ -60,18 +89,18 @@ fi
 
 {
   echo
-  echo "## Training on CUDA ($steps steps, samples/s of the whole run)"
+  echo "## Training on $device ($steps steps, samples/s of the whole run)"
   echo
   echo '| workload | precision | status | samples/s | speed-up vs fp32 | skipped steps | final loss |'
   echo '|---|---|---|---|---|---|---|'
 } >> "$report"
-for workload in synthetic fashion-mnist char-gpt; do
+for workload in $workloads; do
   fp32_sps=""
   for precision in fp32 bf16 fp16; do
     scaler=none
     [ "$precision" = fp16 ] && scaler=dynamic
     summary="$out/$workload-$precision.json"
-    "$build/bin/ampkit-train" --device cuda --workload "$workload" --precision "$precision" --scaler "$scaler" \
+    "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" \
       --steps "$steps" --eval-batches 2 --progress never --summary "$summary" > "$out/run.log" 2>&1
     code=$?
     if [ $code -ne 0 ] || [ ! -f "$summary" ]; then
@@ -93,11 +122,59 @@ done
 
 {
   echo
-  echo "## Not yet scripted"
+  echo "## Parity and host reads on $device tensors (tests/engine/test_on_device.cpp)"
   echo
-  echo "Scaler parity against torch.amp.GradScaler(\"cuda\"), clipper parity on CUDA tensors, counted host"
-  echo "reads on CUDA, throughput against PyTorch's CUDA recipe, post-backward bandwidth against the"
-  echo "device's copy bandwidth: issue 20, item 4."
+  echo '| check | result |'
+  echo '|---|---|'
 } >> "$report"
+# GradScaler("cuda")'s own sequences, then the three checks of test_on_device on the GPU.
+goldens="$out/gradscaler_cuda.json"
+if ! "$python" tools/golden/gradscaler_sequences.py --device "$device" --output "$goldens" > "$out/golden.log" 2>&1; then
+  echo "| GradScaler(\"$device\") reference sequences | FAILED: $(tail -1 "$out/golden.log" | cut -c1-150) |" >> "$report"
+  failed=1
+  goldens=""
+fi
+for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.GradScaler(\"$device\"), 10 patterns, 4562 steps" \
+             clippers_on_the_device_equal_their_references:"norm (L2, inf), value, agc = their references, 1e-6" \
+             one_counted_host_read_per_healthy_step:"1 host read per healthy step, 16 scaler x NaN-policy pairs"; do
+  name=${check%%:*}
+  if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
+  if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \
+      "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
+    echo "| ${check#*:} | passed |" >> "$report"
+  else
+    echo "| ${check#*:} | FAILED (exit $?): $(grep -m1 'error' "$out/$name.log" | cut -c1-150) |" >> "$report"
+    failed=1
+  fi
+done
+
+# Throughput against PyTorch's best recipe on the same GPU (AdamW(fused=True), autocast, GradScaler).
+{
+  echo
+  echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
+  echo
+} >> "$report"
+# shellcheck disable=SC2086  # $quick is a list of options
+if "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
+    --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
+    $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
+  sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
+else
+  echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
+  failed=1
+fi
+
+# The post-backward pipeline against the device's copy bandwidth.
+{
+  echo
+  echo "## Post-backward pipeline against the copy bandwidth (ampkit-bench-post-backward-device)"
+  echo
+  echo '```'
+} >> "$report"
+# shellcheck disable=SC2086
+if ! "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1; then
+  failed=1
+fi
+echo '```' >> "$report"
 cat "$report"
 exit $failed

@@ -7,7 +7,12 @@ fp16 loss scaling from 65536, clip_grad_norm_ at 1.0, AdamW):
             --scaler dynamic (fp16) | none (fp32, bf16) --metrics FILE; samples/s from the metrics'
             "time" field (end of each step) between the last warm-up step and the last step
   libtorch  build/bin/ampkit-bench-handwritten: the same workloads in a hand-written LibTorch loop
-  pytorch   tools/bench/torch_reference.py: the PyTorch 2.11 AMP recipe in python
+  pytorch   tools/bench/torch_reference.py: the PyTorch 2.11 AMP recipe in python, with its fastest
+            optimizer, AdamW(fused=True) (--pytorch-adamw default: torch's default AdamW)
+
+With --device cuda both ampkit and pytorch train on the first GPU (autocast and GradScaler on CUDA,
+each step's time ends at a synchronisation); the hand-written loop is CPU-only and is left out.
+tools/gpu-check.sh runs this on a GPU machine for its throughput rows.
 
 With --ranks N (N > 1) the comparison is data-parallel on Gloo, N processes on this machine, the
 global batch of --batch-size samples split between them: ampkit-train --comm gloo against PyTorch
@@ -24,7 +29,7 @@ ampkit/pytorch as the throughput ratio (target >= 1).
 
     tools/bench/throughput_comparison.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
         [--precisions fp32,bf16,fp16] [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0]
-        [--repeats 1] [--ranks 1] [--csv throughput.csv]
+        [--repeats 1] [--ranks 1] [--device cpu] [--pytorch-adamw fused] [--csv throughput.csv]
 """
 import argparse
 import csv
@@ -141,7 +146,7 @@ def run_way(way, args, preset, precision, tmp):
     """One run of one way; returns a dict with samples_per_second, step_ms, parameters, peak_rss_mb or error."""
     p = PRESETS[preset]
     common = ["--workload", p["workload"], *p["args"], "--precision", precision, "--batch-size", str(args.batch_size),
-              "--seed", str(args.seed)]
+              "--seed", str(args.seed), "--device", args.device]
     if args.threads > 0:
         common += ["--threads", str(args.threads)]
     metrics = os.path.join(tmp, "metrics.jsonl")
@@ -165,7 +170,7 @@ def run_way(way, args, preset, precision, tmp):
         cmd = [args.handwritten, *common, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     else:
         cmd = [*(launcher or [sys.executable]), os.path.join(HERE, "torch_reference.py"), *common, "--steps", str(args.steps),
-               "--warmup", str(args.warmup)]
+               "--warmup", str(args.warmup), "--adamw", args.pytorch_adamw]
     env = None
     if way == "libtorch" and args.libtorch_malloc == "ampkit":
         env = {"GLIBC_TUNABLES": AMPKIT_MALLOC_TUNABLES}
@@ -240,6 +245,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="initialisation and data")
     ap.add_argument("--ranks", type=int, default=1,
                     help="processes; > 1 compares ampkit (gloo plugin) with PyTorch DDP (gloo), started by torchrun")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where ampkit and pytorch train; cuda leaves the CPU-only hand-written loop out")
+    ap.add_argument("--pytorch-adamw", choices=("fused", "default"), default="fused",
+                    help="the pytorch way's optimizer: AdamW(fused=True), its fastest, or torch's default AdamW")
     ap.add_argument("--timeout", type=float, default=0, help="seconds before one run is killed; 0: none")
     ap.add_argument("--ampkit-extra", default="", metavar="OPTIONS",
                     help="more ampkit-train options for the ampkit way, e.g. '--layer-norms-top-k 0'")
@@ -259,6 +268,11 @@ def main():
     if args.ranks < 1 or args.batch_size % args.ranks:
         fail(f"--ranks must be >= 1 and divide --batch-size {args.batch_size}")
     args.torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if args.device == "cuda":
+        if args.ranks > 1:
+            fail("--device cuda compares one process (multi-GPU data parallelism is not measured here)")
+        if "libtorch" in ways:
+            ways.remove("libtorch")  # the hand-written loop runs on the CPU only
     if args.ranks > 1:
         if "libtorch" in ways:
             ways.remove("libtorch")  # no data-parallel hand-written loop
@@ -326,7 +340,7 @@ def main():
     threads = args.threads if args.threads > 0 else "library default"
     print(f"\n{cpu_description()}, {os.cpu_count()} logical CPUs; "
           f"{args.steps} timed steps after {args.warmup} warm-up, global batch {args.batch_size} on {args.ranks} "
-          f"rank(s), threads {threads}, "
+          f"rank(s), threads {threads}, device {args.device}, pytorch AdamW {args.pytorch_adamw}, "
           f"libtorch malloc: {args.libtorch_malloc}, "
           f"step time: {'median step' if args.statistic == 'median-step' else 'total / steps'} of each run, "
           f"median of {args.repeats} run(s); 1-minute load average {load_before:.2f} before, "

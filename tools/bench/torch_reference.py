@@ -7,7 +7,8 @@ recipe prescribes, and nothing else:
     -> scaler.unscale_(opt) -> clip_grad_norm_(params, 1.0) -> scaler.step(opt) -> scaler.update()
     -> opt.zero_grad(set_to_none=True)
 
-AdamW(lr, weight_decay=0.01); the GradScaler is enabled only for fp16 (init_scale 65536,
+AdamW(lr, weight_decay=0.01, fused=True) — PyTorch's fastest AdamW and the recipe to beat
+(`--adamw default` gives torch's default implementation, foreach); the GradScaler is enabled only for fp16 (init_scale 65536,
 GradScaler's defaults otherwise); fp32 runs without autocast. Data are made exactly as
 ampkit-train makes them (same generator seeds for the synthetic batches, the Fashion-MNIST
 shuffles and the char-gpt windows). Prints one JSON line timing the steps after the warm-up:
@@ -19,7 +20,12 @@ rank takes its contiguous slice of the global batch of --batch-size samples (ran
 
     torchrun --nproc-per-node 2 tools/bench/torch_reference.py --threads 1 ...
 
+With --device cuda the model, the autocast region and the GradScaler are CUDA's; batches are made
+on the host as on the CPU and copied like ampkit-train copies them (pinned, non-blocking), and each
+timed step ends with torch.cuda.synchronize() so that its time is the device's.
+
     tools/bench/torch_reference.py [--workload synthetic|fashion-mnist|char-gpt] [--precision fp32|bf16|fp16]
+                                   [--device cpu|cuda] [--adamw fused|default]
                                    [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0] ...
 """
 import argparse
@@ -36,6 +42,14 @@ WAY = "pytorch"
 PROG = "torch_reference"
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+DEVICE = None  # torch.device of --device (main() sets it); None: the CPU
+
+
+def to_device(*tensors):
+    """Batches reach a GPU as ampkit-train's do: pinned host memory, a non-blocking copy."""
+    if DEVICE is not None and DEVICE.type != "cpu":
+        tensors = tuple(t.pin_memory().to(DEVICE, non_blocking=True) for t in tensors)
+    return tensors if len(tensors) > 1 else tensors[0]
 
 
 def shard(*tensors):
@@ -99,7 +113,7 @@ class Synthetic:
         x = torch.randn(self.a.batch_size, self.a.synthetic_inputs, generator=gen)
         with torch.autocast("cpu", enabled=False):  # labels are data: fp32 whatever the precision
             y = (x @ self.teacher).argmax(1)
-        x, y = shard(x, y)
+        x, y = to_device(*shard(x, y))
         return F.cross_entropy(self.model(x).float(), y)
 
 
@@ -165,7 +179,8 @@ class FashionMnist:
 
     def loss(self, index):
         idx = shard(self.order[index * self.a.batch_size:(index + 1) * self.a.batch_size])
-        return F.cross_entropy(self.model(self.x.index_select(0, idx)).float(), self.y.index_select(0, idx))
+        x, y = to_device(self.x.index_select(0, idx), self.y.index_select(0, idx))
+        return F.cross_entropy(self.model(x).float(), y)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +260,7 @@ class CharGpt:
         gen = torch.Generator().manual_seed((a.seed * 7919 + self.epoch * 1000003 + index) % 2**64)
         offsets = shard(torch.randint(len(self.train) - a.gpt_context - 1, (a.batch_size,), generator=gen))
         w = self.train[offsets.unsqueeze(1) + self.span]
-        x, y = w[:, :a.gpt_context], w[:, 1:]
+        x, y = to_device(w[:, :a.gpt_context], w[:, 1:])
         return F.cross_entropy(self.model(x).float().view(-1, VOCAB), y.reshape(-1))
 
 
@@ -273,6 +288,9 @@ def parse_args(argv=None):
     ap.error = lambda message: fail(f"{message} (see --help)")  # one line, no usage block
     ap.add_argument("--workload", default="fashion-mnist", choices=sorted(WORKLOADS), help="as ampkit-train's")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="autocast precision")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model trains")
+    ap.add_argument("--adamw", default="fused", choices=["fused", "default"],
+                    help="AdamW(fused=True), PyTorch's fastest (the default), or torch's default implementation")
     ap.add_argument("--steps", type=positive, default=20, help="timed optimizer steps (after the warm-up)")
     ap.add_argument("--warmup", type=non_negative, default=3, help="untimed steps before the timed ones")
     ap.add_argument("--batch-size", type=positive, default=64, help="samples per step")
@@ -293,7 +311,13 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    global DEVICE
     a = parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda, but torch sees no CUDA device")
+    if a.device == "cuda" and WORLD > 1:
+        fail("--device cuda trains in one process (the data-parallel comparison is Gloo's, on the CPU)")
+    DEVICE = torch.device(a.device)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -304,18 +328,19 @@ def main(argv=None):
         from torch.nn.parallel import DistributedDataParallel
         dist.init_process_group("gloo")
     w = WORKLOADS[a.workload](a)
-    model = w.model
+    model = w.model.to(DEVICE)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     count = sum(p.numel() for p in params)
     if WORLD > 1:  # broadcasts rank 0's parameters; all-reduces gradients in buckets during backward
         model = DistributedDataParallel(model, bucket_cap_mb=25)
         w.model = model
-    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01, fused=a.adamw == "fused" or None)
     fp16 = a.precision == "fp16"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
     # A disabled GradScaler passes scale/unscale_/step/update through: one loop for all precisions.
-    scaler = torch.amp.GradScaler("cpu", init_scale=65536.0, enabled=fp16)
+    scaler = torch.amp.GradScaler(DEVICE.type, init_scale=65536.0, enabled=fp16)
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
 
     skipped = 0
     epoch = -1
@@ -328,7 +353,7 @@ def main(argv=None):
         if step // w.batches_per_epoch != epoch:
             epoch = step // w.batches_per_epoch
             w.start_epoch(epoch)
-        with torch.autocast(device_type="cpu", dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(device_type=DEVICE.type, dtype=dtype, enabled=dtype is not None):
             loss = w.loss(step % w.batches_per_epoch)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
@@ -341,6 +366,7 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         if step == 0:
             first_loss = loss.item()
+        sync()
         if step >= a.warmup:
             step_ms.append(1000.0 * (time.perf_counter() - step_start))
     seconds = time.perf_counter() - start
@@ -353,7 +379,7 @@ def main(argv=None):
         print(f"{PROG}: warning: the last loss is not finite", file=sys.stderr)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
     print(json.dumps({"way": WAY, "workload": a.workload, "precision": a.precision, "steps": a.steps,
-                      "world_size": WORLD, "seconds": round(seconds, 6), "samples_per_second": round(a.batch_size * a.steps / seconds, 3),
+                      "world_size": WORLD, "device": a.device, "adamw": a.adamw, "seconds": round(seconds, 6), "samples_per_second": round(a.batch_size * a.steps / seconds, 3),
                       "step_ms": round(1000.0 * seconds / a.steps, 4),
                       "median_step_ms": round(statistics.median(step_ms), 4), "parameters": count,
                       "peak_rss_mb": round(peak_mb, 1), "skipped_steps": skipped,

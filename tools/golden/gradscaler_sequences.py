@@ -13,6 +13,10 @@ torch._amp_update_scale_'s CPU kernel. Run from the repository root:
 
     python3 tools/golden/gradscaler_sequences.py            # rewrites tests/data/gradscaler_sequences.json
     python3 tools/golden/gradscaler_sequences.py --check    # exits 1 if the file would change
+
+On a GPU, `--device cuda --output FILE` records torch.amp.GradScaler("cuda") instead (its
+update is the CUDA kernel of _amp_update_scale_); tools/gpu-check.sh writes that file and runs
+tests/engine/test_on_device.cpp against it on CUDA tensors (AMPKIT_GRADSCALER_GOLDENS=FILE).
 """
 import argparse
 import json
@@ -27,12 +31,12 @@ OUTPUT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "g
 GRADSCALER_DEFAULTS = {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
-def run_gradscaler(options, steps, overflow_steps):
+def run_gradscaler(options, steps, overflow_steps, device="cpu"):
     """Runs GradScaler for `steps` optimizer steps; the steps in `overflow_steps` overflow."""
-    param = torch.nn.Parameter(torch.ones(4))
+    param = torch.nn.Parameter(torch.ones(4, device=device))
     # lr 0: the parameter never changes, only the scaler's state is of interest.
     optimizer = torch.optim.SGD([param], lr=0.0)
-    scaler = torch.amp.GradScaler("cpu", **options)
+    scaler = torch.amp.GradScaler(device, **options)
     found, used, after, tracker = [], [], [], []
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -89,10 +93,10 @@ PATTERNS = [
 ]
 
 
-def build():
+def build(device="cpu"):
     patterns = []
     for name, description, options, steps, overflow_steps, ampkit_options in PATTERNS:
-        found, used, after, tracker = run_gradscaler(options, steps, overflow_steps)
+        found, used, after, tracker = run_gradscaler(options, steps, overflow_steps, device)
         patterns.append({
             "name": name,
             "description": description,
@@ -106,7 +110,7 @@ def build():
         })
     return {
         "generator": "tools/golden/gradscaler_sequences.py",
-        "reference": "torch.amp.GradScaler('cpu') from pip torch " + torch.__version__.split("+")[0],
+        "reference": f"torch.amp.GradScaler('{device}') from pip torch " + torch.__version__.split("+")[0],
         "gradscaler_defaults": GRADSCALER_DEFAULTS,
         "patterns": patterns,
     }
@@ -131,17 +135,22 @@ def dump(data):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the file would change")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="GradScaler's device (default cpu)")
+    parser.add_argument("--output", default=OUTPUT, help="file to write (default tests/data/gradscaler_sequences.json)")
     args = parser.parse_args()
-    text = dump(build())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gradscaler_sequences.py: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    text = dump(build(args.device))
     if args.check:
-        with open(OUTPUT) as f:
+        with open(args.output) as f:
             if f.read() != text:
-                print("tests/data/gradscaler_sequences.json is out of date", file=sys.stderr)
+                print(f"{args.output} is out of date", file=sys.stderr)
                 return 1
         return 0
-    with open(OUTPUT, "w") as f:
+    with open(args.output, "w") as f:
         f.write(text)
-    print("wrote", os.path.normpath(OUTPUT))
+    print("wrote", os.path.normpath(args.output))
     return 0
 
 

@@ -1,0 +1,273 @@
+// The checks of tools/gpu-check.sh (issue 20) on the device AMPKIT_TEST_DEVICE names: "cpu" (the
+// default; the device statistics path forced on CPU tensors, so CI runs every check) or "cuda"
+// (the real device path; exits 77, which ctest reports as skipped, when no GPU is visible):
+//   - GradScaler parity through the Trainer: tests/data/gradscaler_sequences.json, or the file in
+//     AMPKIT_GRADSCALER_GOLDENS (gpu-check.sh writes one with torch.amp.GradScaler("cuda"));
+//   - the clippers on the device through the Trainer against tests/data/clipper_goldens.json;
+//   - exactly one counted host read per healthy step for the 16 scaler x NaN-policy pairs.
+#define BOOST_TEST_MODULE on_device
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ampkit/host_reads.h"
+#include "ampkit/trainer.h"
+#include "builtin_plugins.h"
+#include "tensor_compare.h"
+
+using namespace ampkit;
+using nlohmann::json;
+using Plugins = ampkit::test::BuiltinPlugins;
+
+namespace {
+
+std::string device_name() {
+  const char* v = std::getenv("AMPKIT_TEST_DEVICE");
+  return v && *v ? v : "cpu";
+}
+
+at::Device test_device() {
+  return device_name() == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+}
+
+// Before any test: an unknown device fails, a missing GPU skips the whole binary (exit 77).
+struct DeviceCheck {
+  DeviceCheck() {
+    const std::string d = device_name();
+    if (d != "cpu" && d != "cuda") {
+      std::printf("AMPKIT_TEST_DEVICE must be cpu or cuda, not '%s'\n", d.c_str());
+      std::exit(2);
+    }
+    if (d == "cuda" && !torch::cuda::is_available()) {
+      std::printf("skipped: AMPKIT_TEST_DEVICE=cuda but LibTorch sees no CUDA device\n");
+      std::fflush(stdout);
+      std::exit(77);
+    }
+    std::printf("device: %s\n", d.c_str());
+  }
+};
+BOOST_TEST_GLOBAL_FIXTURE(DeviceCheck);
+
+// The device path on every device: automatic on CUDA (asserted), forced on CPU tensors.
+void use_device_path(Trainer& trainer) {
+  if (test_device().is_cpu())
+    trainer.set_stats_path(Trainer::StatsPath::device);
+  else
+    BOOST_TEST_REQUIRE(trainer.uses_device_stats());
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return json::parse(in);
+}
+
+std::string text(double v) {
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.17g", v);
+  return buffer;
+}
+
+// SGD that records the gradients the optimizer is handed, on the host.
+class RecordingSGD : public torch::optim::SGD {
+ public:
+  using SGD::SGD;
+  std::vector<at::Tensor> seen;
+  at::Tensor step(LossClosure closure = nullptr) override {
+    seen.clear();
+    for (auto& group : param_groups())
+      for (auto& p : group.params()) seen.push_back(p.grad().to(at::kCPU, at::kDouble));
+    return SGD::step(closure);
+  }
+};
+
+}  // namespace
+
+// GradScaler's loss-scale sequences, with the overflow made where GradScaler's was: an inf written
+// into a gradient after backward (a tensor hook), the loss finite. The Trainer finds it on the
+// device, skips the step and updates the dynamic scaler; every scale and growth tracker must equal
+// the reference's.
+BOOST_AUTO_TEST_CASE(gradscaler_sequences_through_the_trainer) {
+  const char* override_path = std::getenv("AMPKIT_GRADSCALER_GOLDENS");
+  const std::string path = override_path && *override_path ? override_path
+                                                           : std::string(AMPKIT_TEST_SOURCE_DIR) +
+                                                                 "/tests/data/gradscaler_sequences.json";
+  const json g = read_json(path);
+  BOOST_TEST_MESSAGE("reference: " << g.at("reference").get<std::string>());
+  Plugins plugins;
+  size_t steps_checked = 0;
+  for (const auto& p : g.at("patterns")) {
+    std::map<std::string, std::string> options;
+    for (const auto& [k, v] : p.at("options").items())
+      options[k] = v.is_number_integer() ? std::to_string(v.get<int64_t>()) : text(v.get<double>());
+    for (const auto& [k, v] : p.at("ampkit_options").items()) options[k] = text(v.get<double>());
+    auto set = plugins.strategies({{"scaler", Plugins::choice("dynamic", options)}});
+    at::Tensor param = at::ones({4}, at::TensorOptions(test_device())).requires_grad_(true);
+    bool overflow = false;
+    param.register_hook([&overflow](const at::Tensor& grad) -> at::Tensor {
+      if (!overflow) return grad;
+      at::Tensor bad = grad.clone();
+      bad[1] = std::numeric_limits<float>::infinity();
+      return bad;
+    });
+    torch::optim::SGD opt({param}, torch::optim::SGDOptions(0.0));  // only the scaler matters
+    Trainer trainer(Precision::fp32, 1, {param}, {"p"}, opt, Plugins::of(*set), LrSchedule{});
+    use_device_path(trainer);
+    const auto& found = p.at("found_inf");
+    const size_t steps = p.at("steps").get<size_t>();
+    size_t t = 0;
+    for (; t < steps; ++t) {
+      overflow = found[t].get<int>() != 0;
+      const StepOutcome out = trainer.step([&](int) { return (param * 0.0).sum(); });
+      const bool ok =
+          out.stats.scale == p.at("scale")[t].get<double>() &&
+          out.scale_next == p.at("scale_next")[t].get<double>() &&
+          set->scaler().save().get<int64_t>("growth_tracker") == p.at("growth_tracker")[t].get<int64_t>() &&
+          out.stats.found_inf == overflow && out.stepped == !overflow;
+      if (!ok) {
+        BOOST_TEST_CONTEXT("pattern " << p.at("name").get<std::string>() << ", step " << t) {
+          BOOST_TEST(out.stats.scale == p.at("scale")[t].get<double>());
+          BOOST_TEST(out.scale_next == p.at("scale_next")[t].get<double>());
+          BOOST_TEST(out.stats.found_inf == overflow);
+          BOOST_TEST(out.stepped == !overflow);
+        }
+        break;
+      }
+    }
+    BOOST_TEST(t == steps);
+    steps_checked += t;
+  }
+  BOOST_TEST(steps_checked == 4100u + 24 + 40 + 200 + 14 + 8 + 6 + 60 + 80 + 30);
+}
+
+namespace {
+
+// The clipper goldens' parameters on the device, and a loss sum_i <p_i, G_i> whose gradient is
+// exactly G_i; a static scale of 65536 (a power of two) makes the scaled backward exact too.
+struct GoldenStep {
+  json g = read_json(std::string(AMPKIT_TEST_SOURCE_DIR) + "/tests/data/clipper_goldens.json");
+
+  std::vector<at::Tensor> tensors(const json& lists, at::ScalarType dtype, at::Device device) const {
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < g["shapes"].size(); ++i)
+      out.push_back(at::tensor(lists[i].get<std::vector<double>>(), at::kDouble)
+                        .reshape(g["shapes"][i].get<std::vector<int64_t>>())
+                        .to(device, dtype));
+    return out;
+  }
+
+  // One Trainer step with `clipper`: the gradients the optimizer got, on the host, in float64.
+  std::vector<at::Tensor> run(Plugins& plugins, const std::string& clipper,
+                              const std::map<std::string, std::string>& options, StepOutcome& out) const {
+    auto set = plugins.strategies({{"scaler", Plugins::choice("static", {{"scale", "65536"}})},
+                                   {"clipper", Plugins::choice(clipper, options)}});
+    std::vector<at::Tensor> params = tensors(g["params"], at::kFloat, test_device());
+    for (auto& p : params) p.requires_grad_(true);
+    const std::vector<at::Tensor> grads = tensors(g["grads"], at::kFloat, test_device());
+    std::vector<std::string> names;
+    for (size_t i = 0; i < params.size(); ++i) names.push_back("p" + std::to_string(i));
+    RecordingSGD opt(params, torch::optim::SGDOptions(1.0));
+    LrSchedule schedule;
+    schedule.base_lr = 1.0;
+    Trainer trainer(Precision::fp32, 1, params, names, opt, Plugins::of(*set), schedule);
+    use_device_path(trainer);
+    out = trainer.step([&](int) {
+      at::Tensor loss = at::zeros({}, at::TensorOptions(test_device()));
+      for (size_t i = 0; i < params.size(); ++i) loss = loss + (params[i] * grads[i]).sum();
+      return loss;
+    });
+    return opt.seen;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(clippers_on_the_device_equal_their_references) {
+  Plugins plugins;
+  const GoldenStep golden;
+  const json& g = golden.g;
+  struct Case {
+    std::string clipper;
+    std::map<std::string, std::string> options;
+    const json& expected;
+  };
+  const std::vector<Case> cases = {
+      {"norm", {{"max_norm", text(g["norm"][0]["max_norm"])}, {"norm_type", "2"}}, g["norm"][0]},
+      {"norm", {{"max_norm", text(g["norm"][2]["max_norm"])}, {"norm_type", "inf"}}, g["norm"][2]},
+      {"value", {{"clip_value", text(g["value"][0]["clip_value"])}}, g["value"][0]},
+      {"agc",
+       {{"clip_factor", text(g["agc"][0]["clip_factor"])}, {"eps", text(g["agc"][0]["eps"])}},
+       g["agc"][0]},
+  };
+  const double golden_norm = g["norm"][0]["total_norm"];
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.clipper << " " << c.options.begin()->first << "=" << c.options.begin()->second) {
+      StepOutcome out;
+      const std::vector<at::Tensor> seen = golden.run(plugins, c.clipper, c.options, out);
+      const std::vector<at::Tensor> expected = golden.tensors(c.expected["grads"], at::kDouble, at::kCPU);
+      BOOST_TEST(out.stepped);
+      BOOST_TEST(std::abs(out.stats.grad_norm - golden_norm) <= 1e-6 * golden_norm);
+      BOOST_TEST(out.clip_coefficient < 1.0);
+      const double error = ampkit::test::max_rel_error(seen, expected);
+      BOOST_TEST_MESSAGE(c.clipper << ": gradients' max relative error " << error);
+      BOOST_TEST(error <= 1e-6);
+    }
+  }
+}
+
+namespace {
+
+struct Tiny {
+  torch::nn::Linear layer{torch::nn::LinearOptions(8, 4)};
+  Tiny() { layer->to(test_device()); }
+  std::vector<at::Tensor> params() { return {layer->weight, layer->bias}; }
+};
+
+}  // namespace
+
+// The device path reads the host once per healthy step, whatever the scaler and NaN policy (the
+// statistics and the loss come in one copy), with a norm clipper active.
+BOOST_AUTO_TEST_CASE(one_counted_host_read_per_healthy_step) {
+  Plugins plugins;
+  int combinations = 0;
+  for (const std::string scaler : {"none", "static", "dynamic", "predictive"})
+    for (const std::string policy : {"skip", "backoff", "abort", "rollback"}) {
+      auto set = plugins.strategies({{"scaler", Plugins::choice(scaler)},
+                                     {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})},
+                                     {"nan_policy", Plugins::choice(policy)}});
+      at::manual_seed(0);
+      Tiny model;
+      torch::optim::SGD opt(model.params(), torch::optim::SGDOptions(0.1));
+      LrSchedule schedule;
+      schedule.base_lr = 0.1;
+      Trainer trainer(Precision::fp32, 3, model.params(), {"weight", "bias"}, opt, Plugins::of(*set),
+                      schedule);
+      use_device_path(trainer);
+      for (int64_t step = 0; step < 4; ++step) {
+        const int64_t before = host_reads();
+        const StepOutcome out = trainer.step([&](int micro) {
+          at::manual_seed(100 + step * 8 + micro);
+          return model.layer->forward(at::randn({16, 8}).to(test_device())).pow(2).mean();
+        });
+        BOOST_TEST_CONTEXT(scaler << " + " << policy << ", step " << step) {
+          BOOST_TEST(out.stepped);
+          BOOST_TEST(host_reads() - before == 1);
+        }
+      }
+      ++combinations;
+    }
+  BOOST_TEST(combinations == 16);
+}

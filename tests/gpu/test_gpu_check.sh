@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# tools/gpu-check.sh without a GPU (issue 20): every CUDA check skips cleanly, and the whole script
+# runs end to end on the CPU (--dry-run-on-cpu), so a GPU machine's rare time is not lost to a
+# broken script.   test_gpu_check.sh BUILD_DIR   (run from the source root)
+set -uo pipefail
+build=$1
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. No GPU: one line and exit 0, from the script, the device benchmark and the device test.
+out=$(CUDA_VISIBLE_DEVICES= bash tools/gpu-check.sh --build "$build") || fail "gpu-check.sh exited $? without a GPU"
+[ "$out" = "no GPU: nothing to check" ] || fail "gpu-check.sh printed '$out'"
+bash tools/gpu-check.sh --bogus 2>/dev/null
+[ $? = 2 ] || fail "a bad argument did not exit 2"
+out=$(CUDA_VISIBLE_DEVICES= "$build/bin/ampkit-bench-post-backward-device") || fail "the device benchmark exited $?"
+[ "$(echo "$out" | wc -l)" = 1 ] && [[ $out == "no GPU: nothing to measure"* ]] || fail "the device benchmark printed '$out'"
+CUDA_VISIBLE_DEVICES= AMPKIT_TEST_DEVICE=cuda AMPKIT_PLUGIN_PATH= "$build/tests/test_on_device" > /dev/null
+[ $? = 77 ] || fail "test_on_device on cuda without a GPU did not exit 77 (skipped)"
+
+# 2. The dry run: every section, every check passed, exit 0.
+report="$build/gpu-check-dry-run.md"
+rm -f "$report"
+bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" > "$build/gpu-check-dry-run.log" 2>&1 \
+  || { cat "$build/gpu-check-dry-run.log"; fail "the dry run exited $?"; }
+for section in "## NCCL" "## Training on cpu" "## Parity and host reads on cpu tensors" "## Throughput:" \
+               "## Post-backward pipeline"; do
+  grep -q "^$section" "$report" || fail "the report has no '$section' section"
+done
+! grep -q "FAILED" "$report" || fail "the dry run's report has a failure: $(grep -m1 FAILED "$report")"
+n=$(grep -c "| passed |" "$report")
+[ "$n" = 3 ] || fail "$n of the 3 parity and host-read checks passed"
+n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
+[ "$n" = 3 ] || fail "$n of the 3 training runs completed"
+grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
+grep -q "^copy: flat tensor copy_" "$report" || fail "no copy bandwidth row"
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 3 checks, 3 runs, 2 throughput rows"
