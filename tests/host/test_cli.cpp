@@ -375,7 +375,13 @@ BOOST_AUTO_TEST_CASE(a_full_disk_stops_the_run_with_exit_9_and_keeps_the_previou
   BOOST_TEST_INFO(r.output);
   BOOST_TEST(r.code == 9);
   BOOST_TEST(r.output.find("cannot write metrics file " + metrics.string() + " (disk full?)") != std::string::npos);
-  BOOST_TEST(lines(r.output) == 1u);
+  // In the instrumented build (tools/test.sh --instrumented) gcov's runtime hits the same limit
+  // writing its .gcda files at exit, one "libgcov profiling error:" line each: not ampkit's output.
+  std::string ours;
+  std::istringstream all(r.output);
+  for (std::string line; std::getline(all, line);)
+    if (line.rfind("libgcov profiling error:", 0) != 0) ours += line + "\n";
+  BOOST_TEST(lines(ours) == 1u);
   std::ifstream in(summary);
   std::string first;
   std::getline(in, first);

@@ -24,6 +24,9 @@ const std::string kUsage =
     exit_codes_help(
         {ExitCode::ok, ExitCode::internal, ExitCode::usage, ExitCode::plugin, ExitCode::check_failed}) +
     "\n";
+// What a usage error prints after its one error line: two lines in all (the fuzz-style CLI test,
+// tools/cli_fuzz.py, holds usage errors to at most three).
+const std::string kShortUsage = "usage: ampkit-plugins list|check [--json] | show NAME [--kind KIND] [--json] (--help for more)";
 
 ordered_json info_json(const PluginInfo& p) {
   ordered_json j;
@@ -251,7 +254,7 @@ int run(int argc, char** argv) {
     po::store(po::command_line_parser(argc, argv).options(o).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw Error(ErrorCategory::usage, std::string(e.what()) + "\n" + kUsage);
+    throw Error(ErrorCategory::usage, std::string(e.what()) + "\n" + kShortUsage);
   }
   if (vm.count("help")) {
     std::printf("%s\n%s", kUsage.c_str(),
@@ -263,7 +266,7 @@ int run(int argc, char** argv) {
                     .c_str());
     return 0;
   }
-  if (!vm.count("command")) throw Error(ErrorCategory::usage, "no command given\n" + kUsage);
+  if (!vm.count("command")) throw Error(ErrorCategory::usage, "no command given\n" + kShortUsage);
   const std::string command = vm["command"].as<std::string>();
   RegistryOptions ro;
   if (vm.count("plugin-dir"))
@@ -273,16 +276,16 @@ int run(int argc, char** argv) {
   const bool json = vm["json"].as<bool>();
   const std::string kind = vm["kind"].as<std::string>();
   if (command != "show" && vm.count("name"))
-    throw Error(ErrorCategory::usage, command + " takes no argument\n" + kUsage);
+    throw Error(ErrorCategory::usage, command + " takes no argument\n" + kShortUsage);
   if (command == "list") return list(registry, json);
   if (command == "check") return check(registry, json);
   if (command == "show") {
-    if (!vm.count("name")) throw Error(ErrorCategory::usage, "show needs a plugin NAME\n" + kUsage);
+    if (!vm.count("name")) throw Error(ErrorCategory::usage, "show needs a plugin NAME\n" + kShortUsage);
     return show(registry, vm["name"].as<std::string>(), kind, json);
   }
   const std::string hint = did_you_mean(command, {"list", "show", "check"});
   throw Error(ErrorCategory::usage,
-              "unknown command '" + command + "'" + (hint.empty() ? "" : "; " + hint) + "\n" + kUsage);
+              "unknown command '" + command + "'" + (hint.empty() ? "" : "; " + hint) + "\n" + kShortUsage);
 }
 
 }  // namespace

@@ -319,9 +319,10 @@ c10::IValue Machine::storage(const c10::IValue& pid) {
   const std::string record = "data/" + key;
   if (numel < 0 || !reader_.hasRecord(record)) bad("storage " + key + " is missing");
   auto [data, size] = reader_.getRecord(record);
+  // Sized from the record before allocating: a forged element count must not allocate.
+  if (size % c10::elementSize(dtype) != 0 || static_cast<uint64_t>(numel) != size / c10::elementSize(dtype))
+    bad("storage " + key + " has " + std::to_string(size) + " bytes for " + std::to_string(numel) + " elements");
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
-  if (size != static_cast<size_t>(t.nbytes()))
-    bad("storage " + key + " has " + std::to_string(size) + " bytes");
   if (size > 0) std::memcpy(t.data_ptr(), data.get(), size);
   storages_[key] = t;
   return t;
