@@ -46,7 +46,7 @@ for t in "${targets[@]}"; do
   seeds="tests/fuzz/corpus/$t"
   n=$(find "$seeds" -type f | wc -l)
   # Replay: every seed once (a fixed crash stays fixed).
-  if ! "$bin" -rss_limit_mb=2048 -timeout=10 $(find "$seeds" -type f | sort) > "$BUILD_DIR/fuzz-$t-replay.log" 2>&1; then
+  if ! timeout 600 "$bin" -rss_limit_mb=2048 -timeout=10 $(find "$seeds" -type f | sort) > "$BUILD_DIR/fuzz-$t-replay.log" 2>&1; then
     echo "fuzz $t: FAILED replaying its $n seed(s):"
     grep -m5 -E "ERROR|error|Exception|==" "$BUILD_DIR/fuzz-$t-replay.log" | sed 's/^/  /'
     failed+=("$t")
@@ -57,7 +57,8 @@ for t in "${targets[@]}"; do
     continue
   fi
   mkdir -p "$BUILD_DIR/corpus/$t"
-  if "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+  # The outer timeout bounds libFuzzer's own out-of-memory report, which can take minutes.
+  if timeout $((seconds + 180)) "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
       -artifact_prefix="$BUILD_DIR/crashes/$t-" "$BUILD_DIR/corpus/$t" "$seeds" > "$BUILD_DIR/fuzz-$t.log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$BUILD_DIR/fuzz-$t.log")
     echo "fuzz $t: $n seed(s) replayed; ${runs:-?} inputs in ${seconds} s, no crash"

@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (const auto v = ampkit::launcher_value(option, lookup))
         (void)ampkit::parse_option_value(option, v->first, v->second);
     });
-  for (const auto& [name, value] : env)
-    ampkit::fuzz::refuse_only_with_error([&] { (void)ampkit::first_slurm_host(value); });
+  for (const auto& entry : env)
+    ampkit::fuzz::refuse_only_with_error([&] { (void)ampkit::first_slurm_host(entry.second); });
   return 0;
 }

@@ -2,7 +2,6 @@
 // the YAML file and the launchers' environment, on Boost.Program_options and yaml-cpp.
 #include "config/train_config.h"
 
-#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <ampkit/kinds.h>
@@ -16,6 +15,7 @@
 #include "ampkit/error.h"
 #include "ampkit/utf8.h"
 #include "config/option_table.h"
+#include "config/yaml_file.h"
 
 namespace po = boost::program_options;
 
@@ -104,31 +104,8 @@ void yaml_words(const HostOption& option, const YAML::Node& value, const std::st
   }
 }
 
-// The one YAML document of a regular file (a FIFO would block, a folder is no file).
-YAML::Node load_yaml(const std::string& file) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(file, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory)
-    throw Error(ErrorCategory::usage, "config file " + file + " cannot be read: " + ec.message());
-  if (ec || !std::filesystem::exists(status)) throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
-  if (!std::filesystem::is_regular_file(status))
-    throw Error(ErrorCategory::usage, "config file " + file + " is not a regular file");
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAllFromFile(file);
-  } catch (const YAML::DeepRecursion&) {
-    throw Error(ErrorCategory::usage, "config file " + file + " is nested too deeply to be a configuration");
-  } catch (const YAML::Exception& e) {
-    throw Error(ErrorCategory::usage, "config file " + file + " is not valid YAML: " + e.what());
-  }
-  if (documents.size() > 1)
-    throw Error(ErrorCategory::usage, "config file " + file + " holds " + std::to_string(documents.size()) +
-                                          " YAML documents; give one (its '---' separators split them)");
-  return documents.empty() ? YAML::Node() : documents.front();
-}
-
 std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
-  const YAML::Node root = load_yaml(file);
+  const YAML::Node root = load_config_yaml(file);
   if (root.IsNull()) return {};
   if (!root.IsMap()) throw Error(ErrorCategory::usage, "config file " + file + " must be a mapping of option: value");
   std::vector<std::string> words;
