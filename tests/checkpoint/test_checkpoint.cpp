@@ -1,6 +1,8 @@
 // Checkpoints as a user relies on them: bit-exact resume, corruption and incompatibility caught
 // with exit 6 and the file or parameter named, SIGTERM writes a checkpoint and exits 130.
 #define BOOST_TEST_MODULE checkpoint
+#include <unistd.h>
+
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cmath>
@@ -134,6 +136,40 @@ BOOST_AUTO_TEST_CASE(checkpoint_folder_layout_and_keep) {
   // `sha256sum -c manifest.sha256` works from the shell.
   Result sum = run("cd " + (dir / "step-25").string() + " && sha256sum -c manifest.sha256");
   BOOST_TEST(sum.code == 0, sum.output);
+}
+
+// An old checkpoint that cannot be deleted (issue 21: it was left as .old-step-N-PID without a
+// word) is named in a warning; the run goes on and `latest` is the new one. Root ignores file
+// modes, so root makes a file immutable (chattr +i); others make the folder read-only.
+BOOST_AUTO_TEST_CASE(an_undeletable_old_checkpoint_is_named_in_a_warning) {
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ckpt";
+  const std::string common = tiny + " --checkpoint-every 5 --keep-checkpoints 1 --checkpoint-dir " + dir.string();
+  Result first = run(common + " --steps 5");
+  BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
+  const fs::path pinned = dir / "step-5" / "model.pt";
+  const bool root = ::geteuid() == 0;
+  const std::string lock = root ? "chattr +i " + pinned.string() : "chmod 0555 " + (dir / "step-5").string();
+  if (run(lock).code != 0) {
+    BOOST_TEST_MESSAGE("cannot make a file undeletable here (" + lock + " failed): nothing to check");
+    return;
+  }
+  Result second = run(common + " --steps 10 --resume auto");
+  std::string aside;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(".old-step-5-", 0) == 0) aside = e.path().string();
+  // Unlock first, so that the folder can be removed whatever the checks say.
+  if (!aside.empty()) run(root ? "chattr -i " + aside + "/model.pt" : "chmod 0755 " + aside);
+  BOOST_TEST(second.code == 0, second.output);
+  BOOST_TEST_REQUIRE(!aside.empty());
+  BOOST_TEST(second.output.find("ampkit-train: warning: could not delete the old checkpoint " +
+                                (dir / "step-5").string() + " (left as " + aside + "): ") != std::string::npos,
+             second.output);
+  BOOST_TEST(second.output.find("; delete it by hand") != std::string::npos);
+  std::ifstream latest(dir / "latest");
+  std::string line;
+  std::getline(latest, line);
+  BOOST_TEST(line == "step-10");
 }
 
 BOOST_AUTO_TEST_CASE(a_flipped_byte_in_any_file_is_an_error_naming_that_file) {

@@ -7,7 +7,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<ampkit::Fault> faults;
   for (const std::string& spec : ampkit::fuzz::lines(data, size))
     ampkit::fuzz::refuse_only_with_error([&] { faults.push_back(ampkit::parse_fault(spec)); });
-  ampkit::fuzz::refuse_only_with_error(
-      [&] { ampkit::validate_faults(faults, {"layers.0", "layers.1", "head"}, /*world_size=*/2); });
+  ampkit::fuzz::refuse_only_with_error([&] {
+    ampkit::validate_faults(faults, {"layers.0", "layers.1", "head"}, /*world_size=*/2);
+  });
   return 0;
 }

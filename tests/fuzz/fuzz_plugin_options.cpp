@@ -11,19 +11,30 @@ namespace {
 
 const ampkit_option_spec kSpecs[] = {
     {"flag", AMPKIT_OPTION_BOOL, 0, "false", 0, 0, nullptr, "a bool"},
-    {"count", AMPKIT_OPTION_INT, AMPKIT_OPTION_HAS_MIN | AMPKIT_OPTION_HAS_MAX, "10", 0, 1e6, nullptr, "an int"},
-    {"ratio", AMPKIT_OPTION_FLOAT, AMPKIT_OPTION_HAS_MIN | AMPKIT_OPTION_MIN_EXCLUSIVE | AMPKIT_OPTION_HAS_MAX, "0.5",
-     0, 1, nullptr, "a float in (0, 1]"},
-    {"scale", AMPKIT_OPTION_FLOAT, AMPKIT_OPTION_PER_PRECISION | AMPKIT_OPTION_HAS_MIN, "fp16=1;bf16=5;fp32=10", 0,
-     0, nullptr, "a per-precision float"},
+    {"count", AMPKIT_OPTION_INT, AMPKIT_OPTION_HAS_MIN | AMPKIT_OPTION_HAS_MAX, "10", 0, 1e6, nullptr,
+     "an int"},
+    {"ratio", AMPKIT_OPTION_FLOAT,
+     AMPKIT_OPTION_HAS_MIN | AMPKIT_OPTION_MIN_EXCLUSIVE | AMPKIT_OPTION_HAS_MAX, "0.5", 0, 1, nullptr,
+     "a float in (0, 1]"},
+    {"scale", AMPKIT_OPTION_FLOAT, AMPKIT_OPTION_PER_PRECISION | AMPKIT_OPTION_HAS_MIN,
+     "fp16=1;bf16=5;fp32=10", 0, 0, nullptr, "a per-precision float"},
     {"label", AMPKIT_OPTION_STRING, 0, nullptr, 0, 0, nullptr, "an unset string"},
     {"mode", AMPKIT_OPTION_CHOICE, 0, "a", 0, 0, "a|b|inf", "a choice"},
     {"steps", AMPKIT_OPTION_INT, AMPKIT_OPTION_PER_PRECISION, "fp16=3", 0, 0, nullptr, "fp16 only"},
 };
 
-const ampkit_plugin_descriptor kDescriptor = {
-    AMPKIT_ABI_VERSION, sizeof(ampkit_plugin_descriptor), "scaler", "fuzz", "1.0", "fuzzed options", "", "", 1,
-    sizeof(kSpecs) / sizeof(kSpecs[0]), kSpecs, nullptr};
+const ampkit_plugin_descriptor kDescriptor = {AMPKIT_ABI_VERSION,
+                                              sizeof(ampkit_plugin_descriptor),
+                                              "scaler",
+                                              "fuzz",
+                                              "1.0",
+                                              "fuzzed options",
+                                              "",
+                                              "",
+                                              1,
+                                              sizeof(kSpecs) / sizeof(kSpecs[0]),
+                                              kSpecs,
+                                              nullptr};
 
 }  // namespace
 

@@ -422,6 +422,10 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
       {"--scaler " + broken + "/faults/libampkit-scaler-update_segv.so",
        "crashed (SIGSEGV, invalid memory access) in update(); the run stops"},
       {"--scaler " + broken + "/faults/libampkit-scaler-create_exit.so", "called exit() in its constructor"},
+      // _exit() runs no atexit hook: ampkit-train's own exported _exit reports it (main.cpp).
+      {"--scaler " + broken + "/faults/os_exit/libampkit-scaler-create_os_exit.so",
+       "scaler 'create_os_exit' 0.1.0 (" + broken +
+           "/faults/os_exit/libampkit-scaler-create_os_exit.so) called _exit() in its constructor; the run stops"},
       {"--plugin-timeout 1 --scaler " + broken + "/faults/hang/libampkit-scaler-create_hang.so",
        "did not return (time limit reached) in its constructor"},
       {"--plugin-dir " + broken + "/duplicate/first --plugin-dir " + broken +

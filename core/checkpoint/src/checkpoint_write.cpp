@@ -72,10 +72,21 @@ void write_files(const fs::path& tmp, CheckpointManifest manifest,
   fsync_folder(tmp);
 }
 
+// Deletes a checkpoint folder already renamed to `doomed`; a folder that will not go (a file in
+// it is immutable, a mount point, an I/O error) stays under that name, with a warning saying so.
+void delete_aside(const fs::path& original, const fs::path& doomed, std::vector<std::string>* warnings) {
+  std::error_code ec;
+  fs::remove_all(doomed, ec);
+  if (ec && warnings)
+    warnings->push_back("could not delete the old checkpoint " + original.string() + " (left as " + doomed.string() +
+                        "): " + ec.message() + "; delete it by hand");
+}
+
 // Puts the complete `tmp` in place as dir/name and points `latest` at it. A folder of the same
 // step (a run resumed and stopped again at once) is replaced, never merged: move it aside, put
 // the new one in place, then delete the old one.
-fs::path publish(const fs::path& dir, const fs::path& tmp, const std::string& name, const std::string& pid) {
+fs::path publish(const fs::path& dir, const fs::path& tmp, const std::string& name, const std::string& pid,
+                 std::vector<std::string>* warnings) {
   std::error_code ec;
   const fs::path final_path = dir / name;
   fs::path aside;
@@ -86,7 +97,7 @@ fs::path publish(const fs::path& dir, const fs::path& tmp, const std::string& na
   }
   rename_or_fail(tmp, final_path);
   fsync_folder(dir);
-  if (!aside.empty()) fs::remove_all(aside, ec);
+  if (!aside.empty()) delete_aside(final_path, aside, warnings);
 
   const fs::path latest_tmp = dir / "latest.tmp";
   write_durable(latest_tmp, name + "\n");
@@ -97,14 +108,14 @@ fs::path publish(const fs::path& dir, const fs::path& tmp, const std::string& na
 
 // Older checkpoints go only once the new one is complete; each is renamed away first so a crash
 // mid-delete leaves a temporary, never a half-deleted `step-N`.
-void remove_oldest(const fs::path& dir, const fs::path& newest, int keep, const std::string& pid) {
-  std::error_code ec;
+void remove_oldest(const fs::path& dir, const fs::path& newest, int keep, const std::string& pid,
+                   std::vector<std::string>* warnings) {
   auto all = list_checkpoints(dir);
   const size_t excess = all.size() > static_cast<size_t>(keep) ? all.size() - static_cast<size_t>(keep) : 0;
   for (size_t i = 0; i < excess; ++i) {
     if (all[i].second == newest) continue;
     const fs::path doomed = dir / (".old-" + all[i].second.filename().string() + "-" + pid);
-    if (::rename(all[i].second.c_str(), doomed.c_str()) == 0) fs::remove_all(doomed, ec);
+    if (::rename(all[i].second.c_str(), doomed.c_str()) == 0) delete_aside(all[i].second, doomed, warnings);
   }
   remove_stale_temporaries(dir);
 }
@@ -124,7 +135,8 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 
 fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
                           const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                          torch::optim::Optimizer& optimizer, int keep, const std::vector<CheckpointFile>& extra) {
+                          torch::optim::Optimizer& optimizer, int keep, const std::vector<CheckpointFile>& extra,
+                          std::vector<std::string>* warnings) {
   if (keep < 1) fail("keep must be >= 1, got " + std::to_string(keep));
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -140,12 +152,12 @@ fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
   fs::path final_path;
   try {
     write_files(tmp, std::move(manifest), tensors, optimizer, extra);
-    final_path = publish(dir, tmp, name, pid);
+    final_path = publish(dir, tmp, name, pid, warnings);
   } catch (...) {
     fs::remove_all(tmp, ec);  // a failed write leaves nothing behind
     throw;
   }
-  remove_oldest(dir, final_path, keep, pid);
+  remove_oldest(dir, final_path, keep, pid, warnings);
   return final_path;
 }
 

@@ -321,7 +321,8 @@ c10::IValue Machine::storage(const c10::IValue& pid) {
   auto [data, size] = reader_.getRecord(record);
   // Sized from the record before allocating: a forged element count must not allocate.
   if (size % c10::elementSize(dtype) != 0 || static_cast<uint64_t>(numel) != size / c10::elementSize(dtype))
-    bad("storage " + key + " has " + std::to_string(size) + " bytes for " + std::to_string(numel) + " elements");
+    bad("storage " + key + " has " + std::to_string(size) + " bytes for " + std::to_string(numel) +
+        " elements");
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
   if (size > 0) std::memcpy(t.data_ptr(), data.get(), size);
   storages_[key] = t;

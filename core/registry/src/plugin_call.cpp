@@ -3,6 +3,7 @@
 #include "ampkit/plugin_call.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -69,19 +70,19 @@ extern "C" void on_fatal_signal(int sig) {
     return;
   }
   report(signal_text(sig));
-  ::_exit(g_exit_code);
+  end_process(g_exit_code);
 }
 
 extern "C" void on_alarm(int) {
   if (g_kind < 0) return;
   report("did not return (time limit reached)");
-  ::_exit(g_exit_code);
+  end_process(g_exit_code);
 }
 
 extern "C" void on_exit_call() {
   if (g_kind < 0) return;
   report("called exit()");
-  ::_exit(g_exit_code);
+  end_process(g_exit_code);
 }
 
 }  // namespace
@@ -107,6 +108,16 @@ void install_plugin_fault_reporter(const char* program, int exit_code) {
   ::sigemptyset(&alarm.sa_mask);
   ::sigaction(SIGALRM, &alarm, nullptr);
   std::atexit(on_exit_call);
+}
+
+int report_plugin_exit(int status) noexcept {
+  if (g_kind < 0 || !g_installed) return status;
+  report("called _exit()");
+  return g_exit_code;
+}
+
+void end_process(int status) noexcept {
+  for (;;) ::syscall(SYS_exit_group, status);
 }
 
 void name_plugin(const std::string& kind, const std::string& description) {

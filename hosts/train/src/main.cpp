@@ -58,6 +58,17 @@ int run(int argc, const char* const argv[]) {
 
 }  // namespace
 
+// _exit() and _Exit() end the process without atexit hooks, so a plugin calling them would end
+// the run with its own status and not a word. These definitions are exported from the
+// executable (-Wl,--export-dynamic-symbol, hosts/train/CMakeLists.txt), so a plugin's call binds
+// to them before libc's: inside a plugin call they report it and exit 3; otherwise they are libc's.
+extern "C" [[noreturn]] void _exit(int status) {
+  ampkit::end_process(ampkit::report_plugin_exit(status));
+}
+extern "C" [[noreturn]] void _Exit(int status) noexcept {
+  ampkit::end_process(ampkit::report_plugin_exit(status));
+}
+
 int main(int argc, char** argv) {
   using ampkit::ExitCode;
   using ampkit::train::g_comm;

@@ -1,6 +1,6 @@
 // Scalers that fail inside their own code, one per FAULTY_MODE (a compile definition): a crash in
-// the constructor, a crash in update() at the second step, exit(0) in the constructor, and a
-// constructor that never returns. The host must name the plugin and the call, exit 3, never die
+// the constructor, a crash in update() at the second step, exit(0) in the constructor, a
+// constructor that never returns, and _exit(0) in the constructor. The host must name the plugin and the call, exit 3, never die
 // silently or hang (plugin_call.h).
 #include <ampkit/scaler_plugin.h>
 
@@ -21,6 +21,8 @@ class FaultyScaler final : public ampkit::LossScaler {
     std::exit(0);
 #elif FAULTY_MODE == 4
     for (;;) ::pause();
+#elif FAULTY_MODE == 5
+    ::_exit(0);
 #endif
   }
   double scale() const override { return 1.0; }

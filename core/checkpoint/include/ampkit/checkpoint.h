@@ -67,7 +67,8 @@ struct LoadedCheckpoint {
 // Writes `step-<manifest.steps_attempted>` under `dir`: temp folder, fsync of every file and the
 // folder, rename, fsync of `dir`; then switches `latest` atomically and removes all but the
 // newest `keep` complete checkpoints (and temp folders of processes that no longer run).
-// Returns the new folder. Throws Error(checkpoint) naming the path on any I/O failure.
+// Returns the new folder. Throws Error(checkpoint) naming the path on any I/O failure. An old
+// checkpoint that cannot be deleted is left as .old-step-N-PID and named in `warnings`.
 struct CheckpointFile {
   std::string name;  // a plain file name inside the folder
   std::vector<char> bytes;
@@ -75,7 +76,8 @@ struct CheckpointFile {
 std::filesystem::path write_checkpoint(const std::filesystem::path& dir, CheckpointManifest manifest,
                                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                        torch::optim::Optimizer& optimizer, int keep,
-                                       const std::vector<CheckpointFile>& extra = {});
+                                       const std::vector<CheckpointFile>& extra = {},
+                                       std::vector<std::string>* warnings = nullptr);
 
 // Reads and verifies a checkpoint folder: manifest.sha256 against manifest.json, then the size
 // and SHA-256 of every file the manifest lists. Throws Error(checkpoint) naming the bad file.

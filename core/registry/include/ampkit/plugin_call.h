@@ -9,8 +9,9 @@
 //   * exit() called by the plugin is reported the same way (an atexit hook);
 //   * a call with a time limit that has not returned when it expires (SIGALRM) likewise.
 // Outside plugin calls the process keeps the default behaviour (a crash is a crash). The active
-// call costs two stores; the handlers use only async-signal-safe functions. _exit() called by a
-// plugin cannot be seen from inside the process.
+// call costs two stores; the handlers use only async-signal-safe functions. _exit() runs no atexit
+// hook: a host that wants it reported defines its own _exit/_Exit, exported so that a plugin's
+// call binds to it, and asks report_plugin_exit() first (ampkit-train: hosts/train/src/main.cpp).
 #pragma once
 
 #include <string>
@@ -20,6 +21,12 @@ namespace ampkit {
 // Installs the handlers (an alternate signal stack included); `program` starts the line
 // ("ampkit-train: error: ..."), `exit_code` ends the process. Idempotent.
 void install_plugin_fault_reporter(const char* program, int exit_code);
+// When a plugin call is active: writes "... called _exit() in <call>; the run stops" and returns
+// the host's exit code for plugin errors. Otherwise returns `status`. Async-signal-safe.
+int report_plugin_exit(int status) noexcept;
+// Ends the process at once with `status` (the exit_group system call, as libc's _exit does),
+// bypassing any _exit interposer.
+[[noreturn]] void end_process(int status) noexcept;
 // How reports name the plugin of `kind` from now on, e.g. "scaler 'dynamic' 0.1.0 (/x/libampkit-scaler-dynamic.so)".
 void name_plugin(const std::string& kind, const std::string& description);
 

@@ -32,9 +32,11 @@ class DocumentStarts final : public YAML::EventHandler {
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
   void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
   void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
   void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+  }
   void OnMapEnd() override {}
 };
 
@@ -46,7 +48,8 @@ size_t count_documents(const std::string& text, const std::string& file) {
   while (parser.HandleNextDocument(starts)) {
     const size_t n = starts.marks.size();
     if (n >= 2 && starts.marks[n - 1].pos == starts.marks[n - 2].pos)
-      throw Error(ErrorCategory::usage, "config file " + file + " is not valid YAML: unexpected character at line " +
+      throw Error(ErrorCategory::usage, "config file " + file +
+                                            " is not valid YAML: unexpected character at line " +
                                             std::to_string(starts.marks[n - 1].line + 1) + ", column " +
                                             std::to_string(starts.marks[n - 1].column + 1));
   }
@@ -60,7 +63,8 @@ YAML::Node load_config_yaml(const std::string& file) {
   const auto status = std::filesystem::status(file, ec);
   if (ec && ec != std::errc::no_such_file_or_directory)
     throw Error(ErrorCategory::usage, "config file " + file + " cannot be read: " + ec.message());
-  if (ec || !std::filesystem::exists(status)) throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
+  if (ec || !std::filesystem::exists(status))
+    throw Error(ErrorCategory::usage, "config file " + file + " does not exist");
   if (!std::filesystem::is_regular_file(status))
     throw Error(ErrorCategory::usage, "config file " + file + " is not a regular file");
   std::ifstream in(file, std::ios::binary);

@@ -127,9 +127,11 @@ void CheckpointKeeper::save() {
   run_.state.steps_discarded = t.steps_discarded();
   run_.state.rollbacks = t.rollbacks();
   m.host = run_.state;
+  std::vector<std::string> warnings;
   last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.module), run_.optimizer,
-                           run_.cfg.keep_checkpoints, pytorch_checkpoint_files(run_))
+                           run_.cfg.keep_checkpoints, pytorch_checkpoint_files(run_), &warnings)
               .string();
+  for (const auto& w : warnings) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
   last_saved_ = t.steps_attempted();
 }
 
