@@ -464,6 +464,37 @@ BOOST_AUTO_TEST_CASE(crash_in_static_initializer_is_reported_not_shared) {
   AMPKIT_CHECK_CONTAINS(again.message, "crashed while loading");
 }
 
+namespace {
+size_t open_descriptors() {
+  return static_cast<size_t>(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
+}
+}  // namespace
+
+// A refused plugin's file is closed again (it was kept open, pinned, for the life of the registry):
+// a refused compatibility check, a crash in the probe, and ampkit-plugins check's many refusals.
+BOOST_AUTO_TEST_CASE(refused_plugins_leave_no_file_open) {
+  const NoCoreDumps no_cores;
+  const DefaultCrashSignals default_signals;
+  Registry registry(only({broken("torch_mismatch"), broken("static_init_crash")}));
+  const ampkit::PluginInfo mismatch = registry.find("scaler", "torch_mismatch");
+  const ampkit::PluginInfo crash = registry.find("scaler", "static_init_crash");
+  const size_t before = open_descriptors();
+  for (int i = 0; i < 3; ++i) {
+    const Caught refused = catch_error([&] { registry.load(mismatch); });
+    AMPKIT_REQUIRE_ERROR(refused, ErrorCategory::plugin);
+    const Caught crashed = catch_error([&] { registry.load(crash); });
+    AMPKIT_REQUIRE_ERROR(crashed, ErrorCategory::plugin);
+    const Caught batch = catch_error([&] { registry.load_all({crash, mismatch}); });
+    AMPKIT_REQUIRE_ERROR(batch, ErrorCategory::plugin);
+  }
+  BOOST_TEST(open_descriptors() == before);
+  // A plugin that loads keeps its file open (the library is mapped from it): one more.
+  Registry good(only({kPluginDir}));
+  const size_t before_good = open_descriptors();
+  good.load(good.find("scaler", "static"));
+  BOOST_TEST(open_descriptors() == before_good + 1);
+}
+
 // ampkit-train loads its four plugins together: one probe child for all. A crash of the third
 // must name the third file, and nothing of the batch may be kept.
 BOOST_AUTO_TEST_CASE(load_all_probes_together_and_names_the_plugin_that_crashed) {

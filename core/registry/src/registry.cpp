@@ -278,7 +278,13 @@ PluginInfo Registry::pin(const PluginInfo& info) {
   const int fd = ::open(info.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " cannot be opened: " + std::strerror(errno));
-  pinned_fds_.push_back(fd);
+  // A file refused below is closed again; one fit to load stays open (pinned_fds_) until loaded.
+  struct CloseUnlessKept {
+    int fd;
+    ~CloseUnlessKept() {
+      if (fd >= 0) ::close(fd);
+    }
+  } guard{fd};
   const fs::path opened = "/proc/self/fd/" + std::to_string(fd);
   if (std::string warning = check_trusted(info.path, opened, options_.allow_untrusted); !warning.empty())
     warnings_.push_back(std::move(warning));
@@ -290,7 +296,21 @@ PluginInfo Registry::pin(const PluginInfo& info) {
   now.path = info.path;
   now.load_from = opened;
   check_compatible(now);
+  pinned_fds_.push_back(fd);
+  guard.fd = -1;
   return now;
+}
+
+// Closes the files pinned for plugins that did not get loaded (a failed probe or load).
+void Registry::release_unloaded(const std::vector<PluginInfo>& pinned) {
+  for (const auto& info : pinned) {
+    if (loaded_.count(load_key(info))) continue;
+    const int fd = std::atoi(info.load_from.filename().c_str());
+    const auto it = std::find(pinned_fds_.begin(), pinned_fds_.end(), fd);
+    if (it == pinned_fds_.end()) continue;
+    pinned_fds_.erase(it);
+    ::close(fd);
+  }
 }
 
 const LoadedPlugin& Registry::load(const PluginInfo& info) {
@@ -303,16 +323,26 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
   std::vector<const PluginInfo*> to_probe;
   std::vector<PluginInfo> pinned;
   pinned.reserve(infos.size());
-  for (const auto& info : infos) {
-    if (info.is_static || loaded_.count(load_key(info))) continue;
-    if (std::none_of(pinned.begin(), pinned.end(), [&](const PluginInfo& p) { return p.path == info.path; }))
-      pinned.push_back(pin(info));
+  try {
+    for (const auto& info : infos) {
+      if (info.is_static || loaded_.count(load_key(info))) continue;
+      if (std::none_of(pinned.begin(), pinned.end(), [&](const PluginInfo& p) { return p.path == info.path; }))
+        pinned.push_back(pin(info));
+    }
+    for (const auto& info : pinned) to_probe.push_back(&info);
+    if (options_.probe && !to_probe.empty()) {
+      const ProbeResult probe = probe_plugins(to_probe, /*create=*/false, options_.probe_timeout_seconds);
+      if (!probe.ok) throw Error(ErrorCategory::plugin, probe.message);
+    }
+    return load_pinned(infos, pinned);
+  } catch (...) {
+    release_unloaded(pinned);
+    throw;
   }
-  for (const auto& info : pinned) to_probe.push_back(&info);
-  if (options_.probe && !to_probe.empty()) {
-    const ProbeResult probe = probe_plugins(to_probe, /*create=*/false, options_.probe_timeout_seconds);
-    if (!probe.ok) throw Error(ErrorCategory::plugin, probe.message);
-  }
+}
+
+std::vector<const LoadedPlugin*> Registry::load_pinned(const std::vector<PluginInfo>& infos,
+                                                       const std::vector<PluginInfo>& pinned) {
   std::vector<const LoadedPlugin*> out;
   out.reserve(infos.size());
   for (const auto& info : infos) {

@@ -98,9 +98,14 @@ class Registry {
   RegistryOptions options_;
   std::vector<std::filesystem::path> search_path_;
   // Opens the file once; from then on it is judged, probed and loaded through that descriptor.
+  // A file refused is closed again.
   PluginInfo pin(const PluginInfo& info);
+  // Loads the pinned, probed files of load_all; closes those that were not loaded on failure.
+  std::vector<const LoadedPlugin*> load_pinned(const std::vector<PluginInfo>& infos,
+                                               const std::vector<PluginInfo>& pinned);
+  void release_unloaded(const std::vector<PluginInfo>& pinned);
   std::map<std::string, std::unique_ptr<LoadedPlugin>> loaded_;  // by path or static key
-  std::vector<int> pinned_fds_;  // kept open: the libraries stay loaded for the process's life
+  std::vector<int> pinned_fds_;  // of loaded plugins, kept open: the libraries stay loaded for the process's life
   std::vector<std::string> warnings_;
 };
 
