@@ -26,6 +26,7 @@
 #include "ampkit/host_reads.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "recording_sgd.h"
 #include "tensor_compare.h"
 
 using namespace ampkit;
@@ -81,18 +82,7 @@ std::string text(double v) {
   return buffer;
 }
 
-// SGD that records the gradients the optimizer is handed, on the host.
-class RecordingSGD : public torch::optim::SGD {
- public:
-  using SGD::SGD;
-  std::vector<at::Tensor> seen;
-  at::Tensor step(LossClosure closure = nullptr) override {
-    seen.clear();
-    for (auto& group : param_groups())
-      for (auto& p : group.params()) seen.push_back(p.grad().to(at::kCPU, at::kDouble));
-    return SGD::step(closure);
-  }
-};
+using ampkit::test::RecordingSGD;
 
 }  // namespace
 

@@ -6,13 +6,16 @@ set -uo pipefail
 build=$1
 fail() { echo "FAIL: $*"; exit 1; }
 
-# 1. No GPU: one line and exit 0, from the script, the device benchmark and the device test.
+# 1. No GPU: one line and exit 0, from the script, each benchmark and the device test.
 out=$(CUDA_VISIBLE_DEVICES= bash tools/gpu-check.sh --build "$build") || fail "gpu-check.sh exited $? without a GPU"
 [ "$out" = "no GPU: nothing to check" ] || fail "gpu-check.sh printed '$out'"
 bash tools/gpu-check.sh --bogus 2>/dev/null
 [ $? = 2 ] || fail "a bad argument did not exit 2"
 out=$(CUDA_VISIBLE_DEVICES= "$build/bin/ampkit-bench-post-backward-device") || fail "the device benchmark exited $?"
 [ "$(echo "$out" | wc -l)" = 1 ] && [[ $out == "no GPU: nothing to measure"* ]] || fail "the device benchmark printed '$out'"
+out=$(CUDA_VISIBLE_DEVICES= python3 tools/bench/throughput_comparison.py --build "$build" --device cuda) ||
+  fail "the CUDA throughput comparison exited $?"
+[ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the CUDA throughput comparison printed '$out'"
 CUDA_VISIBLE_DEVICES= AMPKIT_TEST_DEVICE=cuda AMPKIT_PLUGIN_PATH= "$build/tests/test_on_device" > /dev/null
 [ $? = 77 ] || fail "test_on_device on cuda without a GPU did not exit 77 (skipped)"
 

@@ -269,6 +269,11 @@ def main():
         fail(f"--ranks must be >= 1 and divide --batch-size {args.batch_size}")
     args.torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if args.device == "cuda":
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                               capture_output=True, text=True)
+        if probe.stdout.strip() != "True":
+            print("no GPU: nothing to measure (torch sees no CUDA device)")
+            return 0
         if args.ranks > 1:
             fail("--device cuda compares one process (multi-GPU data parallelism is not measured here)")
         if "libtorch" in ways:

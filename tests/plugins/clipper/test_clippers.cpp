@@ -18,6 +18,7 @@
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "recording_sgd.h"
 #include "tensor_compare.h"
 
 using namespace ampkit;
@@ -378,18 +379,7 @@ namespace {
 
 constexpr double kScale = 65536.0;
 
-// SGD that records the gradients the optimizer is handed: what clipping produced.
-class RecordingSGD : public torch::optim::SGD {
- public:
-  using SGD::SGD;
-  std::vector<at::Tensor> seen;
-  at::Tensor step(LossClosure closure = nullptr) override {
-    seen.clear();
-    for (auto& group : param_groups())
-      for (auto& p : group.params()) seen.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
-    return SGD::step(closure);
-  }
-};
+using ampkit::test::RecordingSGD;
 
 // The golden parameters, and a loss sum_i <p_i, G_i> whose gradient is exactly G_i: backward of
 // loss * 65536 gives 65536 * G_i exactly (a power of two), as a real scaled fp16 backward would.
