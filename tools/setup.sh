@@ -10,6 +10,7 @@ DEBIAN_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev libssl-dev
   dataset-fashion-mnist fortunes
   libgloo-dev  # gloo headers that the torch wheel leaves out; c10d/ProcessGroupGloo.hpp includes them
+  iproute2  # ip netns: tests/dist/test_two_nodes.sh runs two nodes in two network namespaces
 )
 
 say() { echo "[setup] $*"; }
