@@ -3,9 +3,14 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
+#include <c10/util/Logging.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -24,6 +29,44 @@ std::string first_line(const std::string& text) {
 
 std::string heartbeat_key(int rank) {
   return "ampkit/heartbeat/" + std::to_string(rank);
+}
+
+// c10d logs each failed store call and socket error as a warning with a C++ stack trace (a lost
+// rank 0 used to write 592 of them, 1 MB, to every survivor's stderr); what matters is in the one
+// line ampkit-train prints. Unless the user asked for LibTorch's log (TORCH_CPP_LOG_LEVEL), only
+// fatal messages are printed.
+void quiet_c10d_log() {
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr)
+    FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 3);
+}
+
+// torchrun's agent hosts the TCP store itself and tells its workers to use it
+// (TORCHELASTIC_USE_AGENT_STORE=True): then rank 0 is a client like the others.
+bool agent_serves_the_store(const DistributedConfig& config) {
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return config.store == "tcp" && agent != nullptr && std::string(agent) == "True";
+}
+
+std::string read_value(c10d::Store& store, const std::string& key) {
+  if (!store.check({key})) return "";
+  const auto v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+// Which ranks' heartbeats stand still over `wait`; throws when the store does not answer.
+std::vector<int> silent_ranks(c10d::Store& store, int rank, int world_size,
+                              std::chrono::duration<double> wait) {
+  std::vector<std::string> before(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r)
+    if (r != rank) before[static_cast<size_t>(r)] = read_value(store, heartbeat_key(r));
+  std::this_thread::sleep_for(wait);
+  std::vector<int> lost;
+  for (int r = 0; r < world_size; ++r) {
+    if (r == rank) continue;
+    const std::string now = read_value(store, heartbeat_key(r));
+    if (now.empty() || now == before[static_cast<size_t>(r)]) lost.push_back(r);
+  }
+  return lost;
 }
 
 }  // namespace
@@ -54,12 +97,23 @@ c10::intrusive_ptr<c10d::Store> C10dCommBackend::make_store() {
     return c10::make_intrusive<c10d::HashStore>();
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(config_.master_port);
-  options.isServer = config_.rank == 0;
+  options.isServer = config_.rank == 0 && !agent_store_;
   options.numWorkers = static_cast<std::size_t>(config_.world_size);
   options.waitWorkers = true;
-  options.timeout = timeout();
+  // A client's connect runs two rounds of its timeout (c10d's socket connect retries until the
+  // timeout, and TCPStore retries that once more): 2.2-2.4 x --dist-timeout against a port nobody
+  // serves. Half the timeout for the connect keeps the rendezvous within --dist-timeout; the full
+  // timeout applies to every store call after it.
+  options.timeout = options.isServer ? timeout() : timeout() / 2;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(config_.master_addr, options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(config_.master_addr, options);
+    store->setTimeout(timeout());
+    if (!agent_store_) return store;
+    // Under torchrun the agent serves the store on MASTER_PORT for every attempt; the workers'
+    // keys live under this attempt's prefix (torch.distributed's _create_c10d_store does the same).
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::string(attempt != nullptr ? attempt : "0"), store);
   } catch (const std::exception& e) {
     throw std::runtime_error("rendezvous at " + config_.master_addr + ":" +
                              std::to_string(config_.master_port) + " failed (rank " +
@@ -70,7 +124,9 @@ c10::intrusive_ptr<c10d::Store> C10dCommBackend::make_store() {
 
 void C10dCommBackend::init(const DistributedConfig& config) {
   if (group_) throw std::runtime_error("comm '" + name() + "' initialised twice");
+  quiet_c10d_log();
   config_ = config;
+  agent_store_ = agent_serves_the_store(config_);
   store_ = make_store();
   auto group_store = c10::make_intrusive<c10d::PrefixStore>("ampkit/pg/", store_);
   backend_ = make_backend(group_store, config_);
@@ -80,6 +136,11 @@ void C10dCommBackend::init(const DistributedConfig& config) {
   if (config_.world_size > 1) {
     c10::intrusive_ptr<c10d::Store> beat_store = store_->clone();
     beat_store->set(heartbeat_key(config_.rank), "0");
+    // The connection a diagnosis reads heartbeats on is made now, while the store answers: a
+    // clone made after a failure would reconnect to a dead store for the whole --dist-timeout.
+    probe_store_ = store_->clone();
+    probe_store_->setTimeout(
+        std::chrono::milliseconds(static_cast<int64_t>(1000 * (2 + 2 * heartbeat_seconds_))));
     heartbeat_ = std::thread([this, beat_store] { heartbeat_loop(beat_store); });
   }
 }
@@ -89,11 +150,15 @@ void C10dCommBackend::heartbeat_loop(c10::intrusive_ptr<c10d::Store> store) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, std::chrono::duration<double>(heartbeat_seconds_),
                          [this] { return stopping_; })) {
+    lock.unlock();  // a store call can take up to the timeout: never with the lock held
     try {
       store->set(heartbeat_key(config_.rank), std::to_string(++beat));
     } catch (const std::exception&) {
-      // The store's host (rank 0) is gone or finishing; the collectives report it, not this thread.
+      // The store's host (rank 0) is gone or finishing; the collectives report it, not this
+      // thread. A TCP store that failed once does not come back: no more beats (and no retries).
+      return;
     }
+    lock.lock();
   }
 }
 
@@ -155,42 +220,52 @@ void C10dCommBackend::barrier() {
 
 std::string C10dCommBackend::explain_failure(const std::string& what) {
   const std::string cause = first_line(what);
-  if (config_.world_size == 1) return cause;
+  if (config_.world_size == 1 || !probe_store_) return cause;
   const auto wait = std::chrono::duration<double>(2.5 * heartbeat_seconds_);
-  std::vector<std::string> lost;
-  try {
-    c10::intrusive_ptr<c10d::Store> store = store_->clone();
-    store->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(1000 * (2 + 2 * heartbeat_seconds_))));
-    std::vector<std::string> before(config_.world_size);
-    for (int r = 0; r < config_.world_size; ++r)
-      if (r != config_.rank && store->check({heartbeat_key(r)})) {
-        const auto v = store->get(heartbeat_key(r));
-        before[r].assign(v.begin(), v.end());
-      }
-    std::this_thread::sleep_for(wait);
-    for (int r = 0; r < config_.world_size; ++r) {
-      if (r == config_.rank) continue;
-      std::string now;
-      if (store->check({heartbeat_key(r)})) {
-        const auto v = store->get(heartbeat_key(r));
-        now.assign(v.begin(), v.end());
-      }
-      if (now.empty() || now == before[r]) lost.push_back(std::to_string(r));
+  // Diagnosing must never block on a dead or stopped store: it runs in a thread of its own, and
+  // after `wait` plus the probe's own timeout the answer is "the store stopped answering",
+  // whatever the store does (the process exits right after; the thread goes with it).
+  auto found = std::make_shared<std::promise<std::vector<int>>>();
+  std::future<std::vector<int>> lost_ranks = found->get_future();
+  std::thread([found, store = probe_store_, rank = config_.rank, world = config_.world_size, wait] {
+    try {
+      found->set_value(silent_ranks(*store, rank, world, wait));
+    } catch (...) {
+      found->set_exception(std::current_exception());
     }
-  } catch (const std::exception&) {
-    // The store lives in rank 0: unreachable store, lost rank 0.
+  }).detach();
+  const auto bound = wait + std::chrono::duration<double>(1 + heartbeat_seconds_);
+  std::vector<int> lost;
+  bool store_answered = lost_ranks.wait_for(bound) == std::future_status::ready;
+  if (store_answered) {
+    try {
+      lost = lost_ranks.get();
+    } catch (const std::exception&) {
+      store_answered = false;
+    }
+  }
+  const std::string where = config_.master_addr + ":" + std::to_string(config_.master_port);
+  if (!store_answered) {
+    if (config_.store.rfind("file:", 0) == 0)
+      return "the rendezvous store " + config_.store.substr(5) + " stopped answering; " + name() + ": " +
+             cause;
+    if (agent_store_)
+      return "the rendezvous store of torchrun's agent at " + where +
+             " stopped answering (the agent or its node " + "is gone); " + name() + ": " + cause;
     if (config_.rank != 0)
-      return "lost rank 0 (it hosts the rendezvous store at " + config_.master_addr + ":" +
-             std::to_string(config_.master_port) + ", which stopped answering); " + name() + ": " + cause;
+      return "lost rank 0 (it hosts the rendezvous store at " + where +
+             ", which stopped answering: killed, crashed, stopped or unreachable); " + name() + ": " + cause;
+    return "the rendezvous store this rank hosts at " + where + " stopped answering; " + name() + ": " +
+           cause;
   }
   // Rank 0 keeps serving the store a little longer, so the other survivors can diagnose too.
-  if (config_.rank == 0) std::this_thread::sleep_for(wait);
+  if (config_.rank == 0 && !agent_store_) std::this_thread::sleep_for(wait);
   if (lost.empty())
     return "a collective failed but every rank still sends heartbeats (a rank may be stuck in its own "
            "work, or the ranks disagree on the step); " +
            name() + ": " + cause;
   std::string ranks;
-  for (const auto& r : lost) ranks += (ranks.empty() ? "" : ", ") + r;
+  for (const int r : lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   char silent[32];
   std::snprintf(silent, sizeof silent, "%.1f", 2.5 * heartbeat_seconds_);
   return std::string(lost.size() == 1 ? "lost rank " : "lost ranks ") + ranks + " (no heartbeat for " +

@@ -50,6 +50,8 @@ class C10dCommBackend : public CommBackend {
   double heartbeat_seconds_;
   DistributedConfig config_;
   c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> probe_store_;  // a diagnosis's own connection (short timeout)
+  bool agent_store_ = false;                     // torchrun's agent serves the store, not rank 0
   c10::intrusive_ptr<c10d::Backend> backend_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::thread heartbeat_;

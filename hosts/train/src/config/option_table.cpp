@@ -313,20 +313,13 @@ std::vector<HostOption> job_layout_options() {
               dist_field(&DistributedConfig::master_port))
           .range(1, 65535)
           .from_environment({"MASTER_PORT"}),
+      integer("restart-count", "0",
+              "Distributed: restarts of the job so far (TORCHELASTIC_RESTART_COUNT, set by torchrun and ampkit-launch "
+              "--max-restarts); above 0 with --checkpoint-dir, --resume defaults to auto.",
+              field(&TrainConfig::restart_count))
+          .range(0, 1 << 20)
+          .from_environment({"TORCHELASTIC_RESTART_COUNT"}),
   };
-}
-
-// --device-ids: a comma list of CUDA device indices.
-void store_device_ids(TrainConfig& cfg, const OptionValue& v) {
-  static const HostOption device_id = integer("device-ids", nullptr, "", {}).range(0, 1 << 20);
-  const std::string& ids = v.text;
-  cfg.dist.device_ids.clear();
-  for (size_t at = 0; at < ids.size();) {
-    const size_t comma = std::min(ids.find(',', at), ids.size());
-    const OptionValue id = parse_option_value(device_id, ids.substr(at, comma - at), "command line");
-    cfg.dist.device_ids.push_back(static_cast<int>(id.integer));
-    at = comma + 1;
-  }
 }
 
 std::vector<HostOption> data_parallel_and_progress_options() {

@@ -91,6 +91,8 @@ using EnvironmentLookup = std::function<const char*(const char*)>;
 // and SLURM_NTASKS_PER_NODE's "2(x3)" gives 2.
 std::optional<std::pair<std::string, std::string>> launcher_value(const HostOption& option,
                                                                    const EnvironmentLookup& getenv);
+// --device-ids: a comma list of CUDA device indices, each checked as an integer in [0, 2^20].
+void store_device_ids(TrainConfig& cfg, const OptionValue& v);
 // "node[01-04,07],gpu3" -> "node01": the first host of a SLURM node list (rank 0's host).
 std::string first_slurm_host(const std::string& list);
 

@@ -147,4 +147,21 @@ std::optional<std::pair<std::string, std::string>> launcher_value(const HostOpti
   return std::nullopt;
 }
 
+void store_device_ids(TrainConfig& cfg, const OptionValue& v) {
+  static const HostOption device_id = [] {
+    HostOption o;
+    o.name = "device-ids";
+    o.type = OptionType::integer;
+    return o.range(0, 1 << 20);
+  }();
+  const std::string& ids = v.text;
+  cfg.dist.device_ids.clear();
+  for (size_t at = 0; at < ids.size();) {
+    const size_t comma = std::min(ids.find(',', at), ids.size());
+    const OptionValue id = parse_option_value(device_id, ids.substr(at, comma - at), "command line");
+    cfg.dist.device_ids.push_back(static_cast<int>(id.integer));
+    at = comma + 1;
+  }
+}
+
 }  // namespace ampkit

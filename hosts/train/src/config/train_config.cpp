@@ -277,6 +277,11 @@ void derive_defaults(TrainConfig& cfg) {
                             "default (world size " + std::to_string(d.world_size) + " on " + cfg.device + ")"};
   }
   d.backend = cfg.plugins["comm"];
+  // A restarted job (torchrun, ampkit-launch --max-restarts) continues from its newest checkpoint.
+  if (cfg.restart_count > 0 && cfg.resume.empty() && !cfg.checkpoint_dir.empty()) {
+    cfg.resume = "auto";
+    setting(cfg, "resume") = {"resume", "auto", "default (restart " + std::to_string(cfg.restart_count) + ")"};
+  }
   if (cfg.epochs == 0 && cfg.steps == 0) {
     cfg.epochs = 1;
     cfg.settings.push_back({"epochs", "1", "default"});

@@ -59,6 +59,7 @@ struct TrainConfig {
   int keep_checkpoints = 0;         // newest complete checkpoints kept
   std::string resume;               // empty | "auto" | a checkpoint folder
   bool weights_only = false;        // resume loads parameters only
+  int restart_count = 0;            // restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
   std::string init_from;            // a file python's torch.save wrote (state_dict or {model, ...})
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
   int64_t nan_locate = 0;           // bad steps the locator re-runs; 0: off

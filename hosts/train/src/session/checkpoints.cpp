@@ -29,6 +29,19 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
       if (r.kind == p.kind) saved = &r;
     if (saved == nullptr)
       throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
+    if (p.kind == "comm" && saved->name != info.name) {
+      // The comm's state is tiny, but a full resume needs a plugin that can load it; gloo runs
+      // with world size 1 too (issue 18: only --weights-only used to be suggested).
+      std::string ranks;
+      for (const auto& c : ckpt.manifest.config)
+        if (c.value("name", "") == "world-size") ranks = " by " + c.value("value", "?") + " ranks";
+      throw Error(
+          ErrorCategory::checkpoint,
+          where + " was written" + ranks + " with comm '" + saved->name + "', this run selects comm '" +
+              info.name + "'; add --comm " + saved->name +
+              " to resume everything (it runs with any world size, 1 included), or pass --weights-only "
+              "to load only the parameters");
+    }
     if (saved->name != info.name || saved->version != info.version)
       throw Error(ErrorCategory::checkpoint,
                   where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version +

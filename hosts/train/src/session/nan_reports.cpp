@@ -100,8 +100,8 @@ void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(i
   const std::filesystem::path file =
       dir / ("nan-report-step-" + std::to_string(o.stats.step) + "-rank-" + std::to_string(rank_) + ".json");
   write_json_file(file, report);
-  located_ = {
-      {"step", o.stats.step}, {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
+  located_ = {{"step", o.stats.step}, {"rank", rank_},      {"located", loc.found},
+              {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
   reports_.push_back(located_);
   const std::string where =
       loc.found ? (loc.module.empty()

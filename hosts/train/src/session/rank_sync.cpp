@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include "ampkit/error.h"
@@ -28,29 +30,77 @@ std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, 
   return out;
 }
 
+std::vector<std::string> gather_strings(CommBackend& comm, const std::string& local,
+                                        const at::Device& device) {
+  const int world = comm.world_size();
+  if (world == 1) return {local};
+  const std::vector<double> lengths = gather(comm, {static_cast<double>(local.size())}, device);
+  size_t longest = 0;
+  for (const double l : lengths) longest = std::max(longest, static_cast<size_t>(std::llround(l)));
+  if (longest == 0) return std::vector<std::string>(static_cast<size_t>(world));
+  std::vector<double> bytes(longest, 0.0);
+  for (size_t i = 0; i < local.size(); ++i) bytes[i] = static_cast<unsigned char>(local[i]);
+  const std::vector<double> all = gather(comm, bytes, device);
+  std::vector<std::string> out(static_cast<size_t>(world));
+  for (size_t r = 0; r < out.size(); ++r)
+    for (size_t i = 0; i < static_cast<size_t>(std::llround(lengths[r])); ++i)
+      out[r] += static_cast<char>(std::llround(all[r * longest + i]));
+  return out;
+}
+
+namespace {
+
+// "--lr (rank 0: 0.001, rank 1: 0.002)": rank 0's value and the first ranks that differ from it.
+std::string describe_difference(const std::string& name,
+                                const std::vector<std::map<std::string, std::string>>& ranks) {
+  auto value = [&](size_t r) {
+    const auto it = ranks[r].find(name);
+    return it == ranks[r].end() ? std::string("not set") : it->second;
+  };
+  std::string text = name + " (rank 0: " + value(0);
+  size_t shown = 0, more = 0;
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    if (value(r) == value(0)) continue;
+    if (shown++ < 3)
+      text += ", rank " + std::to_string(r) + ": " + value(r);
+    else
+      ++more;
+  }
+  return text + (more ? ", and " + std::to_string(more) + " more ranks" : "") + ")";
+}
+
+}  // namespace
+
 void check_same_settings(CommBackend& comm, const at::Device& device,
                          const std::vector<std::pair<std::string, std::string>>& settings) {
-  if (comm.world_size() == 1 || settings.empty()) return;
-  std::vector<double> hashes;
-  for (const auto& [name, value] : settings) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a; 24 bits survive the gather's mean exactly
-    for (const char c : name + "=" + value) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    hashes.push_back(static_cast<double>(h & 0xFFFFFFu));
+  if (comm.world_size() == 1) return;
+  // The settings themselves travel (a few KB once per run): a rank with another plugin has other
+  // option names, which a fixed-size exchange of hashes could not even line up.
+  std::string mine;
+  for (const auto& [name, value] : settings) mine += name + '\t' + value + '\n';
+  std::vector<std::map<std::string, std::string>> ranks;
+  std::vector<std::string> names;  // rank 0's order, then names only other ranks have
+  for (const std::string& text : gather_strings(comm, mine, device)) {
+    auto& m = ranks.emplace_back();
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      const size_t tab = line.find('\t');
+      const std::string name = line.substr(0, tab);
+      m[name] = tab == std::string::npos ? "" : line.substr(tab + 1);
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
   }
-  const std::vector<double> all = gather(comm, hashes, device);
-  const size_t n = settings.size();
-  std::string differing, mine;
-  for (size_t i = 0; i < n; ++i)
-    for (int r = 0; r < comm.world_size(); ++r)
-      if (std::llround(all[static_cast<size_t>(r) * n + i]) != std::llround(hashes[i])) {
-        differing += (differing.empty() ? "" : ", ") + settings[i].first;
-        mine += (mine.empty() ? "" : ", ") + settings[i].first + "=" + settings[i].second;
+  std::string differing;
+  for (const auto& name : names)
+    for (size_t r = 1; r < ranks.size(); ++r)
+      if (ranks[r].count(name) != ranks[0].count(name) ||
+          (ranks[0].count(name) && ranks[r].at(name) != ranks[0].at(name))) {
+        differing += (differing.empty() ? "" : ", ") + describe_difference(name, ranks);
         break;
       }
   if (!differing.empty())
-    throw Error(ErrorCategory::usage, "the ranks were started with different settings: " + differing +
-                                          " (this rank, " + std::to_string(comm.rank()) + ": " + mine +
-                                          "); start every rank with the same ones");
+    throw Error(ErrorCategory::distributed, "the ranks were started with different settings: " + differing +
+                                                "; start every rank with the same ones");
 }
 
 std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, int64_t step, double sps,
@@ -91,6 +141,15 @@ void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::j
   }
   summary["world_size"] = world;
   summary["param_sha256_ranks"] = hashes;
+  // Every rank's NaN locator reports (each tagged with its rank): the rank that located a fault
+  // is often not rank 0, which writes the summary.
+  nlohmann::json reports = nlohmann::json::array();
+  for (const std::string& text : gather_strings(comm, summary["nan_reports"].dump(), device))
+    for (const auto& report : nlohmann::json::parse(text)) reports.push_back(report);
+  std::stable_sort(reports.begin(), reports.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a.value("step", int64_t{0}) < b.value("step", int64_t{0});
+  });
+  summary["nan_reports"] = reports;
   summary["ranks_identical"] =
       std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; });
   summary["rank_samples_per_second"] =

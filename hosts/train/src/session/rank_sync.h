@@ -22,10 +22,15 @@ extern CommBackend* g_comm;
 // every rank fills its own slot of a zero tensor).
 std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device);
 
-// Settings every rank must share ("lr" -> "0.001", "scaler.growth_interval" -> "2000"): a rank
+// Each rank's `local` text, in rank order, on every rank (two gathers: lengths, then bytes).
+std::vector<std::string> gather_strings(CommBackend& comm, const std::string& local,
+                                        const at::Device& device);
+
+// Settings every rank must share ("--lr" -> "0.001", "scaler.growth_interval" -> "2000"): a rank
 // started with another --lr diverges for the whole run, another --steps hangs or aborts a
-// collective at the end. Each is compared across ranks as a 24-bit hash of its name and value;
-// a difference stops every rank with one usage error naming the settings and this rank's values.
+// collective at the end. Every rank's list is gathered right after the rendezvous; a difference
+// stops every rank with one line naming each setting with rank 0's value and the differing
+// ranks' values, exit 7 (a distributed error: each rank's own command line is valid).
 void check_same_settings(CommBackend& comm, const at::Device& device,
                          const std::vector<std::pair<std::string, std::string>>& settings);
 
@@ -37,7 +42,7 @@ std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, i
                                   int stop_signal, const StepOutcome& out, int& agreed_stop);
 
 // Every rank's parameter hash and samples/s into the summary, so one file shows that the replicas
-// stayed identical (a warning on stderr when they did not).
+// stayed identical (a warning on stderr when they did not), and every rank's NaN reports.
 void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::json& summary);
 
 }  // namespace ampkit::train

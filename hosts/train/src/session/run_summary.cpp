@@ -31,6 +31,7 @@ nlohmann::json Session::summary(double train_seconds) const {
   s["skipped_steps"] = t.steps_skipped();
   s["steps_discarded"] = t.steps_discarded();
   s["rollbacks"] = t.rollbacks();
+  s["restarts"] = cfg_.restart_count;  // by the launcher (--max-restarts), before this run
   s["aborted"] = !abort_reason_.empty();
   s["nan_reports"] = nan_reports_->reports();
   s["nan_events"] = state_.nan_events;

@@ -2,14 +2,20 @@
 // and Trainer, resume, data parallelism. Every input is checked before the rendezvous, so a bad
 // option fails each rank on its own instead of one rank leaving the others waiting.
 #include <ATen/Parallel.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,6 +43,42 @@ std::vector<std::string> hook_points(torch::nn::Module& module) {
   for (const auto& item : module.named_modules("", /*include_self=*/false))
     if (item.value()->children().empty()) out.push_back(item.key());
   return out;
+}
+
+// Rank 0 serves the TCP store on --master-port: a port another program holds is named now, in
+// one line, instead of failing at the rendezvous after the other ranks waited for it. Bound as
+// the store binds it (SO_REUSEADDR, every address), then released at once.
+void check_store_port_free(const DistributedConfig& d) {
+  if (d.world_size == 1 || d.rank != 0 || d.store != "tcp") return;
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");  // torchrun's agent serves it
+  if (agent != nullptr && std::string(agent) == "True") return;
+  const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool v6 = fd >= 0;
+  const int sock = v6 ? fd : ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return;  // no socket at all: the store's own error says more
+  const int on = 1;
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  int rc;
+  if (v6) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(d.master_port));
+    rc = ::bind(sock, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(d.master_port));
+    rc = ::bind(sock, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  const int error = errno;
+  ::close(sock);
+  if (rc != 0 && (error == EADDRINUSE || error == EACCES))
+    throw Error(ErrorCategory::usage, "--master-port " + std::to_string(d.master_port) + " on this node (rank 0 " +
+                                          "hosts the rendezvous store there) is " +
+                                          (error == EADDRINUSE ? "in use by another program" : "not allowed") +
+                                          "; pick a free port (ampkit-launch --master-port 0 picks one)");
 }
 
 }  // namespace
@@ -120,6 +162,7 @@ std::vector<std::pair<std::string, std::string>> Session::shared_settings() cons
 void Session::rendezvous() {
   CommBackend& comm = strategies_->comm();
   const std::string name = strategies_->selected("comm").plugin->info().name;
+  check_store_port_free(cfg_.dist);
   try {
     set_in_rendezvous(true);
     comm.init(cfg_.dist);
@@ -205,6 +248,9 @@ int Session::run() {
   build_trainer();  // 4
   const bool writes_checkpoints = !cfg_.checkpoint_dir.empty() && strategies_->comm().rank() == 0;
   resumed_from_ = resume(*parts_);  // 5
+  if (cfg_.restart_count > 0 && cfg_.checkpoint_dir.empty() && is_root_)
+    std::fprintf(stderr, "ampkit-train: warning: restart %d of the job without --checkpoint-dir: training starts "
+                 "again from step 0\n", cfg_.restart_count);
   if (!cfg_.init_from.empty() && resumed_from_.empty()) init_from_pytorch(*parts_);
   if (!cfg_.init_from.empty() && !resumed_from_.empty())
     std::fprintf(stderr, "ampkit-train: note: --init-from %s not used: resumed from a checkpoint\n",
