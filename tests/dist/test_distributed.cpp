@@ -321,9 +321,11 @@ BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_fir
 }
 
 BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
-  const Result r = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
-                       train + " " + mlp + " --steps 2 --inject nan@step=0,rank=7");
+  // --max-restarts does not restart a usage error: the same arguments would fail the same way.
+  const Result r = run(launch + " --nproc-per-node 2 --max-restarts 2 --master-port " + std::to_string(next_port()) +
+                       " -- " + train + " " + mlp + " --steps 2 --inject nan@step=0,rank=7");
   BOOST_TEST(r.code == 2, r.output);
+  BOOST_TEST(r.output.find("restart 1") == std::string::npos, r.output);
   // Both ranks reject the spec before the rendezvous; whichever exits first, the launcher names it.
   BOOST_TEST(r.output.find("] ampkit-train: error: --inject 'nan@step=0,rank=7': rank 7 does not exist") !=
                  std::string::npos,
@@ -332,6 +334,15 @@ BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
   BOOST_TEST(r.output.find("; stopping the other ranks (SIGTERM, SIGKILL after 30 s)") != std::string::npos, r.output);
   BOOST_TEST(r.output.find("still running") == std::string::npos, r.output);  // nobody was left waiting
   BOOST_TEST(r.output.find("ampkit-launch: rank ") != std::string::npos, r.output);
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-restarts -1 -- true", "--max-restarts must be in [0, 1000], got -1"},
+           {"--nnodes 2 --master-port 0 -- true",
+            "--master-port 0 picks a port on this node only; with --nnodes 2 give every node's launcher the same "
+            "free port"}}) {
+    const Result bad = run(launch + " " + args);
+    BOOST_TEST(bad.code == 2, bad.output);
+    BOOST_TEST(bad.output == "ampkit-launch: error: " + message + "\n", bad.output);
+  }
   const Result none = run(launch + " --nproc-per-node 2");
   BOOST_TEST(none.code == 2);
   BOOST_TEST(none.output.find("ampkit-launch: error: no program given") != std::string::npos, none.output);

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <limits>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -29,6 +30,7 @@
 #include "config/option_table.h"
 #include "config/train_config.h"
 #include "session/precision_checks.h"
+#include "session/rank_sync.h"
 #include "workloads/workload.h"
 
 #include <sys/stat.h>
@@ -614,6 +616,109 @@ BOOST_AUTO_TEST_CASE(a_cpu_batch_stays_where_it_is) {
   const at::Tensor y = train::to_device(x, at::Device(at::kCPU));
   BOOST_TEST(y.data_ptr() == x.data_ptr());
   BOOST_TEST(!y.is_pinned());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// Rank 0 of a 2-rank job whose peer is scripted: every gather (all_reduce_mean over a tensor in
+// which each rank fills its own slot) gets rank 1's slot from `peer(call, n)`. The rank agreement
+// checks are reached in-process this way; the CLI stops differing ranks earlier (issue 18).
+class ScriptedPeerComm final : public CommBackend {
+ public:
+  explicit ScriptedPeerComm(std::function<std::vector<double>(int call, size_t n)> peer) : peer_(std::move(peer)) {}
+  void init(const DistributedConfig&) override {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  void all_reduce_mean(std::vector<at::Tensor>& tensors) override {
+    at::Tensor& t = tensors.at(0);
+    const size_t n = static_cast<size_t>(t.numel() / 2);
+    const std::vector<double> theirs = peer_(calls_++, n);
+    for (size_t i = 0; i < n; ++i) t[static_cast<int64_t>(n + i)] = theirs.at(i);
+    t.div_(2.0);
+  }
+  void broadcast(std::vector<at::Tensor>&, int) override {}
+  void barrier() override {}
+  int calls() const { return calls_; }
+
+ private:
+  std::function<std::vector<double>(int, size_t)> peer_;
+  int calls_ = 0;
+};
+
+// The peer's side of gather_strings: its length, then its bytes padded to the longest.
+std::function<std::vector<double>(int, size_t)> peer_text(const std::string& text) {
+  return [text](int call, size_t n) {
+    if (call == 0) return std::vector<double>{static_cast<double>(text.size())};
+    std::vector<double> bytes(n, 0.0);
+    for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+    return bytes;
+  };
+}
+
+std::string settings_text(const std::vector<std::pair<std::string, std::string>>& settings) {
+  std::string text;
+  for (const auto& [name, value] : settings) text += name + '\t' + value + '\n';
+  return text;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(rank_agreement)
+
+BOOST_AUTO_TEST_CASE(strings_travel_whole_in_rank_order) {
+  ScriptedPeerComm comm(peer_text("a longer text from rank 1"));
+  const auto all = train::gather_strings(comm, "rank 0", at::Device(at::kCPU));
+  BOOST_REQUIRE_EQUAL(all.size(), 2u);
+  BOOST_TEST(all[0] == "rank 0");
+  BOOST_TEST(all[1] == "a longer text from rank 1");
+  BOOST_TEST(comm.calls() == 2);  // lengths, then bytes
+}
+
+BOOST_AUTO_TEST_CASE(different_settings_are_named_with_each_ranks_value) {
+  const std::vector<std::pair<std::string, std::string>> mine = {
+      {"--steps", "3"}, {"--lr", "0.001"}, {"--clipper", "norm"}, {"clipper.max_norm", "10"}};
+  {
+    ScriptedPeerComm same(peer_text(settings_text(mine)));
+    BOOST_CHECK_NO_THROW(train::check_same_settings(same, at::Device(at::kCPU), mine));
+  }
+  ScriptedPeerComm other(peer_text(settings_text(
+      {{"--steps", "3"}, {"--lr", "0.002"}, {"--clipper", "value"}, {"clipper.clip_value", "1"}})));
+  try {
+    train::check_same_settings(other, at::Device(at::kCPU), mine);
+    BOOST_FAIL("no error");
+  } catch (const Error& e) {
+    BOOST_TEST(static_cast<int>(e.category()) == static_cast<int>(ErrorCategory::distributed));
+    BOOST_TEST(std::string(e.what()) ==
+               "the ranks were started with different settings: --lr (rank 0: 0.001, rank 1: 0.002), --clipper "
+               "(rank 0: norm, rank 1: value), clipper.max_norm (rank 0: 10, rank 1: not set), clipper.clip_value "
+               "(rank 0: not set, rank 1: 1); start every rank with the same ones");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_different_decision_or_scale_stops_the_job_and_a_stop_signal_travels) {
+  StepOutcome out;
+  out.decision.action = NanAction::skip;
+  out.scale_next = 256;
+  int stop = 0;
+  // The peer's slot: samples/s share, stop signal, decision, next scale.
+  ScriptedPeerComm agree([](int, size_t) { return std::vector<double>{50, 15, 1, 256}; });
+  const auto sps = train::agree_on_step(agree, at::Device(at::kCPU), 7, 100, 0, out, stop);
+  BOOST_TEST(stop == 15);  // SIGTERM on rank 1 stops rank 0 after the same step
+  BOOST_REQUIRE_EQUAL(sps.size(), 2u);
+  BOOST_TEST(sps[0] == 50.0);
+  BOOST_TEST(sps[1] == 50.0);
+  ScriptedPeerComm differ([](int, size_t) { return std::vector<double>{50, 0, 0, 128}; });
+  try {
+    train::agree_on_step(differ, at::Device(at::kCPU), 7, 100, 0, out, stop);
+    BOOST_FAIL("no error");
+  } catch (const Error& e) {
+    BOOST_TEST(static_cast<int>(e.category()) == static_cast<int>(ErrorCategory::distributed));
+    BOOST_TEST(std::string(e.what()).rfind("ranks disagree at step 7: rank 0 decided skip with scale 256", 0) == 0,
+               e.what());
+    BOOST_TEST(std::string(e.what()).find("rank 1 decided proceed with scale 128") != std::string::npos, e.what());
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

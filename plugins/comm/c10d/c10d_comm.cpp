@@ -223,8 +223,8 @@ std::string C10dCommBackend::explain_failure(const std::string& what) {
   if (config_.world_size == 1 || !probe_store_) return cause;
   const auto wait = std::chrono::duration<double>(2.5 * heartbeat_seconds_);
   // Diagnosing must never block on a dead or stopped store: it runs in a thread of its own, and
-  // after `wait` plus the probe's own timeout the answer is "the store stopped answering",
-  // whatever the store does (the process exits right after; the thread goes with it).
+  // after `wait` plus 1 + heartbeat_seconds the answer is "the store stopped answering", whatever
+  // the store does (the process exits right after; the thread goes with it).
   auto found = std::make_shared<std::promise<std::vector<int>>>();
   std::future<std::vector<int>> lost_ranks = found->get_future();
   std::thread([found, store = probe_store_, rank = config_.rank, world = config_.world_size, wait] {
@@ -240,7 +240,7 @@ std::string C10dCommBackend::explain_failure(const std::string& what) {
   if (store_answered) {
     try {
       lost = lost_ranks.get();
-    } catch (const std::exception&) {
+    } catch (...) {  // whatever the store threw: it did not answer
       store_answered = false;
     }
   }
@@ -251,7 +251,7 @@ std::string C10dCommBackend::explain_failure(const std::string& what) {
              cause;
     if (agent_store_)
       return "the rendezvous store of torchrun's agent at " + where +
-             " stopped answering (the agent or its node " + "is gone); " + name() + ": " + cause;
+             " stopped answering (the agent or its node is gone); " + name() + ": " + cause;
     if (config_.rank != 0)
       return "lost rank 0 (it hosts the rendezvous store at " + where +
              ", which stopped answering: killed, crashed, stopped or unreachable); " + name() + ": " + cause;
