@@ -236,9 +236,11 @@ class Supervisor {
         result_.failed_rank = r.rank;
         result_.failure = describe(status) + when;
         result_.exit_code = exit_code_of_status(status);
-        std::fprintf(stderr,
-                     "ampkit-launch: rank %d %s; stopping the other ranks%s (SIGTERM, SIGKILL after %g s)\n",
-                     r.rank, result_.failure.c_str(), restart_follows_ ? " to restart them" : "", grace_);
+        std::fprintf(
+            stderr, "ampkit-launch: rank %d %s; stopping the other ranks%s (SIGTERM, SIGKILL after %g s)\n",
+            r.rank, result_.failure.c_str(),
+            restart_follows_ && result_.exit_code != exit_status(ExitCode::usage) ? " to restart them" : "",
+            grace_);
         stopping_ = true;
         signal_all(SIGTERM);
         kill_at_ = std::chrono::steady_clock::now() +
