@@ -280,6 +280,13 @@ BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
   const std::string complex = dir.file("complex.yaml", "? [a, b]\n: 1\n");
   BOOST_TEST(error_of([&] { parse({"--config", complex}); }) ==
              "config file " + complex + " has a key that is not a plain name");
+  // Found by CI's fuzzing (fuzz_train_config): a complex key under opt: was an internal error.
+  const std::string opt_kind = dir.file("opt-kind.yaml", "opt:\n  {a: 1}: 2\n");
+  BOOST_TEST(error_of([&] { parse({"--config", opt_kind}); }) ==
+             "a key under opt: in config file " + opt_kind + " must be a single value");
+  const std::string opt_name = dir.file("opt-name.yaml", "opt:\n  scaler:\n    { ,, ,, ,, ,, \r01}: 1024\n");
+  BOOST_TEST(error_of([&] { parse({"--config", opt_name}); }) ==
+             "a key under opt.scaler in config file " + opt_name + " must be a single value");
   // Deep nesting is refused with a message that says so.
   const std::string deep = dir.file("deep.yaml", std::string(5000, '[') + std::string(5000, ']') + "\n");
   BOOST_TEST(error_of([&] { parse({"--config", deep}); }).find("config file " + deep) == 0u);

@@ -73,7 +73,7 @@ void read_yaml_plugin_options(const YAML::Node& node, const std::string& file, T
     throw Error(ErrorCategory::usage, "key 'opt' in config file " + file +
                                           " must map plugin kinds to options, e.g. opt: {scaler: {scale: 512}}");
   for (const auto& kind_item : node) {
-    const std::string kind = kind_item.first.as<std::string>();
+    const std::string kind = scalar_text(kind_item.first, "a key under opt: in config file " + file);
     if (find_kind(kind) == nullptr) {
       const std::string hint = did_you_mean(kind, kind_name_list());
       throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' under opt: in config file " + file +
@@ -82,7 +82,7 @@ void read_yaml_plugin_options(const YAML::Node& node, const std::string& file, T
     if (!kind_item.second.IsMap())
       throw Error(ErrorCategory::usage, "opt." + kind + " in config file " + file + " must map option names to values");
     for (const auto& o : kind_item.second) {
-      const std::string name = o.first.as<std::string>();
+      const std::string name = scalar_text(o.first, "a key under opt." + kind + " in config file " + file);
       cfg.plugin_options_file[kind][name] =
           scalar_text(o.second, "opt." + kind + "." + name + " in config file " + file);
     }
