@@ -29,18 +29,19 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
       if (r.kind == p.kind) saved = &r;
     if (saved == nullptr)
       throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
-    if (p.kind == "comm" && saved->name != info.name) {
+    if (p.kind == "comm" && saved->name != info.name && saved->name != "local") {
       // The comm's state is tiny, but a full resume needs a plugin that can load it; gloo runs
-      // with world size 1 too (issue 18: only --weights-only used to be suggested).
+      // with world size 1 too (issue 18: only --weights-only used to be suggested). A checkpoint
+      // of comm 'local' (one process) gets the general hint below: 'local' cannot run N ranks.
       std::string ranks;
       for (const auto& c : ckpt.manifest.config)
         if (c.value("name", "") == "world-size") ranks = " by " + c.value("value", "?") + " ranks";
-      throw Error(
-          ErrorCategory::checkpoint,
-          where + " was written" + ranks + " with comm '" + saved->name + "', this run selects comm '" +
-              info.name + "'; add --comm " + saved->name +
-              " to resume everything (it runs with any world size, 1 included), or pass --weights-only "
-              "to load only the parameters");
+      throw Error(ErrorCategory::checkpoint,
+                  where + " was written" + ranks + " with comm '" + saved->name +
+                      "', this run selects comm '" + info.name + "'; add --comm " + saved->name +
+                      " to resume everything" +
+                      (saved->name == "gloo" ? " (it runs with any world size, 1 included)" : "") +
+                      ", or pass --weights-only to load only the parameters");
     }
     if (saved->name != info.name || saved->version != info.version)
       throw Error(ErrorCategory::checkpoint,
