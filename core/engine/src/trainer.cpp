@@ -21,6 +21,15 @@
 
 namespace ampkit {
 
+namespace {
+AmpStrategies amp_strategies(const Strategies& s) {
+  if (!s.scaler || !s.clipper || !s.nan_policy || !s.comm)
+    throw Error(ErrorCategory::internal,
+                "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
+  return {s.scaler, s.clipper, s.nan_policy};
+}
+}  // namespace
+
 double LrSchedule::at(int64_t k, int64_t steps_lost) const {
   if (warmup_steps > 0 && k < warmup_steps)
     return base_lr * static_cast<double>(k + 1) / static_cast<double>(warmup_steps);
@@ -42,13 +51,11 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
       names_(std::move(names)),
       optimizer_(optimizer),
       strategies_(strategies),
+      amp_(amp_strategies(strategies)),
       schedule_(schedule) {
   if (accumulation_steps_ < 1)
     throw Error(ErrorCategory::usage,
                 "accumulation steps must be >= 1, got " + std::to_string(accumulation_steps_));
-  if (!strategies_.scaler || !strategies_.clipper || !strategies_.nan_policy || !strategies_.comm)
-    throw Error(ErrorCategory::internal,
-                "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
   if (names_.size() != parameters_.size())
     throw Error(ErrorCategory::internal, "Trainer: parameter names and parameters differ in count");
   for (const auto& p : parameters_)
@@ -71,16 +78,7 @@ void Trainer::start(const RunInfo& extra) {
     PluginCall call("comm", "start()");
     strategies_.comm->start(info);
   }
-  {
-    PluginCall call("scaler", "start()");
-    strategies_.scaler->start(info);
-  }
-  {
-    PluginCall call("clipper", "start()");
-    strategies_.clipper->start(info);
-  }
-  PluginCall call("nan_policy", "start()");
-  strategies_.nan_policy->start(info);
+  amp_.start(info);
   started_ = true;
 }
 
@@ -119,18 +117,18 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   if (!started_) start(RunInfo{});
   StepOutcome out;
   begin_step(out);
-  out.stats.loss = forward_backward(forward, out.stats.scale);      // 1, 2
-  std::vector<at::Tensor> grads = average_across_ranks(out.stats);  // 3
-  measure_gradients(grads, out.stats);                              // 4
-  const NanAction action = decide(out);                             // 5
+  out.stats.loss = forward_backward(forward, out.stats.scale);           // 1, 2
+  std::vector<at::Tensor> grads = average_across_ranks(out.stats);       // 3
+  amp_.measure(grads, out.stats, device_loss_.defined(), device_loss_);  // 4
+  const NanAction action = amp_.decide(out);                             // 5
   if (action == NanAction::proceed || action == NanAction::clip) {
-    clip_unscaled(grads, out);  // 6 (a clip decision caps the norm further)
-    take_optimizer_step(out);   // 7
+    amp_.unscale_and_clip(parameters_, grads, out, false);  // 6 (a clip decision caps the norm further)
+    take_optimizer_step(out);                               // 7
   } else {
     recover(action, out, forward);  // 5: skip, backoff or rollback
   }
   ++attempted_;
-  update_scaler(out, action);  // 8
+  amp_.update_scaler(out, action);  // 8
   return out;
 }
 
@@ -138,10 +136,7 @@ void Trainer::begin_step(StepOutcome& out) {
   out.stats.step = attempted_;
   out.stats.consecutive_skips = consecutive_skips_;
   // 2. The scale is read once: every micro-batch of this step uses the same value.
-  {
-    PluginCall call("scaler", "scale()");
-    out.stats.scale = strategies_.scaler->scale();
-  }
+  out.stats.scale = amp_.scale();
   // A skip since the last step shortens the cosine's horizon (LrSchedule): set it again.
   out.lr = scheduled_lr();
   set_lr(out.lr);
@@ -233,48 +228,6 @@ std::vector<at::Tensor> Trainer::average_across_ranks(StepStats& stats) {
   return grads;
 }
 
-// 4. One statistics pass over the scaled gradients; everything a strategy sees is unscaled.
-void Trainer::measure_gradients(const std::vector<at::Tensor>& grads, StepStats& stats) const {
-  const double scale = stats.scale;
-  GradStats g;
-  if (device_loss_.defined()) {
-    std::vector<double> loss;
-    g = compute_grad_stats_on_device(grads, {device_loss_}, loss);
-    stats.loss = loss.at(0);
-    stats.loss_finite = std::isfinite(stats.loss);
-  } else {
-    g = compute_grad_stats(grads);
-  }
-  stats.grad_norm_scaled = std::sqrt(g.sum_squares);
-  stats.grad_norm = stats.grad_norm_scaled / scale;
-  stats.grad_max_abs_scaled = g.max_abs;
-  stats.grad_max_abs = g.max_abs / scale;
-  stats.grad_elements = g.elements;
-  stats.zero_fraction = g.elements ? static_cast<double>(g.zeros) / static_cast<double>(g.elements) : 0.0;
-  stats.found_inf = !stats.loss_finite || !g.finite();
-  stats.tensor_norms.reserve(g.tensor_sum_squares.size());
-  for (double s : g.tensor_sum_squares) stats.tensor_norms.push_back(std::sqrt(s) / scale);
-}
-
-// 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters would
-// be destroyed), so its proceed is overruled then.
-NanAction Trainer::decide(StepOutcome& out) const {
-  {
-    PluginCall call("nan_policy", "decide()");
-    out.decision = strategies_.nan_policy->decide(out.stats);
-  }
-  const NanAction said = out.decision.action;
-  if ((said == NanAction::proceed || said == NanAction::clip) && out.stats.found_inf)
-    out.decision = {NanAction::skip, std::string("non-finite gradients (the policy said ") + to_string(said) +
-                                         "; skipped anyway)"};
-  if (out.decision.action == NanAction::clip &&
-      (!(out.decision.clip_norm > 0.0) || !std::isfinite(out.decision.clip_norm)))
-    throw Error(ErrorCategory::plugin, "NaN policy decided clip with clip_norm " +
-                                           std::to_string(out.decision.clip_norm) +
-                                           "; it must be finite and > 0");
-  return out.decision.action;
-}
-
 // 5. A step not taken: the bad-step observer (the host's NaN locator) sees it first, while the
 // parameters are still those the step saw; then the scaler's extra backoff or the rollback.
 void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward) {
@@ -282,10 +235,7 @@ void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at
   ++skipped_;
   ++consecutive_skips_;
   if (bad_step_observer_) bad_step_observer_(out, forward);
-  if (action == NanAction::skip_backoff) {
-    PluginCall call("scaler", "backoff()");
-    strategies_.scaler->backoff();
-  }
+  if (action == NanAction::skip_backoff) amp_.back_off();
   if (action != NanAction::rollback) return;
   if (!rollback_)
     throw Error(ErrorCategory::internal,
@@ -302,39 +252,6 @@ void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at
   set_lr(scheduled_lr());
 }
 
-// 6. The clipper's coefficient from the unscaled statistics; unscale and clip in one multiply.
-void Trainer::clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out) {
-  const StepStats& stats = out.stats;
-  ClipResult clip;
-  {
-    PluginCall call("clipper", "clip()");
-    clip = strategies_.clipper->clip(stats);
-  }
-  if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
-    throw Error(ErrorCategory::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
-  out.clip_coefficient = std::min(clip.coefficient, 1.0);
-  out.clip_threshold = clip.threshold;
-  // A spike the NaN policy lets through clipped: its norm cap wins where it is tighter.
-  if (out.decision.action == NanAction::clip && stats.grad_norm > 0.0) {
-    const double spike_coefficient = out.decision.clip_norm / stats.grad_norm;
-    if (spike_coefficient < out.clip_coefficient) {
-      out.clip_coefficient = spike_coefficient;
-      out.clip_threshold = out.decision.clip_norm;
-    }
-  }
-  out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
-  scale_grads_(grads, out.clip_coefficient / stats.scale);
-  if (!strategies_.clipper->clips_elementwise()) return;
-  // value/agc need the tensors: the documented extra pass, on gradients already unscaled.
-  // Detached parameters carry no .grad(), so no kept handle reaches a later scaled gradient.
-  std::vector<at::Tensor> weights;
-  weights.reserve(parameters_.size());
-  for (const auto& p : parameters_) weights.push_back(p.detach());
-  PluginCall call("clipper", "clip_unscaled_gradients()");
-  out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
-  out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
-}
-
 // 7. The optimizer step; the schedule advances only with it.
 void Trainer::take_optimizer_step(StepOutcome& out) {
   optimizer_.step();
@@ -342,23 +259,6 @@ void Trainer::take_optimizer_step(StepOutcome& out) {
   set_lr(scheduled_lr());
   out.stepped = true;
   consecutive_skips_ = 0;
-}
-
-// 8. The scaler's update with this step's statistics (after the step: never re-divide). A scaler
-// that refuses to go on (a collapsing scale, on_min_scale=error) stops the run the way a NaN
-// policy's abort does: with its reason in the summary and the same exit code.
-void Trainer::update_scaler(StepOutcome& out, NanAction action) {
-  PluginCall call("scaler", "update()");
-  try {
-    strategies_.scaler->update(out.stats);
-  } catch (const std::exception& e) {
-    action = NanAction::abort;
-    out.aborted_by_scaler = true;
-    out.decision.reason =
-        (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
-  }
-  out.scale_next = strategies_.scaler->scale();
-  out.decision.action = action;
 }
 
 }  // namespace ampkit

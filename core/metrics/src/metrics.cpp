@@ -146,12 +146,7 @@ nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_
   return r;
 }
 
-nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
-                          int64_t k) {
-  if (names.size() != norms.size())
-    throw Error(ErrorCategory::internal, "top_layers: " + std::to_string(names.size()) +
-                                             " parameter names for " + std::to_string(norms.size()) +
-                                             " gradient norms");
+std::vector<size_t> largest_norms(const std::vector<double>& norms, int64_t k) {
   std::vector<size_t> order(norms.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const size_t n = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0)));
@@ -163,9 +158,19 @@ nlohmann::json top_layers(const std::vector<std::string>& names, const std::vect
                       if (norms[a] != norms[b]) return norms[a] > norms[b];
                       return a < b;
                     });
+  order.resize(n);
+  return order;
+}
+
+nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
+                          int64_t k) {
+  if (names.size() != norms.size())
+    throw Error(ErrorCategory::internal, "top_layers: " + std::to_string(names.size()) +
+                                             " parameter names for " + std::to_string(norms.size()) +
+                                             " gradient norms");
   nlohmann::json out = nlohmann::json::array();
-  for (size_t i = 0; i < n; ++i)
-    out.push_back({{"name", names[order[i]]}, {"grad_norm", number(norms[order[i]])}});
+  for (size_t i : largest_norms(norms, k))
+    out.push_back({{"name", names[i]}, {"grad_norm", number(norms[i])}});
   return out;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ampkit/amp_step.h>
 #include <ampkit/autocast_guard.h>
 #include <ampkit/comm_backend.h>
 #include <ampkit/grad_clipper.h>
@@ -44,18 +45,6 @@ struct Strategies {
   GradClipper* clipper = nullptr;
   NanPolicy* nan_policy = nullptr;
   CommBackend* comm = nullptr;
-};
-
-struct StepOutcome {
-  StepStats stats;
-  NanDecision decision;
-  bool stepped = false;           // the optimizer (and the LR schedule) stepped
-  double clip_coefficient = 1.0;  // 1 when not clipped (or not stepped)
-  double clip_threshold = 0.0;
-  double grad_norm_clipped = 0.0;  // unscaled total norm after clipping
-  double scale_next = 1.0;         // the scale after the scaler's update
-  double lr = 0.0;                 // learning rate used by this step
-  bool aborted_by_scaler = false;  // the abort comes from the loss scaler (its update threw)
 };
 
 // Data-parallel settings (torch DDP's, with its defaults); see Trainer::enable_data_parallel.
@@ -135,12 +124,9 @@ class Trainer {
   void begin_step(StepOutcome& out);  // counters, the scale read once (2), the lr
   double forward_backward(const std::function<at::Tensor(int)>& forward, double scale);             // 1, 2
   std::vector<at::Tensor> average_across_ranks(StepStats& stats);                                   // 3
-  void measure_gradients(const std::vector<at::Tensor>& grads, StepStats& stats) const;             // 4
-  NanAction decide(StepOutcome& out) const;                                                         // 5
   void recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
-  void clip_unscaled(std::vector<at::Tensor>& grads, StepOutcome& out);                             // 6
   void take_optimizer_step(StepOutcome& out);                                                       // 7
-  void update_scaler(StepOutcome& out, NanAction action);                                           // 8
+  // 2 and 4-6, 8 are AmpStep's (amp_step.h), shared with the Python GradScaler.
 
   std::vector<at::Tensor> gradients() const;
   double scheduled_lr() const { return schedule_.at(taken_, skipped_ + discarded_); }
@@ -153,6 +139,7 @@ class Trainer {
   std::vector<std::string> names_;
   torch::optim::Optimizer& optimizer_;
   Strategies strategies_;
+  AmpStep amp_;
   LrSchedule schedule_;
   DataParallelOptions data_parallel_;
   std::unique_ptr<c10d::Reducer> reducer_;

@@ -35,6 +35,8 @@ nlohmann::json step_record(const StepOutcome& outcome, int64_t epoch, int64_t sk
 // others, ties in parameter order): [{"name": ..., "grad_norm": ...}, ...]. `norms` is
 // StepStats::tensor_norms, `names` RunInfo::parameter_names (same order).
 nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms, int64_t k);
+// The indices of top_layers' choice: the k largest of `norms` in that order.
+std::vector<size_t> largest_norms(const std::vector<double>& norms, int64_t k);
 
 // Every parameter's gradient norm at every step, as CSV "step,name,grad_norm" (header first,
 // one row per parameter per step, full double precision); flushed every step.

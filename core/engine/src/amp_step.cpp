@@ -1,0 +1,146 @@
+// The AMP step without the optimizer (docs/architecture.md, "One optimizer step", 2 and 4-8).
+#include "ampkit/amp_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "ampkit/error.h"
+#include "ampkit/grad_stats.h"
+#include "ampkit/plugin_call.h"
+
+namespace ampkit {
+
+AmpStep::AmpStep(AmpStrategies strategies) : strategies_(strategies) {
+  if (!strategies_.scaler || !strategies_.clipper || !strategies_.nan_policy)
+    throw Error(ErrorCategory::internal, "AmpStep needs a scaler, a clipper and a NaN policy");
+}
+
+void AmpStep::start(const RunInfo& info) {
+  {
+    PluginCall call("scaler", "start()");
+    strategies_.scaler->start(info);
+  }
+  {
+    PluginCall call("clipper", "start()");
+    strategies_.clipper->start(info);
+  }
+  PluginCall call("nan_policy", "start()");
+  strategies_.nan_policy->start(info);
+}
+
+double AmpStep::scale() const {
+  PluginCall call("scaler", "scale()");
+  return strategies_.scaler->scale();
+}
+
+void AmpStep::measure(const std::vector<at::Tensor>& grads, StepStats& stats, bool on_device,
+                      const at::Tensor& device_loss) const {
+  const double scale = stats.scale;
+  GradStats g;
+  if (on_device) {
+    std::vector<at::Tensor> scalars;
+    if (device_loss.defined()) scalars.push_back(device_loss);
+    std::vector<double> values;
+    g = compute_grad_stats_on_device(grads, scalars, values);
+    if (device_loss.defined()) stats.loss = values.at(0);
+  } else {
+    g = compute_grad_stats(grads);
+  }
+  stats.loss_finite = std::isfinite(stats.loss);
+  stats.grad_norm_scaled = std::sqrt(g.sum_squares);
+  stats.grad_norm = stats.grad_norm_scaled / scale;
+  stats.grad_max_abs_scaled = g.max_abs;
+  stats.grad_max_abs = g.max_abs / scale;
+  stats.grad_elements = g.elements;
+  stats.zero_fraction = g.elements ? static_cast<double>(g.zeros) / static_cast<double>(g.elements) : 0.0;
+  stats.found_inf = !stats.loss_finite || !g.finite();
+  stats.tensor_norms.clear();
+  stats.tensor_norms.reserve(g.tensor_sum_squares.size());
+  for (double s : g.tensor_sum_squares) stats.tensor_norms.push_back(std::sqrt(s) / scale);
+}
+
+NanAction AmpStep::decide(StepOutcome& out) const {
+  {
+    PluginCall call("nan_policy", "decide()");
+    out.decision = strategies_.nan_policy->decide(out.stats);
+  }
+  const NanAction said = out.decision.action;
+  if ((said == NanAction::proceed || said == NanAction::clip) && out.stats.found_inf)
+    out.decision = {NanAction::skip, std::string("non-finite gradients (the policy said ") + to_string(said) +
+                                         "; skipped anyway)"};
+  if (out.decision.action == NanAction::clip &&
+      (!(out.decision.clip_norm > 0.0) || !std::isfinite(out.decision.clip_norm)))
+    throw Error(ErrorCategory::plugin, "NaN policy decided clip with clip_norm " +
+                                           std::to_string(out.decision.clip_norm) +
+                                           "; it must be finite and > 0");
+  return out.decision.action;
+}
+
+double AmpStep::unscale_and_clip(const std::vector<at::Tensor>& parameters,
+                                 const std::vector<at::Tensor>& grads, StepOutcome& out, bool fold) {
+  const StepStats& stats = out.stats;
+  ClipResult clip;
+  {
+    PluginCall call("clipper", "clip()");
+    clip = strategies_.clipper->clip(stats);
+  }
+  if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
+    throw Error(ErrorCategory::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
+  out.clip_coefficient = std::min(clip.coefficient, 1.0);
+  out.clip_threshold = clip.threshold;
+  // A spike the NaN policy lets through clipped: its norm cap wins where it is tighter.
+  if (out.decision.action == NanAction::clip && stats.grad_norm > 0.0) {
+    const double spike_coefficient = out.decision.clip_norm / stats.grad_norm;
+    if (spike_coefficient < out.clip_coefficient) {
+      out.clip_coefficient = spike_coefficient;
+      out.clip_threshold = out.decision.clip_norm;
+    }
+  }
+  out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+  bool elementwise = false;
+  {
+    PluginCall call("clipper", "clips_elementwise()");
+    elementwise = strategies_.clipper->clips_elementwise();
+  }
+  const double factor = out.clip_coefficient / stats.scale;
+  if (fold && !elementwise) return factor;  // the fused optimizer's grad_scale: no pass here
+  scale_grads_(grads, factor);
+  if (!elementwise) return 1.0;
+  // value/agc need the tensors: the documented extra pass, on gradients already unscaled.
+  // Detached parameters carry no .grad(), so no kept handle reaches a later scaled gradient.
+  std::vector<at::Tensor> weights;
+  weights.reserve(parameters.size());
+  for (const auto& p : parameters) weights.push_back(p.detach());
+  PluginCall call("clipper", "clip_unscaled_gradients()");
+  out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
+  out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+  return 1.0;
+}
+
+void AmpStep::back_off() {
+  PluginCall call("scaler", "backoff()");
+  strategies_.scaler->backoff();
+}
+
+void AmpStep::update_scaler(StepOutcome& out, NanAction action) {
+  PluginCall call("scaler", "update()");
+  try {
+    strategies_.scaler->update(out.stats);
+  } catch (const std::exception& e) {
+    action = NanAction::abort;
+    out.aborted_by_scaler = true;
+    out.decision.reason =
+        (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
+  }
+  out.scale_next = strategies_.scaler->scale();
+  out.decision.action = action;
+}
+
+bool prefers_device_stats(const std::vector<at::Tensor>& parameters) {
+  for (const auto& p : parameters)
+    if (!p.device().is_cpu() || p.scalar_type() != at::kFloat) return true;
+  return false;
+}
+
+}  // namespace ampkit
