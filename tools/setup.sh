@@ -43,4 +43,5 @@ if [ "$have_tb" != "$TENSORBOARD_VERSION" ]; then
   say "installing tensorboard==$TENSORBOARD_VERSION from PyPI (tests/interop/test_tensorboard.sh reads ampkit's event files with it)"
   "$PYTHON" -m pip install --quiet "tensorboard==$TENSORBOARD_VERSION"
 fi
+"$PYTHON" -c 'import pytest' 2>/dev/null || { say "installing pytest from PyPI (tests/python: the ampkit Python package's tests)"; "$PYTHON" -m pip install --quiet pytest; }
 say "done"

@@ -1,0 +1,49 @@
+"""ampkit for Python: torch.amp.GradScaler's interface with ampkit's loss scalers, gradient
+clippers and NaN policies chosen by name (docs/python.md)."""
+
+from __future__ import annotations
+
+from . import _library  # noqa: F401  (loads the C++ side first)
+from ._errors import AmpkitError, PluginError, TrainingAborted
+from .grad_scaler import GradScaler, OptState
+from .lr_scheduler import LRScheduler
+from .plugins import OptionInfo, PluginInfo, plugins
+from . import seeds
+from .seeds import (
+    RECOMMENDED_CLIPPING_THRESHOLDS,
+    AMPConfig,
+    AMPTrainer,
+    DistributedAMPTrainer,
+    DistributedConfig,
+    DynamicLossScaler,
+    GradientClipper,
+    NaNDetector,
+    NaNRecoveryManager,
+    create_amp_trainer,
+    create_default_amp_config,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AMPConfig",
+    "AMPTrainer",
+    "AmpkitError",
+    "DistributedAMPTrainer",
+    "DistributedConfig",
+    "DynamicLossScaler",
+    "GradientClipper",
+    "NaNDetector",
+    "NaNRecoveryManager",
+    "RECOMMENDED_CLIPPING_THRESHOLDS",
+    "create_amp_trainer",
+    "create_default_amp_config",
+    "GradScaler",
+    "LRScheduler",
+    "OptState",
+    "OptionInfo",
+    "PluginError",
+    "PluginInfo",
+    "TrainingAborted",
+    "plugins",
+]

@@ -1,0 +1,480 @@
+"""ampkit.GradScaler: torch.amp.GradScaler's interface over ampkit's plugins.
+
+The call order, the misuse errors, the in-place ``unscale_`` and the per-optimizer skips are
+torch/amp/grad_scaler.py's (torch 2.11). What happens after backward is the C++ AmpStep
+(core/engine/include/ampkit/amp_step.h): one statistics pass, the NaN policy's decision, the
+named clipper on unscaled gradients, unscale and clip in one multiply (or folded into a fused
+optimizer's ``grad_scale``), and the scaler plugin's update once per iteration.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from collections import defaultdict
+from enum import Enum
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import torch
+
+from . import _library
+from ._errors import cpp
+from .deepspeed import scaler_kwargs_from_deepspeed
+
+__all__ = ["GradScaler", "OptState"]
+
+# torch.amp.GradScaler's constructor defaults: an argument left at its default leaves the
+# plugin's own default (or AMPKIT_SCALER_<OPTION>) in force.
+_TORCH_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+
+
+class OptState(Enum):
+    READY = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+def _refresh_per_optimizer_state() -> Dict[str, Any]:
+    return {"stage": OptState.READY, "step": None, "factor": 1.0}
+
+
+def _option_text(value: Any) -> str:
+    """The --opt text of a Python value (bool before int: True is an int)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise ValueError(f"option value {value!r} must be a bool, int, float or str")
+
+
+class GradScaler:
+    """A drop-in for :class:`torch.amp.GradScaler` whose strategies are ampkit plugins.
+
+    Args:
+        device: the device of the parameters ("cuda" or "cpu"), as torch's.
+        init_scale, growth_factor, backoff_factor, growth_interval: torch's arguments; each one
+            given with a value other than torch's default sets the scaler plugin's option of the
+            same name (``scaler.init_scale``, ...).
+        enabled: False makes every method a pass-through, as torch's.
+        scaler: the loss scaler plugin, by name or path (``dynamic`` is torch's, exactly).
+        clipper: the gradient clipper plugin; it clips inside :meth:`unscale_`/:meth:`step`,
+            always on unscaled gradients (``none``: no clipping).
+        nan_policy: what a step with a non-finite or spiking gradient does (``skip``, as torch;
+            ``backoff``, ``abort``; ``rollback`` needs a model snapshot and is refused here).
+        precision: "fp16", "bf16" or "fp32"; picks per-precision option defaults. None: fp16.
+        opt: plugin options as ``{"KIND.OPTION": value}``, the names and checks of
+            ampkit-train's ``--opt`` (values also come from ``AMPKIT_<KIND>_<OPTION>``).
+        plugin_dirs: folders searched for plugins before ``AMPKIT_PLUGIN_PATH``.
+        allow_untrusted_plugins: load plugin files that are writable by others (loud warning).
+        model: names the gradients in :attr:`last_step` ("top_layers") by module path.
+
+    Raises:
+        ValueError: an unknown plugin kind or option, or a bad option value (the message names
+            it, with "did you mean").
+        ampkit.PluginError: a plugin that cannot be found, trusted, loaded or created.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        scaler: str = "dynamic",
+        clipper: str = "none",
+        nan_policy: str = "skip",
+        precision: Optional[str] = None,
+        opt: Optional[Mapping[str, Any]] = None,
+        plugin_dirs: Optional[Sequence[Union[str, os.PathLike]]] = None,
+        allow_untrusted_plugins: bool = False,
+        model: Optional[torch.nn.Module] = None,
+    ) -> None:
+        self._device = str(device)
+        self._enabled = bool(enabled)
+        if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
+            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.")
+            self._enabled = False
+        torch_args = {
+            "init_scale": init_scale,
+            "growth_factor": growth_factor,
+            "backoff_factor": backoff_factor,
+            "growth_interval": growth_interval,
+        }
+        self._config: Dict[str, Any] = {
+            "plugins": {"scaler": str(scaler), "clipper": str(clipper), "nan_policy": str(nan_policy)},
+            "opt": {str(k): _option_text(v) for k, v in (opt or {}).items()},
+            "precision": precision or "fp16",
+            "plugin_dirs": [os.fspath(d) for d in (plugin_dirs or [])],
+            "allow_untrusted": bool(allow_untrusted_plugins),
+        }
+        for name, value in torch_args.items():
+            if value != _TORCH_DEFAULTS[name]:
+                self._config["opt"].setdefault("scaler." + name, _option_text(value))
+        self._torch_args = torch_args
+        self._names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        self._core: Any = None
+        self._scale: Optional[torch.Tensor] = None  # torch's: None until the first scale()
+        self._scale_per_device: Dict[torch.device, torch.Tensor] = {}
+        self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
+        self._last_taken: Dict[int, bool] = {}
+        self._loss_sum: Optional[torch.Tensor] = None  # this iteration's losses given to scale()
+        self._loss_count = 0
+        if self._enabled:
+            self._core = self._make_core()
+
+    def _make_core(self) -> Any:
+        c = self._config
+        dirs = c["plugin_dirs"] + [_library.builtin_plugin_dir()]
+        rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+        world = (
+            torch.distributed.get_world_size()
+            if torch.distributed.is_available() and torch.distributed.is_initialized()
+            else 1
+        )
+        make = cpp(lambda: torch.classes.ampkit.ScalerCore(
+            c["plugins"], c["opt"], c["precision"], dirs, c["allow_untrusted"], self._device.startswith("cuda"),
+            rank, world))
+        return make()
+
+    @classmethod
+    def from_deepspeed_config(
+        cls, config: Union[str, os.PathLike, Mapping[str, Any]], device: str = "cuda", **kwargs: Any
+    ) -> "GradScaler":
+        """A GradScaler from a DeepSpeed config's ``fp16``/``bf16``/``gradient_clipping`` keys
+        (a path to its JSON, or the dict); unmapped keys are named in one warning
+        (ampkit/deepspeed.py). ``kwargs`` win over the mapped values."""
+        return cls(device=device, **scaler_kwargs_from_deepspeed(config, **kwargs))
+
+    # --- torch.amp.GradScaler's methods -------------------------------------------------------
+
+    def scale(self, outputs: Any) -> Any:
+        """Multiplies a tensor, or the tensors of a nested list/tuple, by the loss scale."""
+        if not self._enabled:
+            return outputs
+        if self._scale is None:
+            self._scale = torch.full((), self._core_scale(), dtype=torch.float32)
+        if isinstance(outputs, torch.Tensor):
+            if outputs.numel() == 1:  # a loss: the NaN policy and spike detection read it
+                loss = outputs.detach().float().reshape(())
+                self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+                self._loss_count += 1
+            return outputs * self._scale_on(outputs.device)
+
+        def apply_scale(val: Any) -> Any:
+            if isinstance(val, torch.Tensor):
+                return val * self._scale_on(val.device)
+            if isinstance(val, Iterable):
+                iterable = map(apply_scale, val)
+                if isinstance(val, (list, tuple)):
+                    return type(val)(iterable)
+                return iterable
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply_scale(outputs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscales (and clips, with the named clipper) ``optimizer``'s gradients in place.
+
+        Also decides, with the NaN policy, whether :meth:`step` will step this optimizer.
+        """
+        if not self._enabled:
+            return
+        self._check_scale_growth_tracker("unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        elif state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        self._unscale(optimizer, state, fold=False)
+        state["stage"] = OptState.UNSCALED
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """Steps ``optimizer`` unless this iteration's gradients were not finite (or the NaN
+        policy said skip). Returns True when it stepped, False when it skipped; a disabled scaler
+        returns what ``optimizer.step`` returns."""
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._check_scale_growth_tracker("step")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if getattr(optimizer, "_step_supports_amp_scaling", False) and (
+            "grad_scaler" in inspect.signature(optimizer.step).parameters
+        ):
+            # torch's older contract: the optimizer gets the scaler and unscales itself.
+            warnings.warn(
+                "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
+            state["stage"] = OptState.STEPPED
+            return retval
+        if state["stage"] is OptState.READY:
+            self._unscale(optimizer, state, fold=bool(getattr(optimizer, "_step_supports_amp_scaling", False)))
+        if state["step"] is None:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
+        stepped = bool(state["step"])
+        if stepped:
+            if state["factor"] != 1.0:  # unscale and clip folded into the fused optimizer's step
+                device = self._grads_device(optimizer)
+                optimizer.grad_scale = torch.full((), 1.0 / state["factor"], dtype=torch.float32, device=device)
+                optimizer.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+                try:
+                    optimizer.step(*args, **kwargs)
+                finally:
+                    del optimizer.grad_scale
+                    del optimizer.found_inf
+            else:
+                optimizer.step(*args, **kwargs)
+        state["stage"] = OptState.STEPPED
+        self._last_taken[id(optimizer)] = stepped
+        return stepped
+
+    def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
+        """The scaler plugin's update with this iteration's statistics (or ``new_scale``)."""
+        if not self._enabled:
+            return
+        self._check_scale_growth_tracker("update")
+        try:
+            if new_scale is not None:
+                if isinstance(new_scale, float):
+                    value = new_scale
+                else:
+                    reason = (
+                        "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                        "torch.FloatTensor with requires_grad=False."
+                    )
+                    assert isinstance(new_scale, torch.Tensor), reason
+                    assert new_scale.device.type == self._device, reason
+                    assert new_scale.numel() == 1, reason
+                    assert new_scale.requires_grad is False, reason
+                    value = float(new_scale.item())
+                cpp(self._core.set_scale)(value)
+            else:
+                recorded = [s for s in self._per_optimizer_states.values() if s["step"] is not None]
+                if len(recorded) == 0:
+                    raise AssertionError("No inf checks were recorded prior to update.")
+                cpp(self._core.update)()
+        finally:
+            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+            self._loss_sum, self._loss_count = None, 0
+            self._refresh_scale()
+
+    def get_scale(self) -> float:
+        """The current scale (the initial one before the first update), 1.0 when disabled."""
+        if not self._enabled:
+            return 1.0
+        return self._core_scale()
+
+    def get_growth_factor(self) -> float:
+        return self._scaler_option("growth_factor", float)
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._set_scaler_option("growth_factor", float(new_factor))
+
+    def get_backoff_factor(self) -> float:
+        return self._scaler_option("backoff_factor", float)
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_scaler_option("backoff_factor", float(new_factor))
+
+    def get_growth_interval(self) -> int:
+        return self._scaler_option("growth_interval", int)
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._set_scaler_option("growth_interval", int(new_interval))
+
+    def _get_growth_tracker(self) -> int:
+        if not self._enabled:
+            return 0
+        return int(self._plugin_state("scaler").get("growth_tracker", 0))
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch.amp.GradScaler's state_dict, plus ``"ampkit"``: every plugin's name and state.
+        Loads with ``torch.load(weights_only=True)``."""
+        if not self._enabled:
+            return {}
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self.get_growth_factor(),
+            "backoff_factor": self.get_backoff_factor(),
+            "growth_interval": self.get_growth_interval(),
+            "_growth_tracker": self._get_growth_tracker(),
+            "ampkit": {
+                kind: {"plugin": self._plugin(kind)[0], "state": self._plugin_state(kind)}
+                for kind in ("scaler", "clipper", "nan_policy")
+            },
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads torch.amp.GradScaler's state_dict (ampkit-train's scaler_state_dict.pt too) or
+        one of ours, whose plugin states are restored where the plugins are the same."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+            )
+        current = self._plugin_state("scaler")
+        if current.get("growth_tracker", 0) != 0:  # so that any new growth_interval admits it
+            self._load_plugin_state("scaler", dict(current, growth_tracker=0))
+        for name in ("growth_factor", "backoff_factor", "growth_interval"):
+            if self._has_scaler_option(name) and state_dict[name] != self._scaler_option(name, type(state_dict[name])):
+                self._set_scaler_option(name, state_dict[name])
+        saved = state_dict.get("ampkit", {})
+        for kind in ("scaler", "clipper", "nan_policy"):
+            entry = saved.get(kind)
+            if entry is not None and entry.get("plugin") == self._plugin(kind)[0]:
+                self._load_plugin_state(kind, entry["state"])
+        state = self._plugin_state("scaler")
+        if "scale" in state:
+            state["scale"] = float(state_dict["scale"])
+        if "growth_tracker" in state:
+            state["growth_tracker"] = int(state_dict["_growth_tracker"])
+        self._load_plugin_state("scaler", state)
+        self._refresh_scale()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        if self._enabled:
+            assert len(self._per_optimizer_states) == 0, (
+                "A GradScaler instance may only be pickled at the beginning of an iteration, "
+                "or at the end after scaler.update()."
+            )
+            state["_saved_state_dict"] = self.state_dict()
+        state["_core"] = None
+        state["_scale"] = None
+        state["_scale_per_device"] = {}
+        state["_per_optimizer_states"] = {}
+        state["_loss_sum"], state["_loss_count"] = None, 0
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        saved = state.pop("_saved_state_dict", None)
+        self.__dict__.update(state)
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        if self._enabled:
+            self._core = self._make_core()
+            if saved:
+                self.load_state_dict(saved)
+
+    # --- what ampkit adds -----------------------------------------------------------------------
+
+    @property
+    def last_step(self) -> Dict[str, Any]:
+        """The last unscale's record, as ampkit-train's metrics record: scale, scale_next,
+        grad_norm (unscaled), grad_norm_clipped, clip_coef, clip_threshold, action, reason,
+        stepped, found_inf, zero_fraction, top_layers ([{name, grad_norm}], largest first)."""
+        if not self._enabled:
+            return {}
+        return dict(cpp(self._core.record)())
+
+    def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
+        return self._last_taken.get(id(optimizer), True)
+
+    def plugin_options(self, kind: str) -> List[tuple]:
+        """The effective options of the ``kind`` plugin: (name, value, source) rows."""
+        if not self._enabled:
+            return []
+        return [tuple(r) for r in cpp(self._core.settings)(kind)]
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _check_scale_growth_tracker(self, funcname: str) -> None:
+        fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
+        assert self._scale is not None, f"Attempted {funcname} but _scale is None.  {fix}"
+
+    def _core_scale(self) -> float:
+        return float(cpp(self._core.scale)())
+
+    def _scale_on(self, device: torch.device) -> torch.Tensor:
+        assert self._scale is not None
+        cached = self._scale_per_device.get(device)
+        if cached is None:
+            cached = self._scale.to(device=device, non_blocking=True)
+            self._scale_per_device[device] = cached
+        return cached
+
+    def _refresh_scale(self) -> None:
+        if self._scale is not None:
+            self._scale.fill_(self._core_scale())
+        self._scale_per_device = {}
+
+    def _grads_device(self, optimizer: torch.optim.Optimizer) -> torch.device:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    return p.grad.device
+        return torch.device(self._device)
+
+    def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
+        grads: List[torch.Tensor] = []
+        params: List[torch.Tensor] = []
+        names: List[str] = []
+        with torch.no_grad():
+            for g, group in enumerate(optimizer.param_groups):
+                for i, param in enumerate(group["params"]):
+                    if param.grad is None:
+                        continue
+                    if param.grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    grad = param.grad
+                    if grad.is_sparse:
+                        # One multiply of the values unscales the sparse gradient in place; a
+                        # coalesce first, as torch's, so duplicates sum before the finite check.
+                        param.grad = grad.coalesce()
+                        grad = param.grad._values()
+                        fold = False
+                    grads.append(grad)
+                    params.append(param.detach())
+                    names.append(self._names.get(id(param), f"param_groups[{g}][{i}]"))
+        if not grads:
+            state["step"] = None
+            return
+        loss = self._loss_sum / self._loss_count if self._loss_count else None
+        step, factor = cpp(self._core.unscale)(grads, params, names, fold, loss)
+        state["step"] = bool(step)
+        state["factor"] = float(factor)
+
+    def _plugin(self, kind: str) -> List[str]:
+        return list(cpp(self._core.plugin)(kind))
+
+    def _plugin_state(self, kind: str) -> Dict[str, Any]:
+        return dict(cpp(self._core.state)(kind))
+
+    def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None:
+        # A list crosses as a float64 tensor: an empty Python list has no element type.
+        values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
+        cpp(self._core.load_state)(kind, values)
+
+    def _has_scaler_option(self, name: str) -> bool:
+        return self._enabled and any(r[0] == name for r in self.plugin_options("scaler"))
+
+    def _scaler_option(self, name: str, kind: type) -> Any:
+        if not self._has_scaler_option(name):
+            return self._torch_args[name]
+        text = cpp(self._core.option)("scaler", name)
+        return kind(float(text)) if kind is int else kind(text)
+
+    def _set_scaler_option(self, name: str, value: Any) -> None:
+        if not self._enabled:
+            self._torch_args[name] = value
+            return
+        if not self._has_scaler_option(name):
+            raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
+        cpp(self._core.set_option)("scaler", name, _option_text(value))

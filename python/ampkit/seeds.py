@@ -1,0 +1,397 @@
+"""The seed documents' API as a thin layer over :class:`ampkit.GradScaler`.
+
+AMPConfig, AMPTrainer, GradientClipper, DynamicLossScaler, NaNDetector, NaNRecoveryManager,
+DistributedConfig and DistributedAMPTrainer (these two in seeds_distributed.py) only name plugins
+and options and read the step record: every scaling, clipping and NaN decision is a plugin's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+
+import torch
+
+from ._errors import PluginError, cpp
+from .grad_scaler import GradScaler, _option_text
+from .plugins import plugins
+
+__all__ = [
+    "AMPConfig", "AMPTrainer", "DistributedAMPTrainer", "DistributedConfig", "DynamicLossScaler",
+    "GradientClipper", "NaNDetector", "NaNRecoveryManager", "NaNReport", "RECOMMENDED_CLIPPING_THRESHOLDS",
+    "create_amp_trainer", "create_default_amp_config",
+]
+
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+# The option a clipper's one "threshold" sets (adaptive: the upper bound of its learned threshold).
+_THRESHOLD_OPTIONS = {"norm": "max_norm", "value": "clip_value", "adaptive": "max_norm", "agc": "clip_factor"}
+# The seeds' NaN strategies: (nan_policy plugin, its options).
+_NAN_STRATEGIES = {"skip": ("skip", {}), "reduce_scale": ("backoff", {}), "clip": ("skip", {"on_spike": "clip"}),
+                   "abort": ("abort", {})}
+_CLIP_SPIKE_ZSCORE = 6.0  # nan_policy.spike_zscore's help: "6 is a cautious starting point"
+_ROLLBACK = ("nan strategy 'rollback' restores a snapshot of the model and optimizer, which ampkit.GradScaler "
+             "does not hold: use ampkit-train --nan-policy rollback, or 'skip', 'reduce_scale', 'clip' or 'abort'")
+
+
+@functools.lru_cache(maxsize=None)
+def _per_precision_default(kind: str, name: str, option: str) -> Tuple[Tuple[str, float], ...]:
+    """A plugin option's declared default ("fp16=1;bf16=5;fp32=10") as (precision, value) pairs."""
+    for info in plugins():
+        if info.kind == kind and info.name == name:
+            for o in info.options:
+                if o.name != option:
+                    continue
+                if not o.default:
+                    return ()
+                if "=" not in o.default:
+                    return tuple((p, float(o.default)) for p in _AUTOCAST_DTYPES)
+                return tuple((p, float(v)) for p, v in (item.split("=", 1) for item in o.default.split(";")))
+            raise ValueError(f"{kind} '{name}' has no option '{option}'")
+    raise PluginError(f"no {kind} plugin named '{name}'")
+
+
+def __getattr__(name: str) -> Any:
+    # RECOMMENDED_CLIPPING_THRESHOLDS: the norm clipper's per-precision max_norm default, read from
+    # the plugin (declared once, in plugins/clipper/norm) when first asked for.
+    if name == "RECOMMENDED_CLIPPING_THRESHOLDS":
+        return dict(_per_precision_default("clipper", "norm", "max_norm"))
+    if name in ("DistributedConfig", "DistributedAMPTrainer"):
+        from . import seeds_distributed
+
+        return getattr(seeds_distributed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _threshold_option(clipper: str) -> str:
+    if clipper not in _THRESHOLD_OPTIONS:
+        raise ValueError(f"clipper '{clipper}' has no single threshold; set its options by name with opt=")
+    return _THRESHOLD_OPTIONS[clipper]
+
+
+def _one_of(a_name: str, a: Optional[str], b_name: str, b: Optional[str]) -> Optional[str]:
+    if a is not None and b is not None and a != b:
+        raise ValueError(f"{a_name}={a!r} and {b_name}={b!r} disagree: give one of them")
+    return a if a is not None else b
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return _option_text(a) == _option_text(b)
+
+
+def _did_you_mean(name: str, names: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _clipping_stats(record: Mapping[str, Any]) -> Dict[str, Any]:
+    keys = ("grad_norm", "grad_norm_clipped", "clip_coef", "clipped", "grad_max_abs", "found_inf", "action")
+    return {**{k: record[k] for k in keys}, "threshold": record["clip_threshold"]} if record else {}
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+@dataclass
+class AMPConfig:
+    """What an :class:`AMPTrainer` trains with: :class:`ampkit.GradScaler`'s plugins and options,
+    plus the seeds' friendly fields, which only set plugin options.
+
+    ``scaler`` None: ``dynamic`` for fp16, ``none`` otherwise. ``clip_strategy`` is the clipper's
+    name (norm, value, adaptive); ``max_grad_norm`` its threshold (None: the plugin's default for
+    ``precision``). ``nan_strategy`` is a :class:`NaNRecoveryManager` strategy. A field and an ``opt``
+    entry that set one option to different values raise :class:`ValueError`. ``device`` None: the model's.
+    """
+
+    precision: str = "fp16"
+    scaler: Optional[str] = None
+    clipper: Optional[str] = None
+    nan_policy: Optional[str] = None
+    opt: Dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+    device: Optional[str] = None
+    init_scale: Optional[float] = None
+    growth_interval: Optional[int] = None
+    max_grad_norm: Optional[float] = None
+    clip_strategy: Optional[str] = None
+    nan_strategy: Optional[str] = None
+
+    def scaler_kwargs(self) -> Dict[str, Any]:
+        """The :class:`ampkit.GradScaler` keyword arguments of this config."""
+        clipper = _one_of("clipper", self.clipper, "clip_strategy", self.clip_strategy)
+        clipper = clipper or ("none" if self.max_grad_norm is None else "norm")
+        derived: Dict[str, Tuple[Any, str]] = {}  # option -> (value, the field that set it)
+        if self.max_grad_norm is not None:
+            derived["clipper." + _threshold_option(clipper)] = (self.max_grad_norm, "max_grad_norm")
+        for name in ("init_scale", "growth_interval"):
+            if getattr(self, name) is not None:
+                derived["scaler." + name] = (getattr(self, name), name)
+        policy = self.nan_policy
+        if self.nan_strategy is not None:
+            nan = NaNRecoveryManager(self.nan_strategy, spike_zscore=self.opt.get("nan_policy.spike_zscore"))
+            policy = _one_of("nan_policy", self.nan_policy, "nan_strategy's policy", nan.policy)
+            derived.update({k: (v, "nan_strategy") for k, v in nan.scaler_kwargs()["opt"].items()})
+        opt = {k: v for k, (v, _) in derived.items()}
+        for key, value in self.opt.items():
+            if key in derived and not _same(derived[key][0], value):
+                raise ValueError(f"opt[{key!r}]={value!r} contradicts {derived[key][1]}={derived[key][0]!r}")
+            opt[key] = value
+        scaler = self.scaler or ("dynamic" if self.precision == "fp16" else "none")
+        return {"scaler": scaler, "clipper": clipper, "nan_policy": policy or "skip", "precision": self.precision,
+                "enabled": self.enabled, "opt": opt}
+
+
+def create_default_amp_config(precision: str = "fp16", **overrides: Any) -> AMPConfig:
+    """An :class:`AMPConfig` for ``precision`` with norm clipping at the plugin's per-precision
+    default and the ``skip`` NaN strategy; ``overrides`` are AMPConfig fields."""
+    defaults: Dict[str, Any] = {}
+    if "clipper" not in overrides:
+        defaults["clip_strategy"] = "norm"
+    if "nan_policy" not in overrides:
+        defaults["nan_strategy"] = "skip"
+    return AMPConfig(precision=precision, **{**defaults, **overrides})
+
+
+class AMPTrainer:
+    """One optimizer step per :meth:`training_step`: autocast forward, ``scaler.scale(loss).backward()``,
+    ``scaler.step``, ``scaler.update``, with the :class:`ampkit.GradScaler` of ``amp_config``.
+
+    Args:
+        model: the model; moved to ``amp_config.device`` when that is set.
+        amp_config: None: :func:`create_default_amp_config`'s fp16 config.
+        optimizer: None: ``AdamW(model.parameters(), lr=1e-3)``.
+        loss_fn: ``loss_fn(outputs, targets)``; None: cross-entropy.
+    """
+
+    def __init__(self, model: torch.nn.Module, amp_config: Optional[AMPConfig] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, loss_fn: Optional[Callable] = None) -> None:
+        self.config = amp_config if amp_config is not None else create_default_amp_config()
+        if self.config.device is not None:
+            model = model.to(self.config.device)
+        self.model = model
+        first = next(model.parameters(), None)
+        self.device = first.device if first is not None else torch.device(self.config.device or "cpu")
+        self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(model.parameters(), lr=1e-3)
+        self.loss_fn = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
+        self.scaler = GradScaler(self.device.type, model=_unwrap(model), **self.config.scaler_kwargs())
+        if self.config.precision not in _AUTOCAST_DTYPES:
+            raise ValueError(f"precision '{self.config.precision}' is not one of fp32, bf16, fp16")
+        self._dtype = _AUTOCAST_DTYPES[self.config.precision] if self.config.enabled else None
+        self.steps_taken = 0
+        self.steps_skipped = 0
+
+    def training_step(self, batch: Tuple[Any, Any]) -> float:
+        """Trains on one ``(inputs, targets)`` batch; returns the (unscaled) loss."""
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise TypeError("a batch is an (inputs, targets) pair")
+        inputs, targets = (b.to(self.device, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, dtype=self._dtype, enabled=self._dtype is not None):
+            loss = self.loss_fn(self.model(inputs), targets)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scaler.stepped(self.optimizer):
+            self.steps_taken += 1
+        else:
+            self.steps_skipped += 1
+        return float(loss.detach())
+
+    def _record(self) -> Dict[str, Any]:
+        return self.scaler.last_step if self.steps_taken + self.steps_skipped else {}
+
+    @property
+    def last_clipping_stats(self) -> Dict[str, Any]:
+        """The last step's grad_norm, grad_norm_clipped, clip_coef, clipped, threshold, grad_max_abs,
+        found_inf and action ({} before the first step)."""
+        return _clipping_stats(self._record())
+
+    def get_gradient_summary(self) -> Dict[str, Any]:
+        """The last step's gradients (total norm, largest element, top layers, found_inf, the NaN
+        policy's action and reason), the current scale and the steps taken/skipped so far."""
+        r = self._record()
+        summary = {k: r.get(k) for k in ("grad_norm", "grad_max_abs", "zero_fraction", "action", "reason")}
+        return {**summary, "top_layers": list(r.get("top_layers", [])), "found_inf": bool(r.get("found_inf", False)),
+                "scale": self.scaler.get_scale(), "steps_taken": self.steps_taken, "steps_skipped": self.steps_skipped}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Model, optimizer and scaler states and the step counts (``torch.load(weights_only=True)``)."""
+        return {"model": _unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "steps_taken": self.steps_taken,
+                "steps_skipped": self.steps_skipped}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        _unwrap(self.model).load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.scaler.load_state_dict(state_dict["scaler"])
+        self.steps_taken = int(state_dict.get("steps_taken", 0))
+        self.steps_skipped = int(state_dict.get("steps_skipped", 0))
+
+
+def create_amp_trainer(model: torch.nn.Module, amp_config: Optional[AMPConfig] = None,
+                       optimizer: Optional[torch.optim.Optimizer] = None,
+                       loss_fn: Optional[Callable] = None) -> AMPTrainer:
+    """``AMPTrainer(model, amp_config, optimizer, loss_fn)``."""
+    return AMPTrainer(model, amp_config, optimizer, loss_fn)
+
+
+class GradientClipper:
+    """Clips gradients in place with a clipper plugin, outside any loss scaling.
+
+    Args:
+        strategy: the clipper plugin (norm, value, adaptive, agc).
+        threshold: its threshold option (norm's max_norm, value's clip_value, adaptive's upper
+            bound max_norm, agc's clip_factor); None: the plugin's default for ``precision``.
+        precision: picks the per-precision defaults.
+        options: further clipper options by name (``norm_type="inf"``, ``method="percentile"``).
+
+    Non-finite gradients are left as they are and reported (``found_inf``), not clipped.
+    """
+
+    def __init__(self, strategy: str = "norm", threshold: Optional[float] = None, precision: str = "fp16",
+                 **options: Any) -> None:
+        self.strategy = strategy
+        self.precision = precision
+        opt: Dict[str, Any] = {"clipper." + k: v for k, v in options.items()}
+        if threshold is not None:
+            opt["clipper." + _threshold_option(strategy)] = threshold
+        opt["nan_policy.max_consecutive"] = 0  # reporting non-finite gradients never aborts
+        self._kwargs = dict(scaler="none", clipper=strategy, nan_policy="skip", precision=precision, opt=opt)
+        self.reset()
+
+    def reset(self) -> None:
+        """Starts the clipper afresh (an adaptive clipper forgets its norm history)."""
+        # Scale 1 (scaler "none"): the step's unscale is the identity and only the clipper acts.
+        self._scaler = GradScaler("cpu", **self._kwargs)
+
+    def clip(self, parameters: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]]) -> Dict[str, Any]:
+        """Clips the gradients of ``parameters`` (a module, a tensor or tensors) in place; returns
+        grad_norm (L2, before), grad_norm_clipped, clip_coef, clipped, threshold, grad_max_abs (the inf
+        norm, before), found_inf."""
+        if isinstance(parameters, torch.nn.Module):
+            named = list(parameters.named_parameters())
+        else:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            named = [(f"parameters[{i}]", p) for i, p in enumerate(params)]
+        named = [(n, p) for n, p in named if p.grad is not None]
+        if not named:
+            return {"grad_norm": 0.0, "grad_norm_clipped": 0.0, "clip_coef": 1.0, "clipped": False}
+        if any(p.grad.is_sparse for _, p in named):
+            raise ValueError("GradientClipper does not clip sparse gradients; use ampkit.GradScaler(clipper=...)")
+        with torch.no_grad():
+            grads, params, names = [p.grad for _, p in named], [p.detach() for _, p in named], [n for n, _ in named]
+            cpp(self._scaler._core.unscale)(grads, params, names, False, None)  # no fold, no loss
+            cpp(self._scaler._core.update)()
+        return _clipping_stats(self._scaler.last_step)
+
+    def get_recommended_threshold(self, precision: Optional[str] = None) -> Optional[float]:
+        """The plugin's default threshold for ``precision`` (None: this clipper's)."""
+        defaults = dict(_per_precision_default("clipper", self.strategy, _threshold_option(self.strategy)))
+        return defaults.get(precision or self.precision)
+
+
+class DynamicLossScaler(GradScaler):
+    """:class:`ampkit.GradScaler` with the ``dynamic`` scaler; ``hysteresis``, ``min_scale`` and
+    ``max_scale`` None keep the plugin's defaults (1, 1, float32's largest). ``kwargs`` are
+    GradScaler's (``clipper``, ``nan_policy``, ``opt``, ...)."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, hysteresis: Optional[int] = None, min_scale: Optional[float] = None,
+                 max_scale: Optional[float] = None, *, device: str = "cuda", **kwargs: Any) -> None:
+        opt = dict(kwargs.pop("opt", None) or {})
+        for name, value in (("hysteresis", hysteresis), ("min_scale", min_scale), ("max_scale", max_scale)):
+            if value is not None:
+                opt["scaler." + name] = value
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, scaler="dynamic",
+                         opt=opt, **kwargs)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the loss scale (:meth:`scale`)."""
+        return self.scale(loss)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.get_scale()
+
+
+@dataclass(frozen=True)
+class NaNReport:
+    """A :class:`NaNDetector` check: ``ok`` when all was finite, else ``name`` is "loss" or the
+    first parameter (in order) whose gradient has ``nan_count`` NaNs and ``inf_count`` infinities."""
+
+    ok: bool
+    name: Optional[str] = None
+    nan_count: int = 0
+    inf_count: int = 0
+
+    @property
+    def message(self) -> str:
+        return "all finite" if self.ok else f"{self.name}: {self.nan_count} NaN and {self.inf_count} inf values"
+
+
+class NaNDetector:
+    """Finds non-finite losses and gradients (detection only: what to do is the NaN policy's)."""
+
+    def __init__(self) -> None:
+        self.detections = 0
+        self.last_report: Optional[NaNReport] = None
+
+    def _report(self, ok: bool, name: Optional[str] = None, t: Optional[torch.Tensor] = None) -> NaNReport:
+        counts = (0, 0) if t is None else (int(t.isnan().sum()), int(t.isinf().sum()))
+        self.detections += 0 if ok else 1
+        self.last_report = NaNReport(ok, name, *counts)
+        return self.last_report
+
+    def check_loss(self, loss: Union[torch.Tensor, float]) -> NaNReport:
+        t = torch.as_tensor(loss).detach()
+        ok = bool(torch.isfinite(t).all())
+        return self._report(ok, None if ok else "loss", t)
+
+    def check_gradients(self, model: Union[torch.nn.Module, Iterable[torch.Tensor]]) -> NaNReport:
+        """Checks every gradient with one host read; the report names the first bad parameter."""
+        named = model.named_parameters() if isinstance(model, torch.nn.Module) else (
+            (f"parameters[{i}]", p) for i, p in enumerate(model))
+        grads = [(n, p.grad._values() if p.grad.is_sparse else p.grad) for n, p in named if p.grad is not None]
+        bad = torch.stack([(~torch.isfinite(g)).any().cpu() for _, g in grads]).nonzero() if grads else []
+        if len(bad) == 0:
+            return self._report(True)
+        name, g = grads[int(bad[0])]
+        return self._report(False, name, g.detach())
+
+
+class NaNRecoveryManager:
+    """The seeds' NaN strategies as nan_policy plugins: skip → ``skip``, reduce_scale → ``backoff``,
+    clip → ``skip`` with ``on_spike=clip`` (a finite loss or gradient-norm spike is applied clipped;
+    detection needs ``spike_zscore``, 6 when not given), abort → ``abort``. ``rollback`` raises
+    :class:`ValueError`: it needs ampkit-train's snapshots. The other arguments are the policy's
+    options of the same names (None: the plugin's default)."""
+
+    def __init__(self, strategy: str = "skip", *, max_consecutive: Optional[int] = None,
+                 spike_zscore: Optional[float] = None, spike_window: Optional[int] = None,
+                 spike_min_samples: Optional[int] = None) -> None:
+        if strategy == "rollback":
+            raise ValueError(_ROLLBACK)
+        if strategy not in _NAN_STRATEGIES:
+            raise ValueError(f"unknown nan strategy '{strategy}' (skip, reduce_scale, clip, abort)"
+                             + _did_you_mean(strategy, _NAN_STRATEGIES))
+        self.strategy = strategy
+        self.policy, options = _NAN_STRATEGIES[strategy]
+        if strategy == "clip" and spike_zscore is None:
+            spike_zscore = _CLIP_SPIKE_ZSCORE
+        given = {"max_consecutive": max_consecutive, "spike_zscore": spike_zscore, "spike_window": spike_window,
+                 "spike_min_samples": spike_min_samples}
+        self.options: Dict[str, Any] = {**options, **{k: v for k, v in given.items() if v is not None}}
+
+    def scaler_kwargs(self) -> Dict[str, Any]:
+        """``{"nan_policy": ..., "opt": {"nan_policy.OPTION": value}}`` for :class:`ampkit.GradScaler`."""
+        return {"nan_policy": self.policy, "opt": {"nan_policy." + k: v for k, v in self.options.items()}}
+
+    def make_scaler(self, device: str = "cuda", **kwargs: Any) -> GradScaler:
+        """An :class:`ampkit.GradScaler` with this strategy; ``kwargs``' ``opt`` entries win."""
+        opt = {**self.scaler_kwargs()["opt"], **(kwargs.pop("opt", None) or {})}
+        return GradScaler(device, nan_policy=self.policy, opt=opt, **kwargs)

@@ -1,0 +1,46 @@
+// The TORCH_LIBRARY of `import ampkit`: torch.classes.ampkit.ScalerCore and a few free functions.
+#include <torch/library.h>
+
+#include "errors.h"
+#include "scaler_core.h"
+
+namespace ampkit::python {
+
+LastError& last_error() {
+  thread_local LastError error;
+  return error;
+}
+
+namespace {
+// Read once: the record is cleared, so a later failure that did not pass through guarded()
+// (torch's own argument checks) is never mistaken for it.
+std::tuple<int64_t, std::string> last_error_op() {
+  LastError e = std::move(last_error());
+  last_error() = LastError{};
+  return {e.kind, e.message};
+}
+}  // namespace
+
+}  // namespace ampkit::python
+
+TORCH_LIBRARY(ampkit, m) {
+  using ampkit::python::ScalerCore;
+  m.class_<ScalerCore>("ScalerCore")
+      .def(torch::init<c10::Dict<std::string, std::string>, c10::Dict<std::string, std::string>, std::string,
+                       std::vector<std::string>, bool, bool, int64_t, int64_t>())
+      .def("scale", &ScalerCore::scale)
+      .def("unscale", &ScalerCore::unscale)
+      .def("update", &ScalerCore::update)
+      .def("set_scale", &ScalerCore::set_scale)
+      .def("option", &ScalerCore::option)
+      .def("set_option", &ScalerCore::set_option)
+      .def("settings", &ScalerCore::settings)
+      .def("plugin", &ScalerCore::plugin)
+      .def("state", &ScalerCore::state)
+      .def("load_state", &ScalerCore::load_state)
+      .def("record", &ScalerCore::record)
+      .def("steps_in_iteration", &ScalerCore::steps_in_iteration);
+  m.def("last_error", &ampkit::python::last_error_op);
+  m.def("list_plugins", &ampkit::python::list_plugins);
+  m.def("plugin_options", &ampkit::python::plugin_options);
+}

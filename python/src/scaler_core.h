@@ -1,0 +1,91 @@
+// The C++ side of ampkit.GradScaler: the plugins and the AMP step, for a Python optimizer.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ampkit/amp_step.h"
+#include "ampkit/registry.h"
+#include "ampkit/strategy_set.h"
+
+namespace ampkit::python {
+
+// One GradScaler's strategies (scaler, clipper, NaN policy; loaded by name with the CLI's option
+// rules) and the step state between its calls. Python drives it in torch.amp.GradScaler's order:
+// scale() for the loss, unscale() once per optimizer after backward, the optimizer's own step,
+// update() once per iteration. Each unscale() is one AmpStep decision over that optimizer's
+// gradients (torch skips per optimizer); update() gives the scaler the iteration's statistics
+// merged over its optimizers (an overflow in any of them counts, as GradScaler's does).
+class ScalerCore : public torch::CustomClassHolder {
+ public:
+  // `plugins`: kind -> plugin name or path (scaler, clipper, nan_policy; missing kinds take their
+  // defaults); `options`: "KIND.OPTION" -> text, as --opt; `precision` picks per-precision
+  // defaults; `plugin_dirs` are searched before AMPKIT_PLUGIN_PATH.
+  ScalerCore(c10::Dict<std::string, std::string> plugins, c10::Dict<std::string, std::string> options,
+             std::string precision, std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda,
+             int64_t rank, int64_t world_size);
+
+  double scale() const;
+  // Statistics, the policy's decision and unscale+clip for one optimizer's gradients. Returns
+  // (step: whether the optimizer may step, factor: what its fused step still has to multiply the
+  // gradients by, 1 when they were multiplied here). `fold`: the optimizer takes grad_scale.
+  // `loss`: the iteration's mean unscaled loss when the caller knows it (a non-finite loss is a
+  // bad step too, and spike detection reads it); read with the statistics.
+  std::tuple<bool, double> unscale(std::vector<at::Tensor> grads, std::vector<at::Tensor> parameters,
+                                   std::vector<std::string> names, bool fold, std::optional<at::Tensor> loss);
+  // The scaler's update with the iteration's merged statistics; returns the next scale. An
+  // iteration whose policy or scaler aborted raises.
+  double update();
+  // update(new_scale): the scale is set, the scaler's counters are kept (GradScaler's rule).
+  void set_scale(double scale);
+
+  // The resolved value of a plugin option ("" when unset), and setting one: the plugin is made
+  // again with it and given its saved state, as a resumed run would.
+  std::string option(const std::string& kind, const std::string& name) const;
+  void set_option(const std::string& kind, const std::string& name, const std::string& value);
+  // Every option of a kind: (name, value, source) rows.
+  std::vector<std::vector<std::string>> settings(const std::string& kind) const;
+  // name, version and file of the selected plugin of `kind`.
+  std::vector<std::string> plugin(const std::string& kind) const;
+
+  // A plugin's checkpointable state as (key, value) with value one of bool, int, float, str,
+  // list of float; load_state takes the same, with a float64 tensor for a list (an empty Python
+  // list has no element type to cross as).
+  c10::Dict<std::string, c10::IValue> state(const std::string& kind) const;
+  void load_state(const std::string& kind, c10::Dict<std::string, c10::IValue> state);
+
+  // The last unscale()'s record: the metrics record's fields (loss scale, raw and clipped norm,
+  // clip coefficient, action, reason, top layers...).
+  c10::Dict<std::string, c10::IValue> record() const;
+  int64_t steps_in_iteration() const { return static_cast<int64_t>(iteration_.size()); }
+
+ private:
+  Strategy& strategy(const std::string& kind) const;
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<StrategySet> set_;
+  std::unique_ptr<AmpStep> step_;
+  RunInfo info_;
+  bool started_ = false;
+  int64_t step_index_ = 0;
+  int64_t consecutive_skips_ = 0;
+  std::vector<StepOutcome> iteration_;  // this iteration's unscale() outcomes
+  StepOutcome last_;
+  std::vector<std::string> last_names_;
+};
+
+// What the registry finds: (kind, name, version, summary, path) rows, and one plugin's options
+// as (name, type, default, help) rows.
+std::vector<std::vector<std::string>> list_plugins(std::vector<std::string> plugin_dirs,
+                                                   bool allow_untrusted);
+std::vector<std::vector<std::string>> plugin_options(std::vector<std::string> plugin_dirs,
+                                                     bool allow_untrusted, std::string kind,
+                                                     std::string name);
+
+}  // namespace ampkit::python
