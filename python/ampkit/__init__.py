@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import _library  # noqa: F401  (loads the C++ side first)
 from ._errors import AmpkitError, PluginError, TrainingAborted
 from .grad_scaler import GradScaler, OptState
+from .locator import NanLocator
 from .lr_scheduler import LRScheduler
 from .plugins import OptionInfo, PluginInfo, plugins
 from . import seeds
@@ -35,6 +36,7 @@ __all__ = [
     "GradientClipper",
     "NaNDetector",
     "NaNRecoveryManager",
+    "NanLocator",
     "RECOMMENDED_CLIPPING_THRESHOLDS",
     "create_amp_trainer",
     "create_default_amp_config",

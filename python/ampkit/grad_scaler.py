@@ -14,13 +14,14 @@ import os
 import warnings
 from collections import defaultdict
 from enum import Enum
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
 from . import _library
 from ._errors import cpp
 from .deepspeed import scaler_kwargs_from_deepspeed
+from .locator import NanLocator
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -117,6 +118,7 @@ class GradScaler:
             if value != _TORCH_DEFAULTS[name]:
                 self._config["opt"].setdefault("scaler." + name, _option_text(value))
         self._torch_args = torch_args
+        self._model = model
         self._names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         self._core: Any = None
         self._scale: Optional[torch.Tensor] = None  # torch's: None until the first scale()
@@ -125,18 +127,19 @@ class GradScaler:
         self._last_taken: Dict[int, bool] = {}
         self._loss_sum: Optional[torch.Tensor] = None  # this iteration's losses given to scale()
         self._loss_count = 0
+        self._pass_loss = True
         if self._enabled:
             self._core = self._make_core()
 
     def _make_core(self) -> Any:
         c = self._config
         dirs = c["plugin_dirs"] + [_library.builtin_plugin_dir()]
-        rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
-        world = (
-            torch.distributed.get_world_size()
-            if torch.distributed.is_available() and torch.distributed.is_initialized()
-            else 1
-        )
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = torch.distributed.get_rank() if distributed else 0
+        world = torch.distributed.get_world_size() if distributed else 1
+        # Under DDP every rank sees the same averaged gradients but its own loss: a decision that
+        # read the loss could differ between ranks, so the policy sees the gradients only.
+        self._pass_loss = world == 1
         make = cpp(lambda: torch.classes.ampkit.ScalerCore(
             c["plugins"], c["opt"], c["precision"], dirs, c["allow_untrusted"], self._device.startswith("cuda"),
             rank, world))
@@ -357,6 +360,7 @@ class GradScaler:
             )
             state["_saved_state_dict"] = self.state_dict()
         state["_core"] = None
+        state["_model"], state["_names"] = None, {}  # the model is not the scaler's to pickle
         state["_scale"] = None
         state["_scale_per_device"] = {}
         state["_per_optimizer_states"] = {}
@@ -382,6 +386,29 @@ class GradScaler:
         if not self._enabled:
             return {}
         return dict(cpp(self._core.record)())
+
+    def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
+        """After a skipped step: re-runs it (``closure`` is its forward under its autocast, returning
+        the loss) with every submodule of ``model`` observed, backward at the step's scale, and
+        returns ampkit-train's NaN report: ``step``, ``rank``, ``detection``, ``action``,
+        ``loss_scale``, ``precision``, ``located``, ``module``, ``module_type``, ``phase``,
+        ``finding``, ``observation``, ``forward``, ``backward`` (:class:`ampkit.NanLocator`)."""
+        if self._model is None:
+            raise ValueError("locate() needs the model: create the GradScaler with model=...")
+        record = self.last_step
+        scale = record.get("scale", 1.0)
+        located = NanLocator(self._model).locate(closure, scale=scale)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        report = {
+            "step": record.get("step", 0),
+            "rank": torch.distributed.get_rank() if distributed else 0,
+            "detection": record.get("reason", ""),
+            "action": record.get("action", ""),
+            "loss_scale": scale,
+            "precision": self._config["precision"],
+        }
+        report.update(located)
+        return report
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
@@ -446,7 +473,7 @@ class GradScaler:
         if not grads:
             state["step"] = None
             return
-        loss = self._loss_sum / self._loss_count if self._loss_count else None
+        loss = self._loss_sum / self._loss_count if self._loss_count and self._pass_loss else None
         step, factor = cpp(self._core.unscale)(grads, params, names, fold, loss)
         state["step"] = bool(step)
         state["factor"] = float(factor)

@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "errors.h"
+#include "locator.h"
 #include "scaler_core.h"
 
 namespace ampkit::python {
@@ -40,6 +41,10 @@ TORCH_LIBRARY(ampkit, m) {
       .def("load_state", &ScalerCore::load_state)
       .def("record", &ScalerCore::record)
       .def("steps_in_iteration", &ScalerCore::steps_in_iteration);
+  m.class_<ampkit::python::LocatorSession>("LocatorSession")
+      .def(torch::init<>())
+      .def("observe", &ampkit::python::LocatorSession::observe)
+      .def("finish", &ampkit::python::LocatorSession::finish);
   m.def("last_error", &ampkit::python::last_error_op);
   m.def("list_plugins", &ampkit::python::list_plugins);
   m.def("plugin_options", &ampkit::python::plugin_options);

@@ -224,7 +224,42 @@ NanLocation largest_jump(const std::vector<Run>& runs, const LocatorInputs& in,
   return best;
 }
 
+// What a re-run found when nothing in it was non-finite.
+void nothing_found(NanLocation& loc, double spike_ratio) {
+  loc.finding = "the re-run found no non-finite value and no module more than " +
+                std::to_string(static_cast<int>(spike_ratio)) + "x a healthy batch";
+}
+
 }  // namespace
+
+struct LocatorRecording::Recording {
+  RecordingProbe probe;
+  std::unique_ptr<ProbeScope> scope;
+};
+
+LocatorRecording::LocatorRecording() : recording_(std::make_unique<Recording>()) {
+  recording_->scope = std::make_unique<ProbeScope>(&recording_->probe);
+}
+
+LocatorRecording::~LocatorRecording() = default;
+
+NanLocation LocatorRecording::finish(double loss) {
+  if (!recording_->scope) throw Error(ErrorCategory::usage, "the locator's recording was already finished");
+  recording_->scope.reset();
+  Run r;
+  r.loss = loss;
+  r.forward = std::move(recording_->probe.forward);
+  r.backward = std::move(recording_->probe.backward);
+  const LocatorInputs no_reference;
+  NanLocation loc = first_nonfinite_in(r, 0, no_reference, {});
+  if (!loc.found) {
+    nothing_found(loc, no_reference.spike_ratio);
+    loc.loss = loss;
+    loc.forward = std::move(r.forward);
+    loc.backward = std::move(r.backward);
+  }
+  return loc;
+}
 
 NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>& parameters) {
   for (const auto& p : parameters) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
@@ -238,8 +273,7 @@ NanLocation locate_fault(const LocatorInputs& in, const std::vector<at::Tensor>&
   NanLocation best;
   if (in.reference && !runs.empty()) best = largest_jump(runs, in, parameters);
   if (!best.found) {
-    best.finding = "the re-run found no non-finite value and no module more than " +
-                   std::to_string(static_cast<int>(in.spike_ratio)) + "x a healthy batch";
+    nothing_found(best, in.spike_ratio);
     if (!runs.empty()) {
       best.loss = runs.front().loss;
       best.forward = runs.front().forward;

@@ -6,6 +6,7 @@
 #include <ampkit/step.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,5 +57,24 @@ struct LocatorInputs {
 // over spikes; forward (the first bad output in execution order) over backward (the first bad
 // gradient in backward order, i.e. nearest the loss).
 NanLocation locate_fault(const LocatorInputs& inputs, const std::vector<at::Tensor>& parameters);
+
+// The same re-run driven by a caller that runs the model itself (the Python package, whose forward
+// hooks call tap()): from construction on, every output tapped on this thread is observed, and the
+// gradient of each through a hook. finish() judges the re-run as locate_fault judges one
+// micro-batch (without the comparison with a healthy batch): the first non-finite output, else a
+// non-finite loss, else the first non-finite output gradient in backward order.
+class LocatorRecording {
+ public:
+  LocatorRecording();
+  ~LocatorRecording();
+  LocatorRecording(const LocatorRecording&) = delete;
+  LocatorRecording& operator=(const LocatorRecording&) = delete;
+  // Stops observing; `loss` is the re-run's loss (fp32, unscaled).
+  NanLocation finish(double loss);
+
+ private:
+  struct Recording;
+  std::unique_ptr<Recording> recording_;
+};
 
 }  // namespace ampkit

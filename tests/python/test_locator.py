@@ -1,0 +1,81 @@
+"""The NaN locator for Python modules: names the first module whose output or gradient went
+non-finite, in ampkit-train's report form, and hooks nothing on healthy steps."""
+
+import math
+
+import torch
+
+import ampkit
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.embed(x)))
+
+
+def loss_of(model, x):
+    def closure():
+        with torch.autocast("cpu", dtype=torch.float16):
+            return torch.nn.functional.cross_entropy(model(x), torch.zeros(len(x), dtype=torch.long))
+
+    return closure
+
+
+def test_first_non_finite_output_is_named_with_its_summary():
+    model = Net()
+    with torch.no_grad():
+        model.blocks[2].weight.mul_(1e5)  # the block's last Linear overflows fp16 on large inputs
+    x = torch.full((4, 8), 30.0)
+    report = ampkit.NanLocator(model).locate(loss_of(model, x))
+    assert report["located"] is True
+    assert (report["module"], report["module_type"], report["phase"]) == ("blocks.2", "Linear", "forward")
+    assert report["finding"] == "first non-finite output"
+    out = report["observation"]["output"]
+    assert out["dtype"] == "Half" and out["shape"] == [4, 16] and out["nonfinite"] > 0
+    # Every module before it was observed finite, in execution order.
+    assert [o["module"] for o in report["forward"][:3]] == ["embed", "blocks.0", "blocks.1"]
+    assert all(o["output"]["nonfinite"] == 0 for o in report["forward"][:3])
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_overflowing_gradient_is_found_in_backward_order_at_the_scale():
+    model = Net()
+    x = torch.randn(4, 8)
+    # Finite forward; at a scale of 1e38 the gradients overflow fp32 nearest the loss first.
+    report = ampkit.NanLocator(model).locate(loss_of(model, x), scale=1e38)
+    assert report["located"] is True and report["phase"] == "backward"
+    assert report["module"] == "head"
+    assert report["observation"]["gradient"]["nonfinite"] > 0
+
+
+def test_a_healthy_re_run_locates_nothing_and_no_hook_stays():
+    model = Net()
+    x = torch.randn(4, 8)
+    report = ampkit.NanLocator(model).locate(loss_of(model, x))
+    assert report["located"] is False and report["module"] == ""
+    # embed, blocks.0-2, the Sequential "blocks" itself (its hook fires after its last layer), head
+    assert [o["module"] for o in report["forward"]] == ["embed", "blocks.0", "blocks.1", "blocks.2", "blocks", "head"]
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_grad_scaler_locate_reports_the_skipped_step():
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = ampkit.GradScaler("cpu", model=model, init_scale=1024.0)
+    x = torch.randn(4, 8)
+    x[1, 3] = math.nan  # a bad input: the embedding's output is the first non-finite value
+    closure = loss_of(model, x)
+    scaler.scale(closure()).backward()
+    assert scaler.step(opt) is False
+    report = scaler.locate(closure)
+    scaler.update()
+    assert report["step"] == 0 and report["action"] == "skip" and report["loss_scale"] == 1024.0
+    assert (report["module"], report["phase"], report["located"]) == ("embed", "forward", True)
+    assert report["observation"]["input"]["nonfinite"] == 1
