@@ -17,6 +17,8 @@ def _load() -> None:
             "and use PYTHONPATH=build/python, or pip install ."
         )
     torch.ops.load_library(path)
+    # A plugin that crashes or calls exit() inside a call is reported by name (exit code 3).
+    torch.ops.ampkit.install_fault_reporter()
 
 
 def builtin_plugin_dir() -> str:

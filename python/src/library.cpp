@@ -1,6 +1,7 @@
 // The TORCH_LIBRARY of `import ampkit`: torch.classes.ampkit.ScalerCore and a few free functions.
 #include <torch/library.h>
 
+#include "ampkit/plugin_call.h"
 #include "errors.h"
 #include "locator.h"
 #include "scaler_core.h"
@@ -20,6 +21,13 @@ std::tuple<int64_t, std::string> last_error_op() {
   last_error() = LastError{};
   return {e.kind, e.message};
 }
+// A crash, exit() or abort inside a plugin call ends the interpreter with one line naming the
+// plugin and the call, and exit code 3 (ampkit-train's for plugin errors); other crashes go to
+// the handlers Python had (faulthandler's, say). SIGALRM stays Python's: no time limits.
+void install_fault_reporter() {
+  install_plugin_fault_reporter("ampkit", 3, false);
+}
+
 }  // namespace
 
 }  // namespace ampkit::python
@@ -46,6 +54,7 @@ TORCH_LIBRARY(ampkit, m) {
       .def("observe", &ampkit::python::LocatorSession::observe)
       .def("finish", &ampkit::python::LocatorSession::finish);
   m.def("last_error", &ampkit::python::last_error_op);
+  m.def("install_fault_reporter", &ampkit::python::install_fault_reporter);
   m.def("list_plugins", &ampkit::python::list_plugins);
   m.def("plugin_options", &ampkit::python::plugin_options);
 }

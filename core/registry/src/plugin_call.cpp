@@ -21,6 +21,10 @@ char g_names[kKindCount][kNameLength];  // per kind, what reports call the plugi
 char g_program[64] = "ampkit";
 int g_exit_code = 3;
 bool g_installed = false;
+bool g_time_limits = true;
+// The handlers in place before ours (SIG_DFL in a program; Python's faulthandler, say, in an
+// interpreter): outside plugin code a fatal signal goes to them as if we were not here.
+struct sigaction g_previous[NSIG];
 unsigned g_timeout = 0;
 volatile sig_atomic_t g_kind = -1;  // index into kKinds of the plugin being called, -1: none
 const char* volatile g_call = nullptr;
@@ -65,7 +69,7 @@ const char* signal_text(int sig) {
 
 extern "C" void on_fatal_signal(int sig) {
   if (g_kind < 0) {  // not in plugin code: behave as if we were not here
-    ::signal(sig, SIG_DFL);
+    ::sigaction(sig, &g_previous[sig], nullptr);
     ::raise(sig);
     return;
   }
@@ -87,11 +91,12 @@ extern "C" void on_exit_call() {
 
 }  // namespace
 
-void install_plugin_fault_reporter(const char* program, int exit_code) {
+void install_plugin_fault_reporter(const char* program, int exit_code, bool time_limits) {
   std::snprintf(g_program, sizeof g_program, "%s", program);
   g_exit_code = exit_code;
   if (g_installed) return;
   g_installed = true;
+  g_time_limits = time_limits;
   // A stack overflow in a plugin still gets its line: the handler runs on a stack of its own.
   static char alternate_stack[64 * 1024];
   stack_t ss{};
@@ -102,11 +107,13 @@ void install_plugin_fault_reporter(const char* program, int exit_code) {
   sa.sa_handler = on_fatal_signal;
   sa.sa_flags = SA_ONSTACK | SA_NODEFER;
   ::sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, nullptr);
-  struct sigaction alarm {};
-  alarm.sa_handler = on_alarm;
-  ::sigemptyset(&alarm.sa_mask);
-  ::sigaction(SIGALRM, &alarm, nullptr);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, &g_previous[sig]);
+  if (time_limits) {
+    struct sigaction alarm {};
+    alarm.sa_handler = on_alarm;
+    ::sigemptyset(&alarm.sa_mask);
+    ::sigaction(SIGALRM, &alarm, nullptr);
+  }
   std::atexit(on_exit_call);
 }
 
@@ -129,7 +136,7 @@ PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seco
     : previous_kind_(g_kind), previous_call_(g_call) {
   g_kind = kind_index(kind);
   g_call = call;
-  if (timeout_seconds > 0 && g_installed && g_timeout == 0) {
+  if (timeout_seconds > 0 && g_installed && g_time_limits && g_timeout == 0) {
     g_timeout = timeout_seconds;
     ::alarm(timeout_seconds);
     armed_ = true;

@@ -19,8 +19,10 @@
 namespace ampkit {
 
 // Installs the handlers (an alternate signal stack included); `program` starts the line
-// ("ampkit-train: error: ..."), `exit_code` ends the process. Idempotent.
-void install_plugin_fault_reporter(const char* program, int exit_code);
+// ("ampkit-train: error: ..."), `exit_code` ends the process. Idempotent. Outside plugin calls a
+// fatal signal goes to the handler that was there before. Without `time_limits` SIGALRM is left
+// alone and PluginCall arms no alarm (a host such as Python may use SIGALRM itself).
+void install_plugin_fault_reporter(const char* program, int exit_code, bool time_limits = true);
 // When a plugin call is active: writes "... called _exit() in <call>; the run stops" and returns
 // the host's exit code for plugin errors. Otherwise returns `status`. Async-signal-safe.
 int report_plugin_exit(int status) noexcept;
