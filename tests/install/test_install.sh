@@ -124,6 +124,29 @@ AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 
   "('ema_norm', '1.0.0', 5, 'completed')" ] || fail "summary: $(cat "$work/train.json")"
 [ "$(wc -l <"$work/train.jsonl")" -eq 5 ] || fail "expected 5 metrics records"
 
+step "ampkit.GradScaler(clipper='ema_norm') from Python, by name"
+AMPKIT_PLUGIN_PATH=$ema PYTHONPATH=$build/python python3 - <<'PY' || fail "the ema_norm plugin from Python"
+import torch, ampkit
+assert ("clipper", "ema_norm", "1.0.0") in {(p.kind, p.name, p.version) for p in ampkit.plugins()}
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the same gradient every step
+scaler = ampkit.GradScaler("cpu", clipper="ema_norm", opt={"clipper.warmup_steps": 2})
+for step, spike in enumerate([1, 1, 1, 100]):
+    opt.zero_grad()
+    scaler.scale(model(torch.ones(3, 4)).sum() * spike).backward()
+    assert scaler.step(opt)
+    scaler.update()
+    rec = scaler.last_step
+    if step < 2:  # warm-up: measured, not clipped
+        assert rec["clip_threshold"] == 0 and not rec["clipped"], rec
+        norm = rec["grad_norm"]
+# the spike is clipped to factor (2) x the average of the three healthy norms
+assert rec["clipped"] and abs(rec["clip_threshold"] - 2 * norm) < 1e-9 * norm, rec
+assert abs(rec["grad_norm_clipped"] - 2 * norm) < 1e-5 * norm, rec
+print("ema_norm from Python: threshold", rec["clip_threshold"], "clipped norm", rec["grad_norm_clipped"])
+PY
+
 step "ampkit-train --nan-policy bad_streak (the torch-free example plugin)"
 rc=0
 AMPKIT_PLUGIN_PATH=$streak "$prefix/bin/ampkit-train" --workload synthetic --steps 6 --nan-policy bad_streak \
