@@ -1,0 +1,106 @@
+"""One rank of tests/python/test_ddp.py, run by torchrun (not collected by pytest).
+
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 ddp_worker.py OUT_DIR \
+        [--nan-policy skip|abort] [--plant input|loss] [--steps 30] [--nan-step 10] [--nan-rank 1]
+
+Trains a small MLP with torch DDP over gloo on the CPU, CPU autocast fp16 and
+ampkit.GradScaler("cpu", clipper="norm", opt={"clipper.max_norm": 1.0}). At --nan-step, rank
+--nan-rank sets x[0, 0] = nan in its forward input, so its loss and its local gradients are not
+finite; DDP averages the gradients, so every rank's averaged gradients are not finite either.
+With --plant loss it adds a detached nan to its loss instead: that rank's loss is not finite
+while every gradient (its own and the average) stays finite.
+Writes OUT_DIR/rank-R.json: rank, stepped flags, scale sequence (get_scale() after each update),
+the step records' actions and reasons, the losses, and a sha256 of the parameters' bytes.
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+torch.set_num_threads(1)
+
+import ampkit  # noqa: E402  (PYTHONPATH names the build tree's python folder)
+
+
+def parameter_sha256(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--nan-policy", default="skip")
+    ap.add_argument("--plant", choices=("input", "loss"), default="input")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--nan-step", type=int, default=10)
+    ap.add_argument("--nan-rank", type=int, default=1)
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(1234 + rank)  # a different model on each rank: DDP must broadcast rank 0's
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    scaler = ampkit.GradScaler(
+        "cpu", clipper="norm", nan_policy=args.nan_policy, opt={"clipper.max_norm": 1.0}, model=model
+    )
+
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of data
+    stepped, scales, actions, reasons, losses = [], [], [], [], []
+    for step in range(args.steps):
+        x = torch.randn(8, 16, generator=gen)
+        y = torch.randint(0, 4, (8,), generator=gen)
+        plant = step == args.nan_step and rank == args.nan_rank
+        if plant and args.plant == "input":
+            x[0, 0] = math.nan
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        if plant and args.plant == "loss":
+            loss = loss + torch.tensor(math.nan)  # a constant: d(loss)/d(parameters) is unchanged
+        scaler.scale(loss).backward()
+        took = scaler.step(opt)
+        record = scaler.last_step
+        scaler.update()  # nan_policy=abort raises ampkit.TrainingAborted here: the rank exits 1
+        stepped.append(bool(took))
+        scales.append(scaler.get_scale())
+        actions.append(str(record["action"]))
+        reasons.append(str(record["reason"]))
+        losses.append(float(loss.item()) if math.isfinite(loss.item()) else str(loss.item()))
+
+    result = {
+        "rank": rank,
+        "world_size": world,
+        "stepped": stepped,
+        "scales": scales,
+        "actions": actions,
+        "reasons": reasons,
+        "losses": losses,
+        "param_sha256": parameter_sha256(model),
+    }
+    path = os.path.join(args.out_dir, f"rank-{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
