@@ -1,6 +1,7 @@
 // The TORCH_LIBRARY of `import ampkit`: torch.classes.ampkit.ScalerCore and a few free functions.
 #include <torch/library.h>
 
+#include "ampkit/deepspeed_config.h"
 #include "ampkit/plugin_call.h"
 #include "errors.h"
 #include "locator.h"
@@ -21,6 +22,22 @@ std::tuple<int64_t, std::string> last_error_op() {
   last_error() = LastError{};
   return {e.kind, e.message};
 }
+// map_deepspeed_config for ampkit.GradScaler.from_deepspeed_config: (precision, kind -> plugin,
+// "KIND.OPTION" -> value text, micro batch size or -1, accumulation steps or -1, unmapped keys).
+std::tuple<std::string, c10::Dict<std::string, std::string>, c10::Dict<std::string, std::string>, int64_t,
+           int64_t, std::vector<std::string>>
+deepspeed_mapping(const std::string& json_text, const std::string& where) {
+  return guarded([&] {
+    const DeepSpeedMapping m = map_deepspeed_config(json_text, where);
+    c10::Dict<std::string, std::string> plugins, options;
+    for (const auto& [kind, name] : m.plugins) plugins.insert(kind, name);
+    for (const auto& [kind, values] : m.options)
+      for (const auto& [name, value] : values) options.insert(kind + "." + name, value);
+    return std::make_tuple(std::string(to_string(m.precision)), plugins, options,
+                           m.micro_batch_size.value_or(-1), m.accumulation_steps.value_or(-1), m.unmapped);
+  });
+}
+
 // A crash, exit() or abort inside a plugin call ends the interpreter with one line naming the
 // plugin and the call, and exit code 3 (ampkit-train's for plugin errors); other crashes go to
 // the handlers Python had (faulthandler's, say). SIGALRM stays Python's: no time limits.
@@ -55,6 +72,7 @@ TORCH_LIBRARY(ampkit, m) {
       .def("finish", &ampkit::python::LocatorSession::finish);
   m.def("last_error", &ampkit::python::last_error_op);
   m.def("install_fault_reporter", &ampkit::python::install_fault_reporter);
+  m.def("deepspeed_mapping", &ampkit::python::deepspeed_mapping);
   m.def("list_plugins", &ampkit::python::list_plugins);
   m.def("plugin_options", &ampkit::python::plugin_options);
 }

@@ -306,8 +306,8 @@ def test_deepspeed_fp16_maps_onto_the_dynamic_scaler_with_one_warning(tmp_path):
     assert len(caught) == 1 and "fp16.auto_cast" in str(caught[0].message)
     assert "train_batch_size" not in str(caught[0].message) and "zero_optimization" not in str(caught[0].message)
     assert kwargs == {"precision": "fp16", "scaler": "dynamic", "clipper": "norm", "opt": {
-        "scaler.init_scale": 4096.0, "scaler.growth_interval": 500, "scaler.hysteresis": 2, "scaler.min_scale": 2,
-        "clipper.max_norm": 1.5}}
+        "scaler.init_scale": "4096", "scaler.growth_interval": "500", "scaler.hysteresis": "2", "scaler.min_scale": "2",
+        "clipper.max_norm": "1.5"}}
     scaler = ampkit.GradScaler("cpu", **kwargs)
     assert scaler.get_scale() == 4096.0 and scaler.get_growth_interval() == 500
     assert dict((r[0], r[1]) for r in scaler.plugin_options("scaler"))["hysteresis"] == "2"
@@ -320,15 +320,15 @@ def test_deepspeed_defaults_static_bf16_and_conflicts():
         bf16 = scaler_kwargs_from_deepspeed({"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 4})
         static = scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "loss_scale": 128}})
     # DeepSpeed's DynamicLossScaler defaults when the section names no dynamic key.
-    assert alone["opt"] == {"scaler.init_scale": 2.0**32, "scaler.growth_interval": 1000, "scaler.hysteresis": 1,
-                            "scaler.min_scale": 1}
+    assert alone["opt"] == {"scaler.init_scale": "4294967296", "scaler.growth_interval": "1000",
+                            "scaler.hysteresis": "1", "scaler.min_scale": "1"}
     assert bf16 == {"precision": "bf16", "scaler": "none", "clipper": "none", "opt": {}}
-    assert static["scaler"] == "static" and static["opt"] == {"scaler.scale": 128.0}
+    assert static["scaler"] == "static" and static["opt"] == {"scaler.scale": "128"}
     assert ampkit.GradScaler("cpu", **static).get_scale() == 128.0
     with pytest.warns(UserWarning, match=r"fp16\.consecutive_hysteresis.*amp") as caught:
         scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "consecutive_hysteresis": True}, "amp": {}})
     assert len(caught) == 1
-    with pytest.raises(ValueError, match="both fp16 and bf16"):
+    with pytest.raises(ValueError, match="enables both fp16 and bf16"):
         scaler_kwargs_from_deepspeed({"fp16": {"enabled": True}, "bf16": {"enabled": True}})
     with pytest.raises(ValueError, match="fp16.enabled is \"auto\""):
         scaler_kwargs_from_deepspeed({"fp16": {"enabled": "auto"}})

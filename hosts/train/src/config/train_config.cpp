@@ -15,6 +15,7 @@
 #include "ampkit/error.h"
 #include "ampkit/utf8.h"
 #include "config/option_table.h"
+#include "config/deepspeed_file.h"
 #include "config/yaml_file.h"
 
 namespace po = boost::program_options;
@@ -108,6 +109,7 @@ std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
   const YAML::Node root = load_config_yaml(file);
   if (root.IsNull()) return {};
   if (!root.IsMap()) throw Error(ErrorCategory::usage, "config file " + file + " must be a mapping of option: value");
+  if (is_deepspeed_file(root)) return deepspeed_file_words(file, cfg);
   std::vector<std::string> words;
   for (const auto& item : root) {
     if (!item.first.IsScalar())

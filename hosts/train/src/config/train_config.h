@@ -38,6 +38,7 @@ struct TrainConfig {
   bool allow_untrusted_plugins = false;
 
   std::string config_file;
+  std::vector<std::string> config_warnings;  // about the config file (a DeepSpeed config's unmapped keys)
   std::string metrics_file;
   std::string summary_file;
   int64_t layer_norms_top_k = 0;  // "top_layers" entries per metrics record; 0: none

@@ -180,7 +180,9 @@ void Session::rendezvous() {
   if (comm.world_size() > 1) g_comm = &comm;
   is_root_ = comm.rank() == 0;
   check_same_settings(comm, device_, shared_settings());
-  warnings_ = precision_warnings(precision_facts(cfg_, *strategies_));
+  warnings_ = cfg_.config_warnings;
+  const std::vector<std::string> precision = precision_warnings(precision_facts(cfg_, *strategies_));
+  warnings_.insert(warnings_.end(), precision.begin(), precision.end());
   if (is_root_)
     for (const auto& w : warnings_)
       std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());

@@ -1,0 +1,202 @@
+// DeepSpeed configs (deepspeed/runtime/config.py, constants.py, fp16/loss_scaler.py) mapped onto
+// ampkit's plugins, for ampkit-train's --config and ampkit.GradScaler.from_deepspeed_config.
+#include "ampkit/deepspeed_config.h"
+
+#include <ampkit/options.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ampkit/error.h"
+
+namespace ampkit {
+
+namespace {
+
+using nlohmann::json;
+
+// deepspeed/runtime/constants.py: what an fp16 section that names any dynamic key defaults to...
+const std::map<std::string, double> kConfigDefaults = {
+    {"initial_scale_power", 16}, {"loss_scale_window", 1000}, {"hysteresis", 2}, {"min_loss_scale", 1}};
+// ...and fp16/loss_scaler.py DynamicLossScaler's own defaults when it names none.
+const std::map<std::string, double> kScalerDefaults = {
+    {"initial_scale_power", 32}, {"loss_scale_window", 1000}, {"hysteresis", 1}, {"min_loss_scale", 1}};
+// DeepSpeed key -> the dynamic scaler's option.
+const std::map<std::string, std::string> kDynamicOptions = {
+    {"loss_scale_window", "growth_interval"}, {"hysteresis", "hysteresis"}, {"min_loss_scale", "min_scale"}};
+const std::set<std::string> kDynamicKeys = {"initial_scale_power", "loss_scale_window", "hysteresis",
+                                            "min_loss_scale", "consecutive_hysteresis"};
+// Top-level sections about something other than precision, scaling, clipping and batch sizes.
+const std::set<std::string> kUnrelated = {"optimizer",
+                                          "scheduler",
+                                          "zero_optimization",
+                                          "zero_allow_untested_optimizer",
+                                          "zero_force_ds_cpu_optimizer",
+                                          "steps_per_print",
+                                          "wall_clock_breakdown",
+                                          "memory_breakdown",
+                                          "dump_state",
+                                          "flops_profiler",
+                                          "tensorboard",
+                                          "wandb",
+                                          "csv_monitor",
+                                          "comet",
+                                          "comms_logger",
+                                          "activation_checkpointing",
+                                          "aio",
+                                          "checkpoint",
+                                          "data_efficiency",
+                                          "curriculum_learning",
+                                          "autotuning",
+                                          "elasticity",
+                                          "pipeline",
+                                          "sparse_attention",
+                                          "compression_training",
+                                          "nebula",
+                                          "weight_quantization",
+                                          "hybrid_engine",
+                                          "timers",
+                                          "sequence_parallel_size",
+                                          "disable_allgather",
+                                          "sparse_gradients",
+                                          "seed",
+                                          "eigenvalue",
+                                          "progressive_layer_drop",
+                                          "quantize_training"};
+const std::set<std::string> kMappedTop = {"fp16",
+                                          "bf16",
+                                          "bfloat16",
+                                          "gradient_clipping",
+                                          "train_micro_batch_size_per_gpu",
+                                          "gradient_accumulation_steps",
+                                          "train_batch_size"};
+
+double number(const json& v, const std::string& key, const std::string& where) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()))
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + ": " + key + " must be a number, got " + v.dump());
+  return v.get<double>();
+}
+
+int64_t count(const json& v, const std::string& key, const std::string& where) {
+  const double d = number(v, key, where);
+  if (d < 1 || d != std::floor(d) || d > 1e15)
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + ": " + key + " must be a whole number >= 1, got " + v.dump());
+  return static_cast<int64_t>(d);
+}
+
+void refuse_auto(const json& section, const std::string& prefix, const std::string& where) {
+  for (const auto& [key, value] : section.items())
+    if (value == "auto")
+      throw Error(ErrorCategory::usage, "DeepSpeed config " + where + ": " + prefix + key +
+                                            " is \"auto\": resolve it first (as the HF Trainer does), e.g. "
+                                            "fp16.enabled=true");
+}
+
+bool enabled(const json& section, const std::string& name, const std::string& where) {
+  if (!section.contains("enabled")) return false;
+  if (!section["enabled"].is_boolean())
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where + ": " + name +
+                                          ".enabled must be true or false, got " + section["enabled"].dump());
+  return section["enabled"].get<bool>();
+}
+
+// An enabled fp16 section: the scaler and its options.
+void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
+  auto& opt = m.options["scaler"];
+  const double loss_scale =
+      fp16.contains("loss_scale") ? number(fp16["loss_scale"], "fp16.loss_scale", where) : 0;
+  if (loss_scale > 0) {
+    m.plugins["scaler"] = "static";
+    opt["scale"] = format_number(loss_scale);
+    for (const auto& [key, value] : fp16.items())
+      if (kDynamicKeys.count(key) || key == "raise_error_at_min_scale")
+        m.unmapped.push_back("fp16." + key + " (unused with a static loss_scale)");
+    return;
+  }
+  m.plugins["scaler"] = "dynamic";
+  bool named = false;
+  for (const auto& key : kDynamicKeys) named = named || fp16.contains(key);
+  std::map<std::string, double> values = named ? kConfigDefaults : kScalerDefaults;
+  for (auto& [key, value] : values)
+    if (fp16.contains(key)) value = number(fp16[key], "fp16." + key, where);
+  opt["init_scale"] = format_number(std::ldexp(1.0, static_cast<int>(values["initial_scale_power"])));
+  for (const auto& [key, option] : kDynamicOptions) opt[option] = format_number(values[key]);
+  if (fp16.contains("consecutive_hysteresis") && fp16["consecutive_hysteresis"] == true)
+    m.unmapped.push_back(
+        "fp16.consecutive_hysteresis (ampkit's dynamic scaler refills its hysteresis only after "
+        "loss_scale_window "
+        "clean steps, DeepSpeed's false)");
+  if (fp16.contains("raise_error_at_min_scale")) {
+    if (!fp16["raise_error_at_min_scale"].is_boolean())
+      throw Error(ErrorCategory::usage,
+                  "DeepSpeed config " + where + ": fp16.raise_error_at_min_scale must be true or false");
+    opt["on_min_scale"] = fp16["raise_error_at_min_scale"].get<bool>() ? "error" : "clamp";
+  }
+}
+
+}  // namespace
+
+bool is_deepspeed_config(const std::vector<std::string>& keys) {
+  return std::any_of(keys.begin(), keys.end(),
+                     [](const std::string& k) { return kMappedTop.count(k) != 0; }) ||
+         std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k == "zero_optimization"; });
+}
+
+DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::string& where) {
+  json ds;
+  try {
+    ds = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where + " is not valid JSON: " + e.what());
+  }
+  if (!ds.is_object())
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where + " must be a JSON object");
+  const json empty = json::object();
+  const std::string bf16_name = ds.contains("bf16") ? "bf16" : "bfloat16";
+  const json& fp16 = ds.contains("fp16") && ds["fp16"].is_object() ? ds["fp16"] : empty;
+  const json& bf16 = ds.contains(bf16_name) && ds[bf16_name].is_object() ? ds[bf16_name] : empty;
+  refuse_auto(ds, "", where);
+  refuse_auto(fp16, "fp16.", where);
+  refuse_auto(bf16, bf16_name + ".", where);
+  const bool fp16_on = enabled(fp16, "fp16", where), bf16_on = enabled(bf16, bf16_name, where);
+  if (fp16_on && bf16_on)
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + " enables both fp16 and bf16: enable one");
+  DeepSpeedMapping m;
+  m.plugins["scaler"] = "none";
+  m.plugins["clipper"] = "none";
+  static const std::set<std::string> mapped_fp16 = {
+      "enabled",           "loss_scale", "raise_error_at_min_scale", "initial_scale_power",
+      "loss_scale_window", "hysteresis", "min_loss_scale",           "consecutive_hysteresis"};
+  if (fp16_on) {
+    m.precision = Precision::fp16;
+    map_fp16(fp16, where, m);
+    for (const auto& [key, value] : fp16.items())
+      if (!mapped_fp16.count(key)) m.unmapped.push_back("fp16." + key);
+  } else if (bf16_on) {
+    m.precision = Precision::bf16;
+    for (const auto& [key, value] : bf16.items())
+      if (key != "enabled") m.unmapped.push_back(bf16_name + "." + key);
+  }
+  const double clipping =
+      ds.contains("gradient_clipping") ? number(ds["gradient_clipping"], "gradient_clipping", where) : 0;
+  if (clipping > 0) {
+    m.plugins["clipper"] = "norm";
+    m.options["clipper"]["max_norm"] = format_number(clipping);
+  }
+  if (ds.contains("train_micro_batch_size_per_gpu"))
+    m.micro_batch_size = count(ds["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu", where);
+  if (ds.contains("gradient_accumulation_steps"))
+    m.accumulation_steps = count(ds["gradient_accumulation_steps"], "gradient_accumulation_steps", where);
+  if (ds.contains("train_batch_size"))
+    m.global_batch_size = count(ds["train_batch_size"], "train_batch_size", where);
+  for (const auto& [key, value] : ds.items())
+    if (!kMappedTop.count(key) && !kUnrelated.count(key)) m.unmapped.push_back(key);
+  return m;
+}
+
+}  // namespace ampkit

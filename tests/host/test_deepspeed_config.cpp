@@ -1,0 +1,122 @@
+// DeepSpeed configs: map_deepspeed_config's numbers (DeepSpeed's meaning and defaults, checked
+// against deepspeed/runtime/constants.py and fp16/loss_scaler.py) and ampkit-train's --config.
+#define BOOST_TEST_MODULE deepspeed_config
+#include <ampkit/deepspeed_config.h>
+#include <ampkit/error.h>
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <fstream>
+#include <string>
+
+#include "config/train_config.h"
+
+using ampkit::DeepSpeedMapping;
+using ampkit::map_deepspeed_config;
+
+namespace {
+
+std::string usage_error(const std::string& text) {
+  try {
+    map_deepspeed_config(text, "ds.json");
+  } catch (const ampkit::Error& e) {
+    BOOST_TEST(static_cast<int>(e.category()) == static_cast<int>(ampkit::ErrorCategory::usage));
+    return e.what();
+  }
+  BOOST_FAIL("no error for " + text);
+  return "";
+}
+
+ampkit::TrainConfig parse_with(const std::string& config_text, const std::string& extra = "") {
+  const std::string file = "/tmp/ampkit-test-ds-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(file) << config_text;
+  std::vector<std::string> words = {"ampkit-train", "--workload", "synthetic", "--config", file};
+  if (!extra.empty()) words.push_back(extra);
+  std::vector<const char*> argv;
+  for (const auto& w : words) argv.push_back(w.c_str());
+  ampkit::TrainConfig cfg = ampkit::parse_train_config(static_cast<int>(argv.size()), argv.data());
+  ::unlink(file.c_str());
+  return cfg;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fp16_section_with_dynamic_keys_gets_deepspeeds_config_defaults) {
+  const DeepSpeedMapping m = map_deepspeed_config(
+      R"({"fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 500}, "gradient_clipping": 1.5,
+          "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}})",
+      "ds.json");
+  BOOST_TEST(std::string(to_string(m.precision)) == "fp16");
+  BOOST_TEST(m.plugins.at("scaler") == "dynamic");
+  BOOST_TEST(m.plugins.at("clipper") == "norm");
+  BOOST_TEST(m.options.at("scaler").at("init_scale") == "4096");
+  BOOST_TEST(m.options.at("scaler").at("growth_interval") == "500");
+  BOOST_TEST(m.options.at("scaler").at("hysteresis") == "2");  // constants.py's FP16_HYSTERESIS_DEFAULT
+  BOOST_TEST(m.options.at("scaler").at("min_scale") == "1");
+  BOOST_TEST(m.options.at("clipper").at("max_norm") == "1.5");
+  BOOST_TEST(m.unmapped.empty());  // zero_optimization and optimizer are not ours: no warning
+}
+
+BOOST_AUTO_TEST_CASE(fp16_alone_is_deepspeeds_dynamic_loss_scaler_defaults_and_static_scale) {
+  const DeepSpeedMapping alone = map_deepspeed_config(R"({"fp16": {"enabled": true}})", "ds.json");
+  BOOST_TEST(alone.options.at("scaler").at("init_scale") == "4294967296");  // 2**32
+  BOOST_TEST(alone.options.at("scaler").at("hysteresis") == "1");
+  BOOST_TEST(alone.options.at("scaler").at("growth_interval") == "1000");
+  const DeepSpeedMapping fixed =
+      map_deepspeed_config(R"({"fp16": {"enabled": true, "loss_scale": 128, "hysteresis": 2}})", "ds.json");
+  BOOST_TEST(fixed.plugins.at("scaler") == "static");
+  BOOST_TEST(fixed.options.at("scaler").at("scale") == "128");
+  BOOST_REQUIRE(fixed.unmapped.size() == 1u);
+  BOOST_TEST(fixed.unmapped[0] == "fp16.hysteresis (unused with a static loss_scale)");
+}
+
+BOOST_AUTO_TEST_CASE(bf16_batch_sizes_and_unmapped_keys) {
+  const DeepSpeedMapping m = map_deepspeed_config(
+      R"({"bf16": {"enabled": true, "immediate_grad_update": true}, "train_micro_batch_size_per_gpu": 8,
+          "gradient_accumulation_steps": 4, "train_batch_size": 64, "amp": {"enabled": true}})",
+      "ds.json");
+  BOOST_TEST(std::string(to_string(m.precision)) == "bf16");
+  BOOST_TEST(m.plugins.at("scaler") == "none");
+  BOOST_TEST(*m.micro_batch_size == 8);
+  BOOST_TEST(*m.accumulation_steps == 4);
+  BOOST_TEST(*m.global_batch_size == 64);
+  BOOST_TEST(m.unmapped == (std::vector<std::string>{"bf16.immediate_grad_update", "amp"}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(bad_configs_are_one_usage_error_each) {
+  BOOST_TEST(usage_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})").find("enables both") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(R"({"fp16": {"enabled": "auto"}})").find("fp16.enabled is \"auto\"") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(R"({"fp16": {"enabled": "yes"}})").find("fp16.enabled must be true or false") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(R"({"gradient_clipping": "big"})").find("gradient_clipping must be a number") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(R"({"train_micro_batch_size_per_gpu": 0.5})").find("whole number >= 1") !=
+             std::string::npos);
+  BOOST_TEST(usage_error("[1, 2]").find("must be a JSON object") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(ampkit_train_config_reads_a_deepspeed_file_below_the_command_line) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
+      "gradient_clipping": 0.5, "fp16": {"enabled": true, "initial_scale_power": 10, "auto_cast": false}})";
+  ampkit::TrainConfig cfg = parse_with(ds);
+  BOOST_TEST(std::string(to_string(cfg.precision)) == "fp16");
+  BOOST_TEST(cfg.batch_size == 16);
+  BOOST_TEST(cfg.accumulate == 2);
+  BOOST_TEST(cfg.plugins.at("scaler") == "dynamic");
+  BOOST_TEST(cfg.plugins.at("clipper") == "norm");
+  BOOST_TEST(cfg.plugin_options_file.at("scaler").at("init_scale") == "1024");
+  BOOST_TEST(cfg.plugin_options_file.at("clipper").at("max_norm") == "0.5");
+  BOOST_REQUIRE(cfg.config_warnings.size() == 1u);
+  BOOST_TEST(cfg.config_warnings[0].find("ignored: fp16.auto_cast") != std::string::npos);
+  // The command line wins over the file, as for any --config.
+  BOOST_TEST(parse_with(ds, "--batch-size=4").batch_size == 4);
+  // A global batch size alone cannot be split per rank: named in the warning.
+  const ampkit::TrainConfig global = parse_with(R"({"train_batch_size": 64, "bf16": {"enabled": true}})");
+  BOOST_TEST(std::string(to_string(global.precision)) == "bf16");
+  BOOST_REQUIRE(global.config_warnings.size() == 1u);
+  BOOST_TEST(global.config_warnings[0].find("train_batch_size (--batch-size is per rank") !=
+             std::string::npos);
+}
