@@ -467,6 +467,37 @@ BOOST_AUTO_TEST_CASE(a_healthy_step_reports_nothing) {
   BOOST_TEST(!loc.found);
 }
 
+// The recording the Python package drives (its forward hooks tap; it runs backward itself): the
+// same judgement as locate_fault, here on an overflowing gradient under finite outputs.
+BOOST_AUTO_TEST_CASE(a_recording_names_the_first_bad_gradient_in_backward_order) {
+  at::manual_seed(0);
+  torch::nn::Linear l1(4, 8), l2(8, 2);
+  {
+    at::NoGradGuard no_grad;
+    l2->weight.mul_(100);
+  }
+  const at::Tensor x = at::randn({3, 4});
+  LocatorRecording recording;
+  at::Tensor loss = call("l2", l2, call("l1", l1, x).relu()).sum();
+  // Finite outputs; l2's output gradient is 1e38 (finite), l1's (100x l2's weights times that)
+  // overflows float32: the first non-finite gradient in backward order is l1's.
+  (loss * 1e38).backward();
+  const NanLocation loc = recording.finish(loss.item<double>());
+  BOOST_TEST(loc.found);
+  BOOST_TEST(loc.module == "l1");
+  BOOST_TEST(loc.phase == "backward");
+  BOOST_TEST(loc.observation.value.nonfinite > 0);
+  BOOST_TEST(loc.forward.size() == 2u);
+  BOOST_TEST(!tap("l3", at::Tensor(), x).is_same(at::Tensor()));  // no probe left active
+  BOOST_TEST(error_of([&] { recording.finish(0.0); }).find("already finished") != std::string::npos);
+  LocatorRecording healthy;
+  const at::Tensor y = call("l1", l1, x).sum();
+  const NanLocation none = healthy.finish(y.item<double>());
+  BOOST_TEST(!none.found);
+  BOOST_TEST(none.finding.find("no non-finite value") != std::string::npos);
+  BOOST_TEST(none.forward.size() == 1u);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(metrics_resume)
