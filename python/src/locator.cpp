@@ -33,7 +33,7 @@ c10::IValue observation(const ModuleObservation& o) {
   c10::Dict<std::string, c10::IValue> d = str_any_dict();
   d.insert("module", o.module);
   d.insert("phase", o.phase);
-  d.insert(o.phase == "backward" ? "gradient" : "output", summary(o.value));
+  d.insert(o.phase == "forward" ? "output" : "gradient", summary(o.value));
   if (!o.input.dtype.empty()) d.insert("input", summary(o.input));
   return d;
 }

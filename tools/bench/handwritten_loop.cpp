@@ -22,6 +22,7 @@
 #include "ampkit/exit_codes.h"
 #include "config/train_config.h"
 #include "handwritten_step.h"
+#include "workloads/registry.h"
 #include "workloads/workload.h"
 
 namespace {
@@ -49,13 +50,10 @@ int run(int argc, char** argv) {
   if (cfg.threads > 0) at::set_num_threads(cfg.threads);
   torch::manual_seed(cfg.seed);
   const at::Device device(at::kCPU);
-  std::unique_ptr<ampkit::train::Workload> w =
-      cfg.workload == "fashion-mnist" ? ampkit::train::make_fashion_mnist(cfg, device)
-      : cfg.workload == "char-gpt"    ? ampkit::train::make_char_gpt(cfg, device)
-                                      : ampkit::train::make_synthetic(cfg, device);
+  std::unique_ptr<ampkit::train::Workload> w = ampkit::train::make_workload(cfg, device);
   std::vector<at::Tensor> params;
   int64_t count = 0;
-  for (const auto& p : w->module().parameters()) {
+  for (const auto& [name, p] : w->model().named_parameters()) {
     params.push_back(p);
     count += p.numel();
   }

@@ -36,9 +36,10 @@
 #include "ampkit/metrics.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
-#include "config/train_config.h"
 #include "ampkit/trainer.h"
+#include "config/train_config.h"
 #include "handwritten_step.h"
+#include "workloads/registry.h"
 #include "workloads/workload.h"
 
 namespace {
@@ -80,15 +81,19 @@ std::pair<double, double> bootstrap_median_interval(const std::vector<double>& v
 std::unique_ptr<ampkit::train::Workload> make_workload(const ampkit::TrainConfig& cfg) {
   torch::manual_seed(cfg.seed);  // both copies start from the same initial values
   const at::Device cpu(at::kCPU);
-  return cfg.workload == "fashion-mnist" ? ampkit::train::make_fashion_mnist(cfg, cpu)
-         : cfg.workload == "char-gpt"    ? ampkit::train::make_char_gpt(cfg, cpu)
-                                         : ampkit::train::make_synthetic(cfg, cpu);
+  return ampkit::train::make_workload(cfg, cpu);
+}
+
+std::vector<at::Tensor> parameters_of(ampkit::train::Workload& w) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, p] : w.model().named_parameters()) out.push_back(p);
+  return out;
 }
 
 // The hand-written step (handwritten_step.h) on its own copy of the workload.
 struct HandWrittenLoop {
   HandWrittenLoop(const ampkit::TrainConfig& cfg, bool fused)
-      : workload(make_workload(cfg)), step(workload->module().parameters(), cfg, fused) {}
+      : workload(make_workload(cfg)), step(parameters_of(*workload), cfg, fused) {}
   std::unique_ptr<ampkit::train::Workload> workload;
   ampkit::bench::HandWrittenStep step;
 };
@@ -135,7 +140,8 @@ int run(int argc, char** argv) {
   registry_options.allow_untrusted = cfg.allow_untrusted_plugins;
   ampkit::Registry registry(registry_options);
   std::vector<ampkit::PluginInfo> selected;
-  for (const auto& kind : ampkit::kKinds) selected.push_back(registry.find(kind.name, cfg.plugins[kind.name]));
+  for (const auto& kind : ampkit::kKinds)
+    selected.push_back(registry.find(kind.name, cfg.plugins[kind.name]));
   const std::vector<const ampkit::LoadedPlugin*> loaded = registry.load_all(selected);
   std::vector<std::unique_ptr<ampkit::Strategy>> strategies;
   for (size_t i = 0; i < loaded.size(); ++i) {
@@ -153,9 +159,9 @@ int run(int argc, char** argv) {
   std::unique_ptr<ampkit::train::Workload> workload = make_workload(cfg);
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  for (const auto& item : workload->module().named_parameters()) {
-    names.push_back(item.key());
-    params.push_back(item.value());
+  for (const auto& [name, p] : workload->model().named_parameters()) {
+    names.push_back(name);
+    params.push_back(p);
   }
   ampkit::FusedAdamW optimizer(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
   ampkit::LrSchedule schedule;

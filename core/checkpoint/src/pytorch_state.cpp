@@ -377,4 +377,8 @@ void load_state_dict_into(const std::vector<std::pair<std::string, at::Tensor>>&
   for (const auto& [name, t] : tensors) const_cast<at::Tensor&>(t).copy_(given[name].to(t.options()));
 }
 
+c10::IValue read_torch_file(const std::filesystem::path& file, const std::string& where) {
+  return checkpoint_files::load_torch_file(file, where);
+}
+
 }  // namespace ampkit

@@ -68,11 +68,44 @@ class RecordingProbe final : public Probe {
 struct Run {
   double loss = 0;
   std::vector<ModuleObservation> forward, backward;
+  std::vector<ModuleObservation> parameters;  // gradients, in backward order (LocatorInputs::parameter_names)
+};
+
+// Hooks on the parameters' gradients for one re-run, removed again when it ends.
+class ParameterGradients {
+ public:
+  ParameterGradients(const std::vector<at::Tensor>& parameters, const std::vector<std::string>& names)
+      : parameters_(parameters) {
+    if (names.size() != parameters.size()) return;
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor p = parameters[i];
+      if (!p.requires_grad()) {
+        handles_.push_back(-1);
+        continue;
+      }
+      handles_.push_back(static_cast<int64_t>(p.register_hook([this, name = names[i]](const at::Tensor& g) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        seen.push_back(observe(name, "parameter", g));
+      })));
+    }
+  }
+  ~ParameterGradients() {
+    for (size_t i = 0; i < handles_.size(); ++i)
+      if (handles_[i] >= 0)
+        const_cast<at::Tensor&>(parameters_[i]).remove_hook(static_cast<unsigned>(handles_[i]));
+  }
+  std::vector<ModuleObservation> seen;
+
+ private:
+  const std::vector<at::Tensor>& parameters_;
+  std::vector<int64_t> handles_;
+  std::mutex mutex_;
 };
 
 Run run_once(const std::function<at::Tensor()>& loss_fn, const LocatorInputs& in,
              const std::vector<at::Tensor>& parameters) {
   RecordingProbe probe;
+  ParameterGradients parameter_gradients(parameters, in.parameter_names);
   at::Tensor loss;
   const c10::DeviceType device = parameters.empty() ? c10::kCPU : parameters.front().device().type();
   {
@@ -89,6 +122,7 @@ Run run_once(const std::function<at::Tensor()>& loss_fn, const LocatorInputs& in
   for (const auto& p : parameters) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
   r.forward = std::move(probe.forward);
   r.backward = std::move(probe.backward);
+  r.parameters = std::move(parameter_gradients.seen);
   return r;
 }
 
@@ -119,6 +153,29 @@ std::string jump_text(const char* what, double q) {
   return line;
 }
 
+// A model that reports no module outputs (a TorchScript module): what can be said is whether the
+// loss went non-finite and which parameter's gradient did first, never a layer that was not seen.
+void first_nonfinite_parameter(const Run& r, NanLocation& loc) {
+  const std::string unseen =
+      "the model reports no module outputs (a TorchScript module cannot be observed from C++)";
+  const std::string loss = std::isfinite(r.loss) ? "" : "the loss is non-finite; ";
+  for (const auto& o : r.parameters) {
+    if (o.value.nonfinite == 0) continue;
+    loc.found = true;
+    loc.parameter = o.module;
+    loc.phase = "parameter";
+    loc.finding = loss + unseen + "; first parameter whose gradient went non-finite, in backward order: '" +
+                  o.module + "'";
+    loc.observation = o;
+    return;
+  }
+  if (!loss.empty()) {
+    loc.found = true;
+    loc.phase = "loss";
+    loc.finding = loss + unseen;
+  }
+}
+
 // The first non-finite value of one micro-batch's re-run: a module output, the loss, or a module's
 // output gradient (backward order); a non-finite gradient under finite activations is blamed on
 // the first output that jumped against a healthy batch, when a reference is given.
@@ -140,14 +197,18 @@ NanLocation first_nonfinite_in(Run& r, int micro, const LocatorInputs& in,
     }
   };
   first_nonfinite(r.forward, "forward", "first non-finite output");
-  if (!loc.found && !std::isfinite(r.loss)) {
-    loc.found = true;
-    loc.phase = "loss";
-    loc.finding = "the loss is non-finite while every module output is finite: look at the loss function";
+  if (r.forward.empty() && !in.parameter_names.empty()) {
+    first_nonfinite_parameter(r, loc);  // nothing observed but the parameters' gradients
+  } else {
+    if (!loc.found && !std::isfinite(r.loss)) {
+      loc.found = true;
+      loc.phase = "loss";
+      loc.finding = "the loss is non-finite while every module output is finite: look at the loss function";
+    }
+    if (!loc.found)
+      first_nonfinite(r.backward, "backward",
+                      "first non-finite gradient (backward order) of a module's output");
   }
-  if (!loc.found)
-    first_nonfinite(r.backward, "backward",
-                    "first non-finite gradient (backward order) of a module's output");
   if (loc.found && loc.phase == "backward" && in.reference) {
     // Gradients that overflow under finite activations often follow a spike upstream: name it.
     const Run ref = run_once(in.reference, in, parameters);

@@ -61,6 +61,11 @@ struct PyTorchStart {
 };
 PyTorchStart read_pytorch_file(const std::filesystem::path& file);
 
+// The object in a file python's torch.save wrote, read as torch.load(weights_only=True) reads it
+// (dicts, lists, tuples, str, numbers, None and tensors; never pickled code). Error(checkpoint)
+// naming `where` for anything else or a damaged file.
+c10::IValue read_torch_file(const std::filesystem::path& file, const std::string& where);
+
 // Copies `source` into `tensors` by name: every name present on both sides with the same shape
 // (dtypes are converted), or Error(checkpoint) listing missing and unexpected keys and the first
 // shape mismatch, as load_state_dict(strict=True) does.

@@ -30,6 +30,9 @@ struct ModuleObservation {
 
 struct NanLocation {
   bool found = false;
+  // A model that reports no module outputs (a TorchScript module): the first parameter whose
+  // gradient went non-finite, in backward order (phase "parameter", module ""); "" otherwise.
+  std::string parameter;
   int micro_batch = 0;
   double loss = 0;      // of the micro-batch, as re-run (fp32, unscaled)
   std::string module;   // "" for the loss itself
@@ -50,6 +53,9 @@ struct LocatorInputs {
   double scale = 1.0;  // the loss scale of the bad step (overflow reproduces only at that scale)
   int accumulation_steps = 1;
   double spike_ratio = 10;  // a module whose |output| max grows by more than this vs the reference
+  // Names of `parameters`, given for a model without hook points: their gradients are observed
+  // in the re-run instead (empty: not observed).
+  std::vector<std::string> parameter_names;
 };
 
 // Runs forward and scaled backward of each micro-batch under autocast with every module

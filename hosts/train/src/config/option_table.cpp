@@ -8,65 +8,14 @@
 
 #include "ampkit/error.h"
 #include "ampkit/fault_injection.h"
+#include "config/option_builders.h"
+#include "workloads/registry.h"
 
 namespace ampkit {
 
 namespace {
 
-using Store = std::function<void(TrainConfig&, const OptionValue&)>;
-
-// The table's integer ranges keep every value inside the field's type (int fields get a max).
-void assign(int64_t& to, const OptionValue& v) { to = v.integer; }
-void assign(int& to, const OptionValue& v) { to = static_cast<int>(v.integer); }
-void assign(uint64_t& to, const OptionValue& v) { to = v.unsigned_integer; }
-void assign(double& to, const OptionValue& v) { to = v.number; }
-void assign(bool& to, const OptionValue& v) { to = v.boolean; }
-void assign(std::string& to, const OptionValue& v) { to = v.text; }
-void assign(std::vector<std::string>& to, const OptionValue& v) { to = v.list; }
-
-template <class T>
-Store field(T TrainConfig::*member) {
-  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.*member, v); };
-}
-template <class T>
-Store dist_field(T DistributedConfig::*member) {
-  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.dist.*member, v); };
-}
-template <class T>
-Store data_parallel_field(T DataParallelOptions::*member) {
-  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.data_parallel.*member, v); };
-}
-
-HostOption row(const char* name, OptionType type, std::optional<std::string> def, std::string help,
-               Store store) {
-  HostOption o;
-  o.name = name;
-  o.type = type;
-  o.default_value = std::move(def);
-  o.help = std::move(help);
-  o.store = std::move(store);
-  return o;
-}
-HostOption text(const char* name, const char* def, std::string help, Store store) {
-  return row(name, OptionType::text, def ? std::optional<std::string>(def) : std::nullopt, std::move(help),
-             std::move(store));
-}
-HostOption integer(const char* name, const char* def, std::string help, Store store) {
-  return row(name, OptionType::integer, def ? std::optional<std::string>(def) : std::nullopt, std::move(help),
-             std::move(store));
-}
-HostOption number(const char* name, const char* def, std::string help, Store store) {
-  return row(name, OptionType::number, std::string(def), std::move(help), std::move(store));
-}
-HostOption boolean(const char* name, const char* def, std::string help, Store store) {
-  return row(name, OptionType::boolean, std::string(def), std::move(help), std::move(store));
-}
-HostOption flag(const char* name, std::string help, Store store) {
-  return row(name, OptionType::flag, std::string("false"), std::move(help), std::move(store));
-}
-HostOption list(const char* name, std::string help, Store store) {
-  return row(name, OptionType::list, std::nullopt, std::move(help), std::move(store));
-}
+using namespace options;  // NOLINT: the table reads as declarations
 
 std::string capitalized(std::string s) {
   s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
@@ -77,35 +26,49 @@ std::string capitalized(std::string s) {
 void store_plugin_option(TrainConfig& cfg, const std::string& item) {
   const auto dot = item.find('.'), eq = item.find('=');
   if (dot == std::string::npos || eq == std::string::npos || dot == 0 || eq < dot + 2)
-    throw Error(ErrorCategory::usage, "--opt must be KIND.OPTION=VALUE (e.g. scaler.scale=512), got '" + item + "'");
+    throw Error(ErrorCategory::usage,
+                "--opt must be KIND.OPTION=VALUE (e.g. scaler.scale=512), got '" + item + "'");
   const std::string kind = item.substr(0, dot);
   if (find_kind(kind) == nullptr) {
     std::vector<std::string> names;
     for (const KindInfo& k : kKinds) names.push_back(k.name);
     const std::string hint = did_you_mean(kind, names);
     throw Error(ErrorCategory::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
-                                          (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() + ")");
+                                          (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() +
+                                          ")");
   }
   cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
+}
+
+// --workload: its choices and help from the workload registry.
+HostOption workload_option() {
+  std::vector<std::string> names;
+  std::string help = "What to train:";
+  for (const auto& w : train::workload_registry()) {
+    names.push_back(w.name);
+    help += (names.size() == 1 ? " " : " | ") + w.name + " (" + w.summary + ")";
+  }
+  return text("workload", "fashion-mnist", help + ". Each has its own options (below).",
+              field(&TrainConfig::workload))
+      .one_of(names);
 }
 
 std::vector<HostOption> run_options() {
   std::string selectors;
   for (const KindInfo& k : kKinds) selectors += (selectors.empty() ? "--" : "/--") + std::string(k.flag);
-  HostOption help = flag("help", "Show this help; with " + selectors + " NAME also that plugin's options.", {});
+  HostOption help =
+      flag("help", "Show this help; with " + selectors + " NAME also that plugin's options.", {});
   help.short_name = 'h';
   help.command_line_only = true;
   help.listed = false;
   return {
       help,
-      text("workload", "fashion-mnist",
-           "What to train: fashion-mnist (CNN on Fashion-MNIST) | char-gpt (character-level GPT on the fortunes "
-           "corpus) | synthetic (MLP on generated data).",
-           field(&TrainConfig::workload))
-          .one_of({"fashion-mnist", "char-gpt", "synthetic"}),
+      workload_option(),
       text("precision", "fp32", "Autocast precision: fp32 | bf16 | fp16. Master weights stay fp32.",
            [](TrainConfig& cfg, const OptionValue& v) {
-             cfg.precision = v.text == "bf16" ? Precision::bf16 : v.text == "fp16" ? Precision::fp16 : Precision::fp32;
+             cfg.precision = v.text == "bf16"   ? Precision::bf16
+                             : v.text == "fp16" ? Precision::fp16
+                                                : Precision::fp32;
            })
           .one_of({"fp32", "bf16", "fp16"}),
       // Bounded so that steps x batches x samples stays far from int64's range.
@@ -115,17 +78,19 @@ std::vector<HostOption> run_options() {
       integer("steps", nullptr, "Optimizer steps to attempt (skipped steps count); excludes --epochs.",
               field(&TrainConfig::steps))
           .range(1, 1e12),
-      integer("batch-size", "64", "Samples per micro-batch.", field(&TrainConfig::batch_size)).range(1, 1 << 20),
+      integer("batch-size", "64", "Samples per micro-batch.", field(&TrainConfig::batch_size))
+          .range(1, 1 << 20),
       integer("accumulate", "1", "Micro-batches per optimizer step (gradient accumulation).",
               field(&TrainConfig::accumulate))
           .range(1, 4096),
       number("lr", "0.001", "Peak learning rate.", field(&TrainConfig::lr)).above(0),
       row("seed", OptionType::unsigned_integer, std::string("0"),
           "Seed for initialisation, data order and synthetic data.", field(&TrainConfig::seed)),
-      text("optimizer", "adamw",
-           "Optimizer: adamw (one fused pass per parameter, as torch.optim.AdamW(fused=True)) | sgd (momentum "
-           "0.9).",
-           field(&TrainConfig::optimizer))
+      text(
+          "optimizer", "adamw",
+          "Optimizer: adamw (one fused pass per parameter, as torch.optim.AdamW(fused=True)) | sgd (momentum "
+          "0.9).",
+          field(&TrainConfig::optimizer))
           .one_of({"adamw", "sgd"}),
       number("weight-decay", "0.01", "Weight decay (decoupled for adamw).", field(&TrainConfig::weight_decay))
           .range(0, std::nullopt),
@@ -139,7 +104,8 @@ std::vector<HostOption> run_options() {
           .range(0, std::nullopt),
       text("device", "cpu", "cpu | cuda (the first visible GPU).", field(&TrainConfig::device))
           .one_of({"cpu", "cuda"}),
-      integer("threads", "0", "CPU threads for LibTorch; 0 keeps LibTorch's choice.", field(&TrainConfig::threads))
+      integer("threads", "0", "CPU threads for LibTorch; 0 keeps LibTorch's choice.",
+              field(&TrainConfig::threads))
           .range(0, 1024),
   };
 }
@@ -159,88 +125,78 @@ std::vector<HostOption> plugin_options() {
                        for (const auto& item : v.list) store_plugin_option(cfg, item);
                      }));
   out.back().listed = false;
-  HostOption config = text("config", nullptr,
-                           "YAML file with any of these options (keys as here, without --; plugin options under "
-                           "opt: {KIND: {OPTION: VALUE}}).",
-                           field(&TrainConfig::config_file));
+  HostOption config =
+      text("config", nullptr,
+           "YAML file with any of these options (keys as here, without --; plugin options under "
+           "opt: {KIND: {OPTION: VALUE}}).",
+           field(&TrainConfig::config_file));
   config.command_line_only = true;
   out.push_back(config);
-  out.push_back(list("plugin-dir",
-                     "Folder searched for plugins before AMPKIT_PLUGIN_PATH and the built-in folder (repeatable).",
-                     field(&TrainConfig::plugin_dirs)));
+  out.push_back(
+      list("plugin-dir",
+           "Folder searched for plugins before AMPKIT_PLUGIN_PATH and the built-in folder (repeatable).",
+           field(&TrainConfig::plugin_dirs)));
   // A trust override is the user's own decision at the command line, never a file's.
-  HostOption untrusted = flag("allow-untrusted-plugins",
-                              "Load plugin files writable by others or owned by another user (loudly; command "
-                              "line only).",
-                              field(&TrainConfig::allow_untrusted_plugins));
+  HostOption untrusted =
+      flag("allow-untrusted-plugins",
+           "Load plugin files writable by others or owned by another user (loudly; command "
+           "line only).",
+           field(&TrainConfig::allow_untrusted_plugins));
   untrusted.command_line_only = true;
   out.push_back(untrusted);
-  out.push_back(integer("plugin-timeout", "30",
-                        "Seconds a plugin may take to load (in the probe child) and to construct its strategy; "
-                        "past that the run stops with exit 3 naming it.",
-                        field(&TrainConfig::plugin_timeout))
-                    .range(1, 86400));
+  out.push_back(
+      integer("plugin-timeout", "30",
+              "Seconds a plugin may take to load (in the probe child) and to construct its strategy; "
+              "past that the run stops with exit 3 naming it.",
+              field(&TrainConfig::plugin_timeout))
+          .range(1, 86400));
   return out;
 }
 
 std::vector<HostOption> output_and_workload_options() {
   return {
-      text("metrics", "", "Write one JSON line of metrics per step to this file.", field(&TrainConfig::metrics_file)),
+      text("metrics", "", "Write one JSON line of metrics per step to this file.",
+           field(&TrainConfig::metrics_file)),
       text("summary", "", "Write the run summary as JSON to this file.", field(&TrainConfig::summary_file)),
       integer("layer-norms-top-k", "3",
               "Add the K parameters with the largest unscaled gradient norms to each metrics record "
               "(\"top_layers\", largest first); 0 turns it off.",
               field(&TrainConfig::layer_norms_top_k))
           .range(0, 1000000),
-      text("tensorboard", "", "TensorBoard event files in this folder: the metrics' scalars per step; empty: off.",
+      text("tensorboard", "",
+           "TensorBoard event files in this folder: the metrics' scalars per step; empty: off.",
            field(&TrainConfig::tensorboard_dir)),
       text("layer-norms", "",
-           "Write every parameter's unscaled gradient norm at every step to this CSV file (step,name,grad_norm).",
+           "Write every parameter's unscaled gradient norm at every step to this CSV file "
+           "(step,name,grad_norm).",
            field(&TrainConfig::layer_norms_file)),
-      text("data-dir", "/usr/share/datasets/fashion-mnist",
-           "Folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).",
-           field(&TrainConfig::data_dir)),
       integer("eval-batches", "0", "Test batches to evaluate at the end; 0 evaluates the whole test set.",
               field(&TrainConfig::eval_batches))
           .range(0, std::nullopt),
-      integer("synthetic-width", "256", "synthetic: hidden width of the MLP.", field(&TrainConfig::synthetic_width))
-          .range(1, 65536),
-      integer("synthetic-depth", "4", "synthetic: number of hidden layers.", field(&TrainConfig::synthetic_depth))
-          .range(0, 256),
-      integer("synthetic-inputs", "128", "synthetic: input features.", field(&TrainConfig::synthetic_inputs))
-          .range(1, 65536),
-      integer("synthetic-classes", "10", "synthetic: output classes.", field(&TrainConfig::synthetic_classes))
-          .range(2, 65536),
-      text("text-dir", "/usr/share/games/fortunes",
-           "char-gpt: folder of text files (Debian package fortunes); all files except *.dat and *.u8 are read.",
-           field(&TrainConfig::text_dir)),
-      integer("gpt-layers", "2", "char-gpt: transformer blocks.", field(&TrainConfig::gpt_layers)).range(1, 64),
-      integer("gpt-width", "128", "char-gpt: embedding width (a multiple of --gpt-heads).",
-              field(&TrainConfig::gpt_width))
-          .range(1, 8192),
-      integer("gpt-heads", "4", "char-gpt: attention heads.", field(&TrainConfig::gpt_heads)).range(1, 64),
-      integer("gpt-context", "64", "char-gpt: context length in bytes.", field(&TrainConfig::gpt_context))
-          .range(2, 4096),
   };
 }
 
 std::vector<HostOption> checkpoint_and_nan_options() {
   return {
       text("checkpoint-dir", "",
-           "Folder for checkpoints (step-N folders and a 'latest' pointer); empty: no checkpoints. Written at the "
+           "Folder for checkpoints (step-N folders and a 'latest' pointer); empty: no checkpoints. Written "
+           "at the "
            "end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGUSR1.",
            field(&TrainConfig::checkpoint_dir)),
-      integer("checkpoint-every", "0",
-              "Steps (attempted) between checkpoints; 0: only at the end of training and when a signal stops it.",
-              field(&TrainConfig::checkpoint_every))
+      integer(
+          "checkpoint-every", "0",
+          "Steps (attempted) between checkpoints; 0: only at the end of training and when a signal stops it.",
+          field(&TrainConfig::checkpoint_every))
           .range(0, std::nullopt),
       integer("keep-checkpoints", "3",
-              "Newest complete checkpoints to keep in --checkpoint-dir; older ones are deleted after a new one is "
+              "Newest complete checkpoints to keep in --checkpoint-dir; older ones are deleted after a new "
+              "one is "
               "complete.",
               field(&TrainConfig::keep_checkpoints))
           .range(1, 1000000),
       text("resume", "",
-           "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; none: fresh start) "
+           "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; none: fresh "
+           "start) "
            "| PATH of a step-N folder.",
            field(&TrainConfig::resume)),
       flag("weights-only",
@@ -251,7 +207,8 @@ std::vector<HostOption> checkpoint_and_nan_options() {
            "Start at step 0 from a torch.save file: a model state_dict, or {model, optimizer, scaler}.",
            field(&TrainConfig::init_from)),
       list("inject",
-           "Testing and demos: plant a fault, KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; "
+           "Testing and demos: plant a fault, "
+           "KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; "
            "KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) "
            "(repeatable; docs/troubleshooting-nan.md).",
            [](TrainConfig& cfg, const OptionValue& v) {
@@ -259,12 +216,14 @@ std::vector<HostOption> checkpoint_and_nan_options() {
              cfg.inject = v.list;
            }),
       integer("nan-locate", "5",
-              "Re-run the first N bad steps with every module observed and write a locator report for each (costs "
+              "Re-run the first N bad steps with every module observed and write a locator report for each "
+              "(costs "
               "nothing on healthy steps); 0 turns the locator off.",
               field(&TrainConfig::nan_locate))
           .range(0, std::nullopt),
       text("nan-report-dir", "",
-           "Folder for NaN locator reports (nan-report-step-N-rank-R.json); empty: the folder of --summary, else "
+           "Folder for NaN locator reports (nan-report-step-N-rank-R.json); empty: the folder of --summary, "
+           "else "
            "of --metrics, else the current folder.",
            field(&TrainConfig::nan_report_dir)),
   };
@@ -273,14 +232,16 @@ std::vector<HostOption> checkpoint_and_nan_options() {
 // Where this process sits in the job: the launchers' variables fill these (torchrun's first).
 std::vector<HostOption> job_layout_options() {
   return {
-      integer("world-size", "1",
-              "Distributed: processes in the job (torchrun's WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE).",
-              dist_field(&DistributedConfig::world_size))
+      integer(
+          "world-size", "1",
+          "Distributed: processes in the job (torchrun's WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE).",
+          dist_field(&DistributedConfig::world_size))
           .range(1, 1 << 20)
           .from_environment({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"}),
-      integer("rank", "0",
-              "Distributed: this process's rank in [0, world size) (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).",
-              dist_field(&DistributedConfig::rank))
+      integer(
+          "rank", "0",
+          "Distributed: this process's rank in [0, world size) (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).",
+          dist_field(&DistributedConfig::rank))
           .range(0, (1 << 20) - 1)
           .from_environment({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}),
       integer("local-rank", "0",
@@ -289,7 +250,8 @@ std::vector<HostOption> job_layout_options() {
               dist_field(&DistributedConfig::local_rank))
           .range(0, (1 << 20) - 1)
           .from_environment({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}),
-      integer("nnodes", "1", "Distributed: nodes in the job (SLURM_NNODES; torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE).",
+      integer("nnodes", "1",
+              "Distributed: nodes in the job (SLURM_NNODES; torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE).",
               dist_field(&DistributedConfig::nnodes))
           .range(1, 1 << 20)
           .from_environment({"SLURM_NNODES"}),
@@ -314,7 +276,8 @@ std::vector<HostOption> job_layout_options() {
           .range(1, 65535)
           .from_environment({"MASTER_PORT"}),
       integer("restart-count", "0",
-              "Distributed: restarts of the job so far (TORCHELASTIC_RESTART_COUNT, set by torchrun and ampkit-launch "
+              "Distributed: restarts of the job so far (TORCHELASTIC_RESTART_COUNT, set by torchrun and "
+              "ampkit-launch "
               "--max-restarts); above 0 with --checkpoint-dir, --resume defaults to auto.",
               field(&TrainConfig::restart_count))
           .range(0, 1 << 20)
@@ -323,42 +286,50 @@ std::vector<HostOption> job_layout_options() {
 }
 
 std::vector<HostOption> data_parallel_and_progress_options() {
-  HostOption print_config = flag("print-config", "Print every effective setting and where it came from, then exit.", {});
+  HostOption print_config =
+      flag("print-config", "Print every effective setting and where it came from, then exit.", {});
   print_config.command_line_only = true;
   print_config.listed = false;
   return {
       text("rendezvous", "tcp",
-           "Distributed: tcp (a c10d TCPStore at --master-addr:--master-port) | file:PATH (a c10d FileStore on a "
+           "Distributed: tcp (a c10d TCPStore at --master-addr:--master-port) | file:PATH (a c10d FileStore "
+           "on a "
            "filesystem every rank shares; the file must not exist from an earlier job).",
            [](TrainConfig& cfg, const OptionValue& v) {
              if (v.text != "tcp" && !(v.text.rfind("file:", 0) == 0 && v.text.size() > 5))
-               throw Error(ErrorCategory::usage, "--rendezvous must be tcp or file:PATH, got '" + v.text + "'");
+               throw Error(ErrorCategory::usage,
+                           "--rendezvous must be tcp or file:PATH, got '" + v.text + "'");
              cfg.dist.store = v.text;
            }),
       text("device-ids", "", "Distributed with nccl: this rank's CUDA device index; empty: --local-rank.",
            store_device_ids),
-      number("bucket-cap-mb", "25",
-             "Distributed: gradient bucket size in MiB for the all-reduce overlapped with backward (torch DDP's "
-             "bucket_cap_mb).",
-             data_parallel_field(&DataParallelOptions::bucket_cap_mb))
+      number(
+          "bucket-cap-mb", "25",
+          "Distributed: gradient bucket size in MiB for the all-reduce overlapped with backward (torch DDP's "
+          "bucket_cap_mb).",
+          data_parallel_field(&DataParallelOptions::bucket_cap_mb))
           .range(0, 65536)
           .above(0),
-      boolean("find-unused-parameters", "false",
-              "Distributed: true if some parameters get no gradient in a step (costs a graph traversal per step; "
-              "torch DDP's option).",
-              data_parallel_field(&DataParallelOptions::find_unused_parameters)),
-      boolean("broadcast-buffers", "true",
-              "Distributed: send rank 0's module buffers (e.g. BatchNorm statistics) to every rank before each "
-              "step.",
-              data_parallel_field(&DataParallelOptions::broadcast_buffers)),
+      boolean(
+          "find-unused-parameters", "false",
+          "Distributed: true if some parameters get no gradient in a step (costs a graph traversal per step; "
+          "torch DDP's option).",
+          data_parallel_field(&DataParallelOptions::find_unused_parameters)),
+      boolean(
+          "broadcast-buffers", "true",
+          "Distributed: send rank 0's module buffers (e.g. BatchNorm statistics) to every rank before each "
+          "step.",
+          data_parallel_field(&DataParallelOptions::broadcast_buffers)),
       boolean("gradient-as-bucket-view", "false",
-              "Distributed: gradients are views into the all-reduce buckets (saves one gradient-sized copy and its "
+              "Distributed: gradients are views into the all-reduce buckets (saves one gradient-sized copy "
+              "and its "
               "memory).",
               data_parallel_field(&DataParallelOptions::gradient_as_bucket_view)),
-      number("dist-timeout", "300",
-             "Distributed: seconds the rendezvous and every collective may take; a lost or hung rank makes the "
-             "others exit (code 7) after at most this plus a few seconds.",
-             dist_field(&DistributedConfig::timeout_seconds))
+      number(
+          "dist-timeout", "300",
+          "Distributed: seconds the rendezvous and every collective may take; a lost or hung rank makes the "
+          "others exit (code 7) after at most this plus a few seconds.",
+          dist_field(&DistributedConfig::timeout_seconds))
           .range(1, std::nullopt),
       text("progress", "auto",
            "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.",
@@ -376,12 +347,24 @@ std::vector<HostOption> data_parallel_and_progress_options() {
 const std::vector<HostOption>& host_option_table() {
   static const std::vector<HostOption> table = [] {
     std::vector<HostOption> all;
-    for (auto part : {run_options(), plugin_options(), output_and_workload_options(), checkpoint_and_nan_options(),
-                      job_layout_options(), data_parallel_and_progress_options()})
+    for (auto part :
+         {run_options(), plugin_options(), output_and_workload_options(), checkpoint_and_nan_options(),
+          job_layout_options(), data_parallel_and_progress_options()})
       all.insert(all.end(), part.begin(), part.end());
+    for (const auto& w : train::workload_registry())
+      for (HostOption o : w.options()) {
+        o.group = "workload " + w.name;
+        all.push_back(std::move(o));
+      }
     return all;
   }();
   return table;
+}
+
+std::vector<std::string> option_names() {
+  std::vector<std::string> names;
+  for (const HostOption& o : host_option_table()) names.push_back(o.name);
+  return names;
 }
 
 const HostOption& host_option(const std::string& name) {

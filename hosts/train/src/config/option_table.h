@@ -47,6 +47,7 @@ struct HostOption {
   std::vector<std::string> environment;
   bool command_line_only = false;  // --help, --config, --print-config: not a YAML key
   bool listed = true;              // shown by --print-config when it has a value
+  std::string group;               // --help's group: "" for ampkit-train's own, "workload NAME" for a workload's
   // Stores the checked value in its TrainConfig field; empty for options read elsewhere.
   std::function<void(TrainConfig&, const OptionValue&)> store;
 
@@ -73,6 +74,8 @@ struct HostOption {
 
 // The table, in --help and --print-config order.
 const std::vector<HostOption>& host_option_table();
+// Every option's name, in table order (for "did you mean").
+std::vector<std::string> option_names();
 // The option called `name`; throws Error(internal) when there is none (a host bug).
 const HostOption& host_option(const std::string& name);
 

@@ -2,8 +2,6 @@
 // the YAML file and the launchers' environment, on Boost.Program_options and yaml-cpp.
 #include "config/train_config.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <ampkit/kinds.h>
 
 #include <algorithm>
@@ -14,9 +12,8 @@
 
 #include "ampkit/error.h"
 #include "ampkit/utf8.h"
+#include "config/config_file.h"
 #include "config/option_table.h"
-#include "config/deepspeed_file.h"
-#include "config/yaml_file.h"
 
 namespace po = boost::program_options;
 
@@ -30,106 +27,41 @@ void require(bool ok, const std::string& message) {
 
 // The help column shows the default as Program_options always printed it (a boolean as 0/1) and
 // the range, where there is one, after the help sentence.
-po::options_description program_options() {
-  po::options_description o("ampkit-train options");
-  for (const HostOption& opt : host_option_table()) {
-    const std::string name = opt.short_name ? opt.name + "," + opt.short_name : opt.name;
-    const std::string range = range_text(opt);
-    const std::string help = opt.help + (range.empty() ? "" : " Range: " + range + ".");
-    if (opt.type == OptionType::flag) {
-      o.add_options()(name.c_str(), po::bool_switch(), help.c_str());
-    } else if (opt.type == OptionType::list) {
-      o.add_options()(name.c_str(), po::value<std::vector<std::string>>()->composing(), help.c_str());
-    } else if (opt.default_value) {
-      const std::string& d = *opt.default_value;
-      const std::string shown = opt.type != OptionType::boolean ? d : d == "true" ? "1" : "0";
-      o.add_options()(name.c_str(), po::value<std::string>()->default_value(d, shown), help.c_str());
-    } else {
-      o.add_options()(name.c_str(), po::value<std::string>(), help.c_str());
-    }
-  }
-  return o;
-}
-
-std::vector<std::string> option_names() {
-  std::vector<std::string> names;
-  for (const HostOption& o : host_option_table()) names.push_back(o.name);
-  return names;
-}
-
-std::vector<std::string> kind_name_list() {
-  std::vector<std::string> names;
-  for (const KindInfo& k : kKinds) names.push_back(k.name);
-  return names;
-}
-
-std::string scalar_text(const YAML::Node& n, const std::string& where) {
-  if (!n.IsScalar()) throw Error(ErrorCategory::usage, where + " must be a single value");
-  return n.as<std::string>();
-}
-
-// opt: {KIND: {OPTION: VALUE}} in the config file, kept per kind for the registry.
-void read_yaml_plugin_options(const YAML::Node& node, const std::string& file, TrainConfig& cfg) {
-  if (!node.IsMap())
-    throw Error(ErrorCategory::usage, "key 'opt' in config file " + file +
-                                          " must map plugin kinds to options, e.g. opt: {scaler: {scale: 512}}");
-  for (const auto& kind_item : node) {
-    const std::string kind = scalar_text(kind_item.first, "a key under opt: in config file " + file);
-    if (find_kind(kind) == nullptr) {
-      const std::string hint = did_you_mean(kind, kind_name_list());
-      throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' under opt: in config file " + file +
-                                            (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() + ")");
-    }
-    if (!kind_item.second.IsMap())
-      throw Error(ErrorCategory::usage, "opt." + kind + " in config file " + file + " must map option names to values");
-    for (const auto& o : kind_item.second) {
-      const std::string name = scalar_text(o.first, "a key under opt." + kind + " in config file " + file);
-      cfg.plugin_options_file[kind][name] =
-          scalar_text(o.second, "opt." + kind + "." + name + " in config file " + file);
-    }
-  }
-}
-
-// Turns one YAML key into command-line words, so one parser reads both sources.
-void yaml_words(const HostOption& option, const YAML::Node& value, const std::string& where,
-                std::vector<std::string>& words) {
-  if (value.IsSequence() && option.type == OptionType::list) {
-    for (const auto& v : value) words.push_back("--" + option.name + "=" + scalar_text(v, where));
-  } else if (option.type == OptionType::flag) {
-    const std::string v = scalar_text(value, where);
-    if (v != "true" && v != "false")
-      throw Error(ErrorCategory::usage, where + " must be true or false, got '" + v + "'");
-    if (v == "true") words.push_back("--" + option.name);
+// One options_description per group, in the table's order: ampkit-train's own options, then each
+// workload's.
+void add_option(po::options_description& o, const HostOption& opt) {
+  const std::string name = opt.short_name ? opt.name + "," + opt.short_name : opt.name;
+  const std::string range = range_text(opt);
+  const std::string help = opt.help + (range.empty() ? "" : " Range: " + range + ".");
+  if (opt.type == OptionType::flag) {
+    o.add_options()(name.c_str(), po::bool_switch(), help.c_str());
+  } else if (opt.type == OptionType::list) {
+    o.add_options()(name.c_str(), po::value<std::vector<std::string>>()->composing(), help.c_str());
+  } else if (opt.default_value) {
+    const std::string& d = *opt.default_value;
+    const std::string shown = opt.type != OptionType::boolean ? d : d == "true" ? "1" : "0";
+    o.add_options()(name.c_str(), po::value<std::string>()->default_value(d, shown), help.c_str());
   } else {
-    words.push_back("--" + option.name + "=" + scalar_text(value, where));
+    o.add_options()(name.c_str(), po::value<std::string>(), help.c_str());
   }
 }
 
-std::vector<std::string> read_yaml(const std::string& file, TrainConfig& cfg) {
-  const YAML::Node root = load_config_yaml(file);
-  if (root.IsNull()) return {};
-  if (!root.IsMap()) throw Error(ErrorCategory::usage, "config file " + file + " must be a mapping of option: value");
-  if (is_deepspeed_file(root)) return deepspeed_file_words(file, cfg);
-  std::vector<std::string> words;
-  for (const auto& item : root) {
-    if (!item.first.IsScalar())
-      throw Error(ErrorCategory::usage, "config file " + file + " has a key that is not a plain name");
-    const std::string key = item.first.as<std::string>();
-    const std::string where = "key '" + key + "' in config file " + file;
-    if (key == "opt") {
-      read_yaml_plugin_options(item.second, file, cfg);
-      continue;
-    }
-    const auto& table = host_option_table();
-    const auto it = std::find_if(table.begin(), table.end(), [&](const HostOption& o) { return o.name == key; });
-    if (it == table.end()) {
-      const std::string hint = did_you_mean(key, option_names());
-      throw Error(ErrorCategory::usage, "unknown " + where + (hint.empty() ? "" : "; " + hint));
-    }
-    if (it->command_line_only) throw Error(ErrorCategory::usage, where + " is only accepted on the command line");
-    yaml_words(*it, item.second, where, words);
+po::options_description program_options() {
+  po::options_description all("ampkit-train options");
+  std::vector<std::string> groups;
+  for (const HostOption& opt : host_option_table()) {
+    if (opt.group.empty())
+      add_option(all, opt);
+    else if (std::find(groups.begin(), groups.end(), opt.group) == groups.end())
+      groups.push_back(opt.group);
   }
-  return words;
+  for (const std::string& group : groups) {
+    po::options_description o(group + " options");
+    for (const HostOption& opt : host_option_table())
+      if (opt.group == group) add_option(o, opt);
+    all.add(o);
+  }
+  return all;
 }
 
 bool mentions(const po::parsed_options& parsed, const std::string& name) {
@@ -147,10 +79,12 @@ struct ParsedSources {
 // left, so a word holding one makes what() loop forever (found by fuzz_train_config).
 void refuse_placeholders(const std::vector<std::string>& words) {
   for (const auto& w : words)
-    for (const char* placeholder : {"%canonical_option%", "%option%", "%value%", "%prefix%", "%original_token%"})
+    for (const char* placeholder :
+         {"%canonical_option%", "%option%", "%value%", "%prefix%", "%original_token%"})
       if (w.find(placeholder) != std::string::npos)
-        throw Error(ErrorCategory::usage, "argument '" + w + "' contains '" + placeholder +
-                                              "', which ampkit-train does not accept (see ampkit-train --help)");
+        throw Error(ErrorCategory::usage,
+                    "argument '" + w + "' contains '" + placeholder +
+                        "', which ampkit-train does not accept (see ampkit-train --help)");
 }
 
 // The command line, then the config file it names: Program_options keeps the first source of each.
@@ -162,12 +96,13 @@ ParsedSources parse_sources(int argc, const char* const argv[], TrainConfig& cfg
     p.cli = po::command_line_parser(argc, argv).options(options).run();
     for (const auto& o : p.cli.options)
       if (o.position_key >= 0 && !o.value.empty())
-        throw Error(ErrorCategory::usage, "unexpected argument '" + o.value.front() +
-                                              "': ampkit-train takes only --options (see ampkit-train --help)");
+        throw Error(ErrorCategory::usage,
+                    "unexpected argument '" + o.value.front() +
+                        "': ampkit-train takes only --options (see ampkit-train --help)");
     po::store(p.cli, p.vm);
     if (p.vm.count("config")) {
       cfg.config_file = p.vm["config"].as<std::string>();
-      const std::vector<std::string> words = read_yaml(cfg.config_file, cfg);
+      const std::vector<std::string> words = config_file_words(cfg.config_file, cfg);
       refuse_placeholders(words);
       p.file = po::command_line_parser(words).options(options).run();
       po::store(p.file, p.vm);
@@ -190,7 +125,10 @@ ParsedSources parse_sources(int argc, const char* const argv[], TrainConfig& cfg
 std::optional<TrainConfig::Setting> setting_of(const HostOption& o, const ParsedSources& p,
                                                const std::string& file_source) {
   const bool given = mentions(p.cli, o.name);
-  TrainConfig::Setting s{o.name, "", given ? "command line" : mentions(p.file, o.name) ? file_source : "default"};
+  TrainConfig::Setting s{o.name, "",
+                         given                      ? "command line"
+                         : mentions(p.file, o.name) ? file_source
+                                                    : "default"};
   if (!given)
     if (auto env = launcher_value(o, [](const char* n) { return std::getenv(n); })) {
       s.value = env->first;
@@ -251,8 +189,10 @@ void choose_run_length(TrainConfig& cfg, const ParsedSources& p) {
                                       [&](const TrainConfig::Setting& s) { return s.name == name; }),
                        cfg.settings.end());
   };
-  if (mentions(p.cli, "steps") && !mentions(p.cli, "epochs") && mentions(p.file, "epochs")) drop("epochs", cfg.epochs);
-  if (mentions(p.cli, "epochs") && !mentions(p.cli, "steps") && mentions(p.file, "steps")) drop("steps", cfg.steps);
+  if (mentions(p.cli, "steps") && !mentions(p.cli, "epochs") && mentions(p.file, "epochs"))
+    drop("epochs", cfg.epochs);
+  if (mentions(p.cli, "epochs") && !mentions(p.cli, "steps") && mentions(p.file, "steps"))
+    drop("steps", cfg.steps);
 }
 
 TrainConfig::Setting& setting(TrainConfig& cfg, const std::string& name) {
@@ -275,14 +215,16 @@ void derive_defaults(TrainConfig& cfg) {
   }
   if (d.world_size > 1 && setting(cfg, "comm").source == "default") {
     cfg.plugins["comm"] = cfg.device == "cuda" ? "nccl" : "gloo";
-    setting(cfg, "comm") = {"comm", cfg.plugins["comm"],
-                            "default (world size " + std::to_string(d.world_size) + " on " + cfg.device + ")"};
+    setting(cfg, "comm") = {
+        "comm", cfg.plugins["comm"],
+        "default (world size " + std::to_string(d.world_size) + " on " + cfg.device + ")"};
   }
   d.backend = cfg.plugins["comm"];
   // A restarted job (torchrun, ampkit-launch --max-restarts) continues from its newest checkpoint.
   if (cfg.restart_count > 0 && cfg.resume.empty() && !cfg.checkpoint_dir.empty()) {
     cfg.resume = "auto";
-    setting(cfg, "resume") = {"resume", "auto", "default (restart " + std::to_string(cfg.restart_count) + ")"};
+    setting(cfg, "resume") = {"resume", "auto",
+                              "default (restart " + std::to_string(cfg.restart_count) + ")"};
   }
   if (cfg.epochs == 0 && cfg.steps == 0) {
     cfg.epochs = 1;
@@ -304,7 +246,8 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
   };
   const DistributedConfig& d = cfg.dist;
   if (from("rank") == "environment (RANK)" && from("local-rank") == "environment (LOCAL_RANK)" &&
-      from("node-rank") == "environment (GROUP_RANK)" && from("nproc-per-node") == "environment (LOCAL_WORLD_SIZE)")
+      from("node-rank") == "environment (GROUP_RANK)" &&
+      from("nproc-per-node") == "environment (LOCAL_WORLD_SIZE)")
     require(d.rank == d.node_rank * d.nproc_per_node + d.local_rank,
             "inconsistent launcher environment: RANK=" + std::to_string(d.rank) + " but GROUP_RANK=" +
                 std::to_string(d.node_rank) + " x LOCAL_WORLD_SIZE=" + std::to_string(d.nproc_per_node) +
@@ -312,13 +255,15 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
                 std::to_string(d.node_rank * d.nproc_per_node + d.local_rank));
   // Output files are replaced by rename: a folder, a device or a FIFO there would be lost (or
   // the run would fail only at its end). Checked before anything trains.
-  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--metrics", cfg.metrics_file},
-                                     {"--summary", cfg.summary_file},
-                                     {"--layer-norms", cfg.layer_norms_file}}) {
+  for (const auto& [option, path] :
+       {std::pair<const char*, const std::string&>{"--metrics", cfg.metrics_file},
+        {"--summary", cfg.summary_file},
+        {"--layer-norms", cfg.layer_norms_file}}) {
     std::error_code ec;
     const auto status = std::filesystem::status(path, ec);
-    require(path.empty() || ec || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
-            std::string(option) + " " + path + " exists and is not a regular file; give a file path");
+    require(
+        path.empty() || ec || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
+        std::string(option) + " " + path + " exists and is not a regular file; give a file path");
   }
   {
     std::error_code ec;
@@ -371,8 +316,8 @@ void validate(const DistributedConfig& d, bool cuda_available) {
                                                            " != world size " + text(d.world_size));
   require(d.local_rank < d.nproc_per_node,
           "local rank " + text(d.local_rank) + " is outside nproc-per-node " + text(d.nproc_per_node));
-  require(!(is("local") && d.world_size > 1),
-          "comm 'local' runs one process but the world size is " + text(d.world_size) + "; use --comm gloo or nccl");
+  require(!(is("local") && d.world_size > 1), "comm 'local' runs one process but the world size is " +
+                                                  text(d.world_size) + "; use --comm gloo or nccl");
   require(!(is("nccl") && !cuda_available),
           "comm 'nccl' needs CUDA and no CUDA device is visible; use --comm gloo (CPU) instead");
 }

@@ -55,6 +55,11 @@ struct TrainConfig {
   int64_t gpt_width = 0;
   int64_t gpt_heads = 0;
   int64_t gpt_context = 0;
+  std::string model_file;      // torchscript: the module torch.jit.script(m).save wrote
+  std::string data_path;       // torchscript: torch.save({"inputs": X, "targets": Y}), or a folder of them
+  std::string test_data_path;  // torchscript: the same for evaluation; empty: none
+  std::string loss;            // torchscript: cross_entropy | mse | returned
+  std::string data_order;      // torchscript: shuffled | file
   std::string checkpoint_dir;       // empty: no checkpoints
   int64_t checkpoint_every = 0;     // steps between checkpoints; 0: only at the end and on a signal
   int keep_checkpoints = 0;         // newest complete checkpoints kept

@@ -10,10 +10,10 @@
 
 namespace ampkit::train {
 
-std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) out.emplace_back(item.key(), item.value());
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(const ModelView& model) {
+  NamedTensors out = model.named_parameters();
+  const NamedTensors buffers = model.named_buffers();
+  out.insert(out.end(), buffers.begin(), buffers.end());
   return out;
 }
 
@@ -107,7 +107,7 @@ std::string resume(RunParts& run) {
   const std::optional<LoadedCheckpoint> ckpt = checkpoint_to_resume(run.cfg);
   if (!ckpt) return "";
   if (!run.cfg.weights_only) check_resumable(*ckpt, run.cfg, run.strategies);
-  restore_tensors(*ckpt, model_tensors(run.module));
+  restore_tensors(*ckpt, model_tensors(run.model));
   if (parameter_sha256(run.params) != ckpt->manifest.param_sha256)
     throw Error(ErrorCategory::checkpoint, "checkpoint " + ckpt->folder.string() +
                                                ": the restored parameters do not hash to the manifest's "
@@ -142,7 +142,7 @@ void CheckpointKeeper::save() {
   run_.state.rollbacks = t.rollbacks();
   m.host = run_.state;
   std::vector<std::string> warnings;
-  last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.module), run_.optimizer,
+  last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.model), run_.optimizer,
                            run_.cfg.keep_checkpoints, pytorch_checkpoint_files(run_), &warnings)
               .string();
   for (const auto& w : warnings) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
@@ -163,7 +163,7 @@ RollbackKeeper::RollbackKeeper(RunParts& run, const RollbackPlan& plan, Checkpoi
     : run_(run), plan_(plan) {
   if (!plan_.enabled()) return;
   if (plan_.snapshot_every > 0)
-    snapshot_.capture(model_tensors(run_.module), run_.optimizer, run_.trainer.steps_attempted(),
+    snapshot_.capture(model_tensors(run_.model), run_.optimizer, run_.trainer.steps_attempted(),
                       run_.trainer.steps_taken());
   if (plan_.from_checkpoint && checkpoints.writes() && !find_resume_checkpoint(run_.cfg.checkpoint_dir))
     checkpoints.save();  // a rollback before the first periodic checkpoint needs one to go to
@@ -173,14 +173,14 @@ RollbackKeeper::RollbackKeeper(RunParts& run, const RollbackPlan& plan, Checkpoi
 int64_t RollbackKeeper::restore() {
   if (!plan_.from_checkpoint) {
     source_ = "in-memory snapshot before step " + std::to_string(snapshot_.steps_attempted());
-    return snapshot_.restore(model_tensors(run_.module), run_.optimizer);
+    return snapshot_.restore(model_tensors(run_.model), run_.optimizer);
   }
   const auto folder = find_resume_checkpoint(run_.cfg.checkpoint_dir);
   if (!folder)
     throw Error(ErrorCategory::checkpoint,
                 "rollback: no valid checkpoint in " + run_.cfg.checkpoint_dir + " to roll back to");
   const LoadedCheckpoint ckpt = read_checkpoint(*folder);
-  restore_tensors(ckpt, model_tensors(run_.module));
+  restore_tensors(ckpt, model_tensors(run_.model));
   restore_optimizer(ckpt, run_.optimizer);
   source_ = ckpt.folder.string();
   return ckpt.manifest.steps_taken;
@@ -188,7 +188,7 @@ int64_t RollbackKeeper::restore() {
 
 void RollbackKeeper::after_step(const StepOutcome& out) {
   if (plan_.snapshot_every > 0 && out.stepped && run_.trainer.steps_taken() % plan_.snapshot_every == 0)
-    snapshot_.capture(model_tensors(run_.module), run_.optimizer, run_.trainer.steps_attempted(),
+    snapshot_.capture(model_tensors(run_.model), run_.optimizer, run_.trainer.steps_attempted(),
                       run_.trainer.steps_taken());
 }
 

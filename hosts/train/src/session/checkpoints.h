@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ampkit/model_view.h>
 
 #include <string>
 #include <utility>
@@ -14,7 +15,7 @@
 namespace ampkit::train {
 
 // Parameters and buffers by name: what a checkpoint's model.pt holds.
-std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& module);
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(const ModelView& model);
 
 // Loads the checkpoint --resume names (or, for auto, the newest valid one) into the run: the model
 // always; without --weights-only also the optimizer, plugin states, counters, host state and RNG,

@@ -12,17 +12,6 @@ namespace ampkit::train {
 namespace {
 
 // "torch::nn::LinearImpl" -> "Linear".
-std::string module_type(torch::nn::Module& root, const std::string& path) {
-  for (const auto& item : root.named_modules("", false)) {
-    if (item.key() != path) continue;
-    std::string name = item.value()->name();
-    if (name.rfind("torch::nn::", 0) == 0) name = name.substr(11);
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
-    return name;
-  }
-  return "";
-}
-
 nlohmann::json summary_json(const TensorSummary& t) {
   return {{"dtype", t.dtype}, {"shape", t.shape},   {"min", t.min},
           {"max", t.max},     {"absmax", t.absmax}, {"nonfinite", t.nonfinite}};
@@ -30,7 +19,7 @@ nlohmann::json summary_json(const TensorSummary& t) {
 
 nlohmann::json observation_json(const ModuleObservation& o) {
   nlohmann::json j = {{"module", o.module}, {"phase", o.phase}};
-  j[o.phase == "backward" ? "gradient" : "output"] = summary_json(o.value);
+  j[o.phase == "forward" ? "output" : "gradient"] = summary_json(o.value);
   if (!o.input.dtype.empty()) j["input"] = summary_json(o.input);
   return j;
 }
@@ -67,12 +56,14 @@ nlohmann::json NanReporter::report_json(const StepOutcome& o, const NanLocation&
       {"precision", to_string(run_.cfg.precision)},
       {"located", loc.found},
       {"module", loc.module},
-      {"module_type", loc.module.empty() ? "" : module_type(workload_.module(), loc.module)},
+      {"module_type", loc.module.empty() ? "" : workload_.model().module_type(loc.module)},
       {"phase", loc.phase},
       {"finding", loc.finding},
       {"micro_batch", loc.micro_batch},
       {"micro_batch_loss", std::isfinite(loc.loss) ? nlohmann::json(loc.loss) : nlohmann::json("nan")}};
-  if (!loc.module.empty()) report["observation"] = observation_json(loc.observation);
+  if (!loc.module.empty() || !loc.parameter.empty())
+    report["observation"] = observation_json(loc.observation);
+  if (!loc.parameter.empty()) report["parameter"] = loc.parameter;
   if (loc.reference_absmax > 0) report["reference_absmax"] = loc.reference_absmax;
   for (const auto& x : loc.forward) report["forward"].push_back(observation_json(x));
   for (const auto& x : loc.backward) report["backward"].push_back(observation_json(x));
@@ -89,6 +80,7 @@ void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(i
   in.precision = run_.cfg.precision;
   in.scale = o.stats.scale;
   in.accumulation_steps = run_.cfg.accumulate;
+  if (workload_.model().hook_points().empty()) in.parameter_names = run_.trainer.names();
   const std::string rng_after = cpu_rng_state();
   set_cpu_rng_state(pre_step_rng_);  // the same RNG state as the step itself
   const NanLocation loc = locate_fault(in, run_.params);
@@ -104,7 +96,8 @@ void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(i
               {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
   reports_.push_back(located_);
   const std::string where =
-      loc.found ? (loc.module.empty()
+      loc.found ? (!loc.parameter.empty() ? "at parameter '" + loc.parameter + "' (its gradient)"
+                   : loc.module.empty()
                        ? "in the loss"
                        : "at module '" + loc.module + "' (" + report["module_type"].get<std::string>() +
                              ", " + loc.observation.value.dtype + ", " + loc.phase + ")")

@@ -80,7 +80,7 @@ std::vector<CheckpointFile> pytorch_checkpoint_files(RunParts& run) {
 void init_from_pytorch(RunParts& run) {
   const std::string where = "--init-from " + run.cfg.init_from;
   const PyTorchStart start = read_pytorch_file(run.cfg.init_from);
-  load_state_dict_into(start.model, model_tensors(run.module), where);
+  load_state_dict_into(start.model, model_tensors(run.model), where);
   if (start.optimizer) load_optimizer_state_dict(*start.optimizer, run.optimizer, where + " ['optimizer']");
   if (start.scaler) load_scaler(run, *start.scaler, where + " ['scaler']");
   std::fprintf(stderr, "ampkit-train: initialised from %s (model%s%s)\n", run.cfg.init_from.c_str(),

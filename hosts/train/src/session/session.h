@@ -4,7 +4,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
@@ -16,9 +15,9 @@
 
 #include "ampkit/fault_injection.h"
 #include "ampkit/metrics.h"
-#include "ampkit/tensorboard.h"
 #include "ampkit/registry.h"
 #include "ampkit/strategy_set.h"
+#include "ampkit/tensorboard.h"
 #include "ampkit/trainer.h"
 #include "config/train_config.h"
 #include "session/host_state.h"
@@ -34,7 +33,7 @@ class NanReporter;
 // optimizer, the trainer, the strategies and the host's own checkpointed state.
 struct RunParts {
   const TrainConfig& cfg;
-  torch::nn::Module& module;
+  ModelView& model;
   const std::vector<at::Tensor>& params;
   torch::optim::Optimizer& optimizer;
   Trainer& trainer;

@@ -8,7 +8,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,24 +25,17 @@
 #include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
 #include "session/checkpoints.h"
-#include "session/pytorch_files.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
+#include "session/pytorch_files.h"
 #include "session/rank_sync.h"
 #include "session/session.h"
 #include "session/stop_signals.h"
+#include "workloads/registry.h"
 
 namespace ampkit::train {
 
 namespace {
-
-// The model's leaf modules: the hook points the workloads tap, in registration order.
-std::vector<std::string> hook_points(torch::nn::Module& module) {
-  std::vector<std::string> out;
-  for (const auto& item : module.named_modules("", /*include_self=*/false))
-    if (item.value()->children().empty()) out.push_back(item.key());
-  return out;
-}
 
 // Rank 0 serves the TCP store on --master-port: a port another program holds is named now, in
 // one line, instead of failing at the rendezvous after the other ranks waited for it. Bound as
@@ -75,10 +67,11 @@ void check_store_port_free(const DistributedConfig& d) {
   const int error = errno;
   ::close(sock);
   if (rc != 0 && (error == EADDRINUSE || error == EACCES))
-    throw Error(ErrorCategory::usage, "--master-port " + std::to_string(d.master_port) + " on this node (rank 0 " +
-                                          "hosts the rendezvous store there) is " +
-                                          (error == EADDRINUSE ? "in use by another program" : "not allowed") +
-                                          "; pick a free port (ampkit-launch --master-port 0 picks one)");
+    throw Error(ErrorCategory::usage,
+                "--master-port " + std::to_string(d.master_port) + " on this node (rank 0 " +
+                    "hosts the rendezvous store there) is " +
+                    (error == EADDRINUSE ? "in use by another program" : "not allowed") +
+                    "; pick a free port (ampkit-launch --master-port 0 picks one)");
 }
 
 }  // namespace
@@ -128,12 +121,10 @@ void Session::set_threads_and_device() {
 
 void Session::build_workload() {
   torch::manual_seed(cfg_.seed);
-  workload_ = cfg_.workload == "fashion-mnist" ? make_fashion_mnist(cfg_, device_)
-              : cfg_.workload == "char-gpt"    ? make_char_gpt(cfg_, device_)
-                                               : make_synthetic(cfg_, device_);
+  workload_ = make_workload(cfg_, device_);
   std::vector<Fault> faults;
   for (const auto& spec : cfg_.inject) faults.push_back(parse_fault(spec));
-  validate_faults(faults, hook_points(workload_->module()), cfg_.dist.world_size);
+  validate_faults(faults, workload_->model().hook_points(), cfg_.dist.world_size);
   injector_ = std::make_unique<FaultInjector>(faults);
   rollback_plan_ = strategies_->nan_policy().rollback_plan();
   if (rollback_plan_.from_checkpoint && cfg_.checkpoint_dir.empty())
@@ -145,17 +136,45 @@ void Session::build_workload() {
 // What every rank must agree on: the training's own settings and the strategies' options (where
 // each rank writes its files, its faults to inject and its device are its own business).
 std::vector<std::pair<std::string, std::string>> Session::shared_settings() const {
-  static const std::set<std::string> kShared = {
-      "workload", "precision", "epochs", "steps", "batch-size", "accumulate", "lr", "seed", "optimizer",
-      "weight-decay", "lr-schedule", "warmup-steps", "synthetic-width", "synthetic-depth", "synthetic-inputs",
-      "synthetic-classes", "gpt-layers", "gpt-width", "gpt-heads", "gpt-context", "scaler", "clipper",
-      "nan-policy", "comm", "world-size", "bucket-cap-mb", "find-unused-parameters", "broadcast-buffers",
-      "gradient-as-bucket-view", "checkpoint-every", "nan-locate"};
+  static const std::set<std::string> kShared = {"workload",
+                                                "precision",
+                                                "epochs",
+                                                "steps",
+                                                "batch-size",
+                                                "accumulate",
+                                                "lr",
+                                                "seed",
+                                                "optimizer",
+                                                "weight-decay",
+                                                "lr-schedule",
+                                                "warmup-steps",
+                                                "synthetic-width",
+                                                "synthetic-depth",
+                                                "synthetic-inputs",
+                                                "synthetic-classes",
+                                                "gpt-layers",
+                                                "gpt-width",
+                                                "gpt-heads",
+                                                "gpt-context",
+                                                "loss",
+                                                "data-order",
+                                                "scaler",
+                                                "clipper",
+                                                "nan-policy",
+                                                "comm",
+                                                "world-size",
+                                                "bucket-cap-mb",
+                                                "find-unused-parameters",
+                                                "broadcast-buffers",
+                                                "gradient-as-bucket-view",
+                                                "checkpoint-every",
+                                                "nan-locate"};
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& s : cfg_.settings)
     if (kShared.count(s.name)) out.emplace_back("--" + s.name, s.value);
   for (const auto& strategy : strategies_->all())
-    for (const auto& [name, value] : strategy.options.values.all()) out.emplace_back(strategy.kind + "." + name, value);
+    for (const auto& [name, value] : strategy.options.values.all())
+      out.emplace_back(strategy.kind + "." + name, value);
   return out;
 }
 
@@ -196,10 +215,10 @@ void Session::rendezvous() {
 }
 
 void Session::build_trainer() {
-  for (const auto& item : workload_->module().named_parameters()) {
-    if (!item.value().requires_grad()) continue;
-    names_.push_back(item.key());
-    params_.push_back(item.value());
+  for (const auto& [name, tensor] : workload_->model().named_parameters()) {
+    if (!tensor.requires_grad()) continue;
+    names_.push_back(name);
+    params_.push_back(tensor);
   }
   if (cfg_.optimizer == "adamw")
     optimizer_ = std::make_unique<FusedAdamW>(
@@ -224,14 +243,14 @@ void Session::build_trainer() {
   info.rank = s.comm().rank();
   info.world_size = s.comm().world_size();
   trainer_->start(info);
-  parts_.reset(new RunParts{cfg_, workload_->module(), params_, *optimizer_, *trainer_, s, state_});
+  parts_.reset(new RunParts{cfg_, workload_->model(), params_, *optimizer_, *trainer_, s, state_});
 }
 
 // Every rank holds the checkpoint's (or its own seed's) parameters; from here rank 0's are
 // everyone's, and gradients are averaged by torch's DDP Reducer during backward.
 void Session::enable_data_parallel() {
   DataParallelOptions dp = cfg_.data_parallel;
-  for (const auto& item : workload_->module().named_buffers()) dp.buffers.push_back(item.value());
+  for (const auto& [name, buffer] : workload_->model().named_buffers()) dp.buffers.push_back(buffer);
   trainer_->enable_data_parallel(dp);
 }
 
@@ -251,8 +270,10 @@ int Session::run() {
   const bool writes_checkpoints = !cfg_.checkpoint_dir.empty() && strategies_->comm().rank() == 0;
   resumed_from_ = resume(*parts_);  // 5
   if (cfg_.restart_count > 0 && cfg_.checkpoint_dir.empty() && is_root_)
-    std::fprintf(stderr, "ampkit-train: warning: restart %d of the job without --checkpoint-dir: training starts "
-                 "again from step 0\n", cfg_.restart_count);
+    std::fprintf(stderr,
+                 "ampkit-train: warning: restart %d of the job without --checkpoint-dir: training starts "
+                 "again from step 0\n",
+                 cfg_.restart_count);
   if (!cfg_.init_from.empty() && resumed_from_.empty()) init_from_pytorch(*parts_);
   if (!cfg_.init_from.empty() && !resumed_from_.empty())
     std::fprintf(stderr, "ampkit-train: note: --init-from %s not used: resumed from a checkpoint\n",

@@ -16,6 +16,8 @@
 
 #include "ampkit/error.h"
 #include "ampkit/probe.h"
+#include "config/option_builders.h"
+#include "workloads/registry.h"
 #include "workloads/workload.h"
 
 namespace F = torch::nn::functional;
@@ -115,25 +117,27 @@ class CharGpt final : public Workload {
   CharGpt(const TrainConfig& cfg, const at::Device& device)
       : cfg_(cfg),
         device_(device),
-        model_(std::make_shared<GptImpl>(cfg.gpt_layers, cfg.gpt_width, cfg.gpt_heads, cfg.gpt_context)) {
+        model_(std::make_shared<GptImpl>(cfg.gpt_layers, cfg.gpt_width, cfg.gpt_heads, cfg.gpt_context)),
+        view_(*model_),
+        slice_(rank_slice(cfg.batch_size, cfg.dist)) {
     const at::Tensor corpus = read_corpus(cfg.text_dir);
     const int64_t split = corpus.size(0) * 9 / 10;
     train_ = corpus.narrow(0, 0, split);
     test_ = corpus.narrow(0, split, corpus.size(0) - split);
     model_->to(device_);
   }
-  torch::nn::Module& module() override { return *model_; }
+  ModelView& model() override { return view_; }
   int64_t batches_per_epoch() const override {
-    return std::max<int64_t>(1, train_.size(0) / (cfg_.batch_size * cfg_.dist.world_size * cfg_.gpt_context));
+    return std::max<int64_t>(1, train_.size(0) / (slice_.global * cfg_.gpt_context));
   }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
   at::Tensor loss(int64_t index) override {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(
         cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
     // The global batch of all ranks is drawn, and each rank trains on its slice of it.
-    const at::Tensor offsets = at::randint(train_.size(0) - cfg_.gpt_context - 1,
-                                           {cfg_.batch_size * cfg_.dist.world_size}, gen, at::kLong)
-                                   .narrow(0, cfg_.batch_size * cfg_.dist.rank, cfg_.batch_size);
+    const at::Tensor offsets =
+        at::randint(train_.size(0) - cfg_.gpt_context - 1, {slice_.global}, gen, at::kLong)
+            .narrow(0, slice_.start, slice_.length);
     return window_loss(train_, offsets);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
@@ -174,6 +178,8 @@ class CharGpt final : public Workload {
   TrainConfig cfg_;
   at::Device device_;
   std::shared_ptr<GptImpl> model_;
+  NnModuleView view_;
+  RankSlice slice_;
   at::Tensor train_, test_;
   int64_t epoch_ = 0;
 };
@@ -182,6 +188,24 @@ class CharGpt final : public Workload {
 
 std::unique_ptr<Workload> make_char_gpt(const TrainConfig& cfg, const at::Device& device) {
   return std::make_unique<CharGpt>(cfg, device);
+}
+
+std::vector<HostOption> char_gpt_options() {
+  using namespace options;  // NOLINT: the table reads as declarations
+  return {
+      text("text-dir", "/usr/share/games/fortunes",
+           "char-gpt: folder of text files (Debian package fortunes); all files except *.dat and *.u8 are "
+           "read.",
+           field(&TrainConfig::text_dir)),
+      integer("gpt-layers", "2", "char-gpt: transformer blocks.", field(&TrainConfig::gpt_layers))
+          .range(1, 64),
+      integer("gpt-width", "128", "char-gpt: embedding width (a multiple of --gpt-heads).",
+              field(&TrainConfig::gpt_width))
+          .range(1, 8192),
+      integer("gpt-heads", "4", "char-gpt: attention heads.", field(&TrainConfig::gpt_heads)).range(1, 64),
+      integer("gpt-context", "64", "char-gpt: context length in bytes.", field(&TrainConfig::gpt_context))
+          .range(2, 4096),
+  };
 }
 
 }  // namespace ampkit::train

@@ -13,6 +13,8 @@
 
 #include "ampkit/error.h"
 #include "ampkit/probe.h"
+#include "config/option_builders.h"
+#include "workloads/registry.h"
 #include "workloads/workload.h"
 
 namespace F = torch::nn::functional;
@@ -87,10 +89,11 @@ class FashionMnist final : public Workload {
  public:
   FashionMnist(const TrainConfig& cfg, const at::Device& device)
       : batch_size_(cfg.batch_size),
-        rank_(cfg.dist.rank),
         ranks_(cfg.dist.world_size),
+        slice_(rank_slice(cfg.batch_size, cfg.dist)),
         seed_(cfg.seed),
-        device_(device) {
+        device_(device),
+        view_(*model_) {
     const std::filesystem::path dir = cfg.data_dir;
     train_x_ = read_images(dir / "train-images-idx3-ubyte.gz");
     train_y_ = read_labels(dir / "train-labels-idx1-ubyte.gz");
@@ -105,15 +108,15 @@ class FashionMnist final : public Workload {
     model_->to(device_);
     order_ = at::arange(train_x_.size(0), at::kLong);
   }
-  torch::nn::Module& module() override { return *model_; }
-  // A batch is global: rank r of N trains on its r-th slice of batch_size samples.
-  int64_t batches_per_epoch() const override { return train_x_.size(0) / (batch_size_ * ranks_); }
+  ModelView& model() override { return view_; }
+  // A batch is global: rank r of N trains on its slice (rank_slice) of the next N*B images.
+  int64_t batches_per_epoch() const override { return train_x_.size(0) / slice_.global; }
   void start_epoch(int64_t epoch) override {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + static_cast<uint64_t>(epoch));
     order_ = at::randperm(train_x_.size(0), gen, at::kLong);
   }
   at::Tensor loss(int64_t index) override {
-    const at::Tensor idx = order_.narrow(0, (index * ranks_ + rank_) * batch_size_, batch_size_);
+    const at::Tensor idx = order_.narrow(0, index * slice_.global + slice_.start, slice_.length);
     const at::Tensor x = to_device(train_x_.index_select(0, idx), device_);
     const at::Tensor y = to_device(train_y_.index_select(0, idx), device_);
     return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
@@ -141,10 +144,12 @@ class FashionMnist final : public Workload {
 
  private:
   int64_t batch_size_;
-  int64_t rank_, ranks_;
+  int64_t ranks_;
+  RankSlice slice_;
   uint64_t seed_;
   at::Device device_;
   std::shared_ptr<CnnImpl> model_ = std::make_shared<CnnImpl>();
+  NnModuleView view_;
   at::Tensor train_x_, train_y_, test_x_, test_y_, order_;
 };
 
@@ -152,6 +157,15 @@ class FashionMnist final : public Workload {
 
 std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::Device& device) {
   return std::make_unique<FashionMnist>(cfg, device);
+}
+
+std::vector<HostOption> fashion_mnist_options() {
+  using namespace options;  // NOLINT: the table reads as declarations
+  return {
+      text("data-dir", "/usr/share/datasets/fashion-mnist",
+           "Folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).",
+           field(&TrainConfig::data_dir)),
+  };
 }
 
 }  // namespace ampkit::train

@@ -7,6 +7,8 @@
 
 #include "ampkit/autocast_guard.h"
 #include "ampkit/probe.h"
+#include "config/option_builders.h"
+#include "workloads/registry.h"
 #include "workloads/workload.h"
 
 namespace F = torch::nn::functional;
@@ -49,12 +51,14 @@ class Synthetic final : public Workload {
       : cfg_(cfg),
         device_(device),
         model_(std::make_shared<MlpImpl>(cfg.synthetic_inputs, cfg.synthetic_width, cfg.synthetic_depth,
-                                         cfg.synthetic_classes)) {
+                                         cfg.synthetic_classes)),
+        view_(*model_),
+        slice_(rank_slice(cfg.batch_size, cfg.dist)) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg.seed ^ 0x7e4c4e5ULL);
     teacher_ = at::randn({cfg.synthetic_inputs, cfg.synthetic_classes}, gen).to(device_);
     model_->to(device_);
   }
-  torch::nn::Module& module() override { return *model_; }
+  ModelView& model() override { return view_; }
   // A nominal epoch of 1000 batches keeps --epochs meaningful for generated data.
   int64_t batches_per_epoch() const override { return 1000; }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
@@ -64,8 +68,8 @@ class Synthetic final : public Workload {
     auto [x, y] =
         batch(cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index),
               cfg_.dist.world_size);
-    x = x.narrow(0, cfg_.batch_size * cfg_.dist.rank, cfg_.batch_size);
-    y = y.narrow(0, cfg_.batch_size * cfg_.dist.rank, cfg_.batch_size);
+    x = x.narrow(0, slice_.start, slice_.length);
+    y = y.narrow(0, slice_.start, slice_.length);
     return F::cross_entropy(model_->forward(x).to(at::kFloat), y);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
@@ -92,6 +96,8 @@ class Synthetic final : public Workload {
   TrainConfig cfg_;
   at::Device device_;
   std::shared_ptr<MlpImpl> model_;
+  NnModuleView view_;
+  RankSlice slice_;
   at::Tensor teacher_;
   int64_t epoch_ = 0;
 };
@@ -107,6 +113,22 @@ at::Tensor synthetic_labels(const at::Tensor& x, const at::Tensor& teacher) {
 
 std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device) {
   return std::make_unique<Synthetic>(cfg, device);
+}
+
+std::vector<HostOption> synthetic_options() {
+  using namespace options;  // NOLINT: the table reads as declarations
+  return {
+      integer("synthetic-width", "256", "synthetic: hidden width of the MLP.",
+              field(&TrainConfig::synthetic_width))
+          .range(1, 65536),
+      integer("synthetic-depth", "4", "synthetic: number of hidden layers.",
+              field(&TrainConfig::synthetic_depth))
+          .range(0, 256),
+      integer("synthetic-inputs", "128", "synthetic: input features.", field(&TrainConfig::synthetic_inputs))
+          .range(1, 65536),
+      integer("synthetic-classes", "10", "synthetic: output classes.", field(&TrainConfig::synthetic_classes))
+          .range(2, 65536),
+  };
 }
 
 }  // namespace ampkit::train

@@ -1,13 +1,15 @@
 // A reference workload: a model, its training batches, its loss and (optionally) a test metric.
 #pragma once
 
-#include "config/train_config.h"
-#include <torch/nn/module.h>
+#include <ATen/core/Tensor.h>
+#include <ampkit/model_view.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+
+#include "config/train_config.h"
 
 namespace ampkit::train {
 
@@ -20,7 +22,8 @@ struct Evaluation {
 class Workload {
  public:
   virtual ~Workload() = default;
-  virtual torch::nn::Module& module() = 0;
+  // The model, seen through the view the host and the engine use (model_view.h).
+  virtual ModelView& model() = 0;
   // Training micro-batches of `batch_size` samples in one epoch.
   virtual int64_t batches_per_epoch() const = 0;
   // Reorders the training set for `epoch` (deterministic in the seed and the epoch).
@@ -34,6 +37,18 @@ class Workload {
 std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::Device& device);
 std::unique_ptr<Workload> make_char_gpt(const TrainConfig& cfg, const at::Device& device);
 std::unique_ptr<Workload> make_synthetic(const TrainConfig& cfg, const at::Device& device);
+std::unique_ptr<Workload> make_torchscript(const TrainConfig& cfg, const at::Device& device);
+
+// Rank slicing, written once: rank r of N trains on samples [r*B, (r+1)*B) of every global batch
+// of N*B samples (B per rank), so N ranks of batch B see exactly one rank of batch N*B's samples.
+struct RankSlice {
+  int64_t start = 0;   // of this rank's samples within the global batch
+  int64_t length = 0;  // B
+  int64_t global = 0;  // N*B
+};
+inline RankSlice rank_slice(int64_t per_rank, const DistributedConfig& dist) {
+  return {per_rank * dist.rank, per_rank, per_rank * dist.world_size};
+}
 
 // A CPU batch on `device`: unchanged on the CPU; on CUDA through pinned memory with a
 // non-blocking copy, as PyTorch's pin_memory=True loaders do (batch_copy.cpp).

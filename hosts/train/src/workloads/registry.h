@@ -1,0 +1,35 @@
+// The workloads of --workload, each registered once: name, summary, options and factory.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/option_table.h"
+
+namespace ampkit::train {
+
+class Workload;
+
+struct WorkloadInfo {
+  std::string name;     // --workload NAME
+  std::string summary;  // what it trains, for --workload's help
+  // Its own options, declared beside its code; --help shows them as a group of their own.
+  std::vector<HostOption> (*options)();
+  std::unique_ptr<Workload> (*make)(const TrainConfig& cfg, const at::Device& device);
+};
+
+// In --help order; --workload's choices and help come from here.
+const std::vector<WorkloadInfo>& workload_registry();
+// The workload cfg.workload names (the option table has checked the name).
+std::unique_ptr<Workload> make_workload(const TrainConfig& cfg, const at::Device& device);
+
+// Each workload's options (hosts/train/src/workloads/<name>.cpp).
+std::vector<HostOption> fashion_mnist_options();
+std::vector<HostOption> char_gpt_options();
+std::vector<HostOption> synthetic_options();
+std::vector<HostOption> torchscript_options();
+
+}  // namespace ampkit::train

@@ -1,0 +1,307 @@
+// Workload torchscript: the user's own model (torch.jit.script(m).save) on tensors python saved
+// with torch.save({"inputs": X, "targets": Y}) (docs/your-own-model.md).
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/cat.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/script.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+
+#include "ampkit/error.h"
+#include "ampkit/pytorch_state.h"
+#include "config/option_builders.h"
+#include "workloads/registry.h"
+#include "workloads/torchscript_data.h"
+#include "workloads/workload.h"
+
+namespace F = torch::nn::functional;
+namespace fs = std::filesystem;
+
+namespace ampkit::train {
+
+namespace {
+
+// The scripted module as the host sees it. Its submodules' outputs cannot be observed from C++
+// (a TorchScript module has no forward hooks to add at run time), so it has no hook points: the
+// NaN locator names the first parameter whose gradient went non-finite instead.
+class JitModuleView final : public ModelView {
+ public:
+  explicit JitModuleView(torch::jit::Module& module) : module_(module) {}
+  NamedTensors named_parameters() const override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors named_buffers() const override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void train(bool on) override { module_.train(on); }
+  std::vector<std::string> hook_points() const override { return {}; }
+  std::string module_type(const std::string& path) const override {
+    for (const auto& m : module_.named_modules())
+      if (m.name == path) return m.value.type()->name() ? m.value.type()->name()->name() : "";
+    return "";
+  }
+
+ private:
+  torch::jit::Module& module_;
+};
+
+// The model's own message for a failure inside forward: TorchScript wraps it in its traceback;
+// its last "Error: " line is what the failing op said.
+std::string model_message(const std::exception& e) {
+  const std::string text = e.what();
+  std::string last;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (std::regex_search(line, std::regex("^[A-Za-z]*Error: "))) last = line;
+  if (!last.empty()) return last;
+  const std::string first = text.substr(0, text.find('\n'));
+  return first.empty() ? "(no message)" : first;
+}
+
+torch::jit::Module load_module(const std::string& file, const at::Device& device) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) throw Error(ErrorCategory::data, "--model " + file + " is not a file");
+  try {
+    return torch::jit::load(file, device);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw Error(ErrorCategory::data, "--model " + file +
+                                         " is not a TorchScript module (save one with "
+                                         "torch.jit.script(model).save(FILE)): " +
+                                         what.substr(0, what.find('\n')));
+  }
+}
+
+// Arguments of forward besides self: (required, all).
+std::pair<size_t, size_t> forward_arity(const torch::jit::Module& module) {
+  const auto method = module.find_method("forward");
+  if (!method) throw Error(ErrorCategory::data, "the TorchScript module has no forward method");
+  const auto& args = method->function().getSchema().arguments();
+  size_t required = 0;
+  for (size_t i = 1; i < args.size(); ++i)
+    if (!args[i].default_value()) ++required;
+  return {required, args.size() - 1};
+}
+
+// torch.jit.trace names the arguments of its submodules' forward argument_1, argument_2, ...
+bool looks_traced(const torch::jit::Module& module) {
+  for (const auto& m : module.named_modules()) {
+    const auto method = m.value.find_method("forward");
+    if (!method) continue;
+    for (const auto& a : method->function().getSchema().arguments())
+      if (std::regex_match(a.name(), std::regex("argument_[0-9]+"))) return true;
+  }
+  return false;
+}
+
+class TorchScript final : public Workload {
+ public:
+  TorchScript(const TrainConfig& cfg, const at::Device& device)
+      : cfg_(cfg), device_(device), module_(load_module(cfg.model_file, device)), view_(module_) {
+    // Eager autocast and the profiling executor's fusions do not mix (fused kernels may keep
+    // another dtype); the plain interpreter runs the graph op by op, as eager PyTorch does.
+    torch::jit::setGraphExecutorOptimize(false);
+    check_arity();
+    if (looks_traced(module_))
+      std::fprintf(
+          stderr,
+          "ampkit-train: warning: --model %s looks traced (torch.jit.trace): it keeps the train/eval "
+          "mode it was traced in (dropout, batch norm); save torch.jit.script(model) instead\n",
+          cfg.model_file.c_str());
+    train_ = read_tensor_data(cfg.data_path, "--data");
+    check_targets(train_, "--data");
+    if (!cfg.test_data_path.empty()) {
+      test_ = read_tensor_data(cfg.test_data_path, "--test-data");
+      check_targets(*test_, "--test-data");
+    }
+    if (train_.size() < slice_.global)
+      throw Error(ErrorCategory::usage, "--data holds " + std::to_string(train_.size()) +
+                                            " samples, fewer than one "
+                                            "batch of --batch-size " +
+                                            std::to_string(cfg.batch_size) + " x " +
+                                            std::to_string(cfg.dist.world_size) + " rank(s)");
+    order_ = at::arange(train_.size(), at::kLong);
+    module_.train(true);
+  }
+  ModelView& model() override { return view_; }
+  int64_t batches_per_epoch() const override { return train_.size() / slice_.global; }
+  void start_epoch(int64_t epoch) override {
+    if (cfg_.data_order == "file") return;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.seed * 1000003 + static_cast<uint64_t>(epoch));
+    order_ = at::randperm(train_.size(), gen, at::kLong);
+  }
+  at::Tensor loss(int64_t index) override {
+    const at::Tensor idx = order_.narrow(0, index * slice_.global + slice_.start, slice_.length);
+    return batch_loss(to_device(train_.inputs.index_select(0, idx), device_),
+                      to_device(train_.targets.index_select(0, idx), device_), index);
+  }
+  std::optional<Evaluation> evaluate(int64_t max_batches) override;
+
+ private:
+  void check_arity() const {
+    const auto [required, all] = forward_arity(module_);
+    const size_t want = cfg_.loss == "returned" ? 2 : 1;
+    if (required <= want && want <= all) return;
+    throw Error(ErrorCategory::usage,
+                "--loss " + cfg_.loss + " calls forward(" + (want == 2 ? "inputs, targets" : "inputs") +
+                    "), but the module's forward takes " + std::to_string(required) +
+                    (required == all ? "" : " to " + std::to_string(all)) + " argument(s)" +
+                    (want == 1 ? "; a forward(inputs, targets) that returns the loss needs --loss returned"
+                               : "; a forward(inputs) needs --loss cross_entropy or mse"));
+  }
+  void check_targets(const TensorData& d, const std::string& option) const {
+    const at::ScalarType t = d.targets.scalar_type();
+    const std::string name = c10::toString(t);
+    if (cfg_.loss == "cross_entropy" && !(at::isIntegralType(t, false) || at::isFloatingType(t)))
+      throw Error(ErrorCategory::data, option +
+                                           ": --loss cross_entropy takes class indices (an integer dtype) or "
+                                           "probabilities (a float dtype) as targets, got " +
+                                           name);
+    if (cfg_.loss == "mse" && !at::isFloatingType(t))
+      throw Error(ErrorCategory::data, option + ": --loss mse takes floating-point targets, got " + name);
+  }
+  at::Tensor outputs_loss(const at::Tensor& out, const at::Tensor& y, bool sum) const;
+  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, int64_t index);
+
+  TrainConfig cfg_;
+  at::Device device_;
+  torch::jit::Module module_;
+  JitModuleView view_;
+  RankSlice slice_ = rank_slice(cfg_.batch_size, cfg_.dist);
+  TensorData train_;
+  std::optional<TensorData> test_;
+  at::Tensor order_;
+};
+
+// The loss of the module's outputs, in fp32. Cross entropy takes the class dimension last
+// ([N, C], or [N, T, C] against [N, T] targets, as language models output it).
+at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor& y, bool sum) const {
+  const at::Tensor out = out_any.to(at::kFloat);
+  if (cfg_.loss == "mse") {
+    F::MSELossFuncOptions mse;  // the mean by default
+    if (sum) mse.reduction(torch::kSum);
+    return F::mse_loss(out, y.to(at::kFloat), mse);
+  }
+  F::CrossEntropyFuncOptions reduction;
+  if (sum) reduction.reduction(torch::kSum);
+  if (at::isIntegralType(y.scalar_type(), false) && out.dim() == y.dim() + 1 && out.dim() > 2)
+    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}).to(at::kLong), reduction);
+  return F::cross_entropy(
+      out, at::isIntegralType(y.scalar_type(), false) ? y.to(at::kLong) : y.to(at::kFloat), reduction);
+}
+
+at::Tensor TorchScript::batch_loss(const at::Tensor& x, const at::Tensor& y, int64_t index) {
+  try {
+    if (cfg_.loss == "returned") {
+      const c10::IValue r = module_.forward({x, y});
+      if (!r.isTensor() || r.toTensor().numel() != 1)
+        throw Error(ErrorCategory::data,
+                    "--loss returned: the module's forward(inputs, targets) must return the "
+                    "loss as a one-element tensor, got " +
+                        r.tagKind());
+      return r.toTensor().reshape({}).to(at::kFloat);
+    }
+    const c10::IValue out = module_.forward({x});
+    if (!out.isTensor())
+      throw Error(ErrorCategory::data, "--loss " + cfg_.loss +
+                                           ": the module's forward(inputs) must return a "
+                                           "tensor, got " +
+                                           out.tagKind());
+    return outputs_loss(out.toTensor(), y, false);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCategory::data,
+                "the model failed on batch " + std::to_string(index) + ": " + model_message(e));
+  }
+}
+
+// Loss over every sample (element-wise losses summed, divided by their count: the mean over
+// samples, or over tokens for sequences), and accuracy where the targets are class indices.
+std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
+  if (!test_) return std::nullopt;
+  torch::NoGradGuard no_grad;
+  module_.train(false);
+  const int64_t n = test_->size(), bs = cfg_.batch_size;
+  int64_t batches = (n + bs - 1) / bs;
+  if (max_batches > 0) batches = std::min(batches, max_batches);
+  const bool classes =
+      cfg_.loss == "cross_entropy" && at::isIntegralType(test_->targets.scalar_type(), false);
+  double loss_sum = 0, correct = 0, count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t len = std::min(bs, n - b * bs);
+    const at::Tensor x = to_device(test_->inputs.narrow(0, b * bs, len), device_);
+    const at::Tensor y = to_device(test_->targets.narrow(0, b * bs, len), device_);
+    if (cfg_.loss == "returned") {
+      loss_sum += batch_loss(x, y, b).item<double>() * static_cast<double>(len);
+      count += static_cast<double>(len);
+      continue;
+    }
+    at::Tensor out;
+    try {
+      out = module_.forward({x}).toTensor().to(at::kFloat);
+    } catch (const std::exception& e) {
+      module_.train(true);
+      throw Error(ErrorCategory::data,
+                  "the model failed on --test-data batch " + std::to_string(b) + ": " + model_message(e));
+    }
+    loss_sum += outputs_loss(out, y, true).item<double>();
+    const double elements = cfg_.loss == "mse" ? static_cast<double>(out.numel())
+                            : classes          ? static_cast<double>(y.numel())
+                                               : static_cast<double>(len);
+    count += elements;
+    if (classes) correct += at::eq(out.argmax(-1), y.to(at::kLong)).sum().item<double>();
+  }
+  module_.train(true);
+  return Evaluation{loss_sum / count, classes ? correct / count : 0.0, std::nullopt};
+}
+
+}  // namespace
+
+std::vector<HostOption> torchscript_options() {
+  using namespace options;  // NOLINT: the table reads as declarations
+  return {
+      text(
+          "model", "",
+          "torchscript: the model, a file torch.jit.script(model).save(FILE) wrote (docs/your-own-model.md).",
+          field(&TrainConfig::model_file)),
+      text("data", "",
+           "torchscript: training data, a file torch.save({\"inputs\": X, \"targets\": Y}) wrote, or a "
+           "folder of "
+           "such *.pt shards (concatenated in name order). Read without running pickled code.",
+           field(&TrainConfig::data_path)),
+      text("test-data", "", "torchscript: evaluation data in the same form; empty: no evaluation.",
+           field(&TrainConfig::test_data_path)),
+      text(
+          "loss", "cross_entropy",
+          "torchscript: cross_entropy (on forward(inputs), class dimension last, targets class indices or "
+          "probabilities) | mse (on forward(inputs)) | returned (forward(inputs, targets) returns the loss). "
+          "Computed in fp32.",
+          field(&TrainConfig::loss))
+          .one_of({"cross_entropy", "mse", "returned"}),
+      text("data-order", "shuffled",
+           "torchscript: shuffled (a seeded permutation per epoch) | file (batch i is samples i*B..(i+1)*B-1 "
+           "in "
+           "file order, to compare step for step with another trainer).",
+           field(&TrainConfig::data_order))
+          .one_of({"shuffled", "file"}),
+  };
+}
+
+std::unique_ptr<Workload> make_torchscript(const TrainConfig& cfg, const at::Device& device) {
+  if (cfg.model_file.empty()) throw Error(ErrorCategory::usage, "--workload torchscript needs --model FILE");
+  if (cfg.data_path.empty())
+    throw Error(ErrorCategory::usage, "--workload torchscript needs --data FILE|DIR");
+  return std::make_unique<TorchScript>(cfg, device);
+}
+
+}  // namespace ampkit::train

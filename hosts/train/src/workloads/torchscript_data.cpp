@@ -1,0 +1,89 @@
+// Reading the torchscript workload's tensors (docs/your-own-model.md, "Data").
+#include "workloads/torchscript_data.h"
+
+#include <ATen/ops/cat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "ampkit/error.h"
+#include "ampkit/pytorch_state.h"
+
+namespace fs = std::filesystem;
+
+namespace ampkit::train {
+
+namespace {
+
+at::Tensor tensor_at(const c10::impl::GenericDict& d, const std::string& key, const std::string& where) {
+  const auto it = d.find(c10::IValue(key));
+  if (it == d.end() || !it->value().isTensor())
+    throw Error(ErrorCategory::data,
+                where + " has no tensor \"" + key +
+                    "\": save the data with torch.save({\"inputs\": X, \"targets\": Y}, FILE)");
+  at::Tensor t = it->value().toTensor();
+  if (t.dim() == 0)
+    throw Error(ErrorCategory::data, where + ": \"" + key + "\" must have a sample dimension");
+  return t.contiguous();
+}
+
+TensorData read_file(const fs::path& file, const std::string& where) {
+  c10::IValue top;
+  try {
+    top = read_torch_file(file, where);
+  } catch (const Error& e) {
+    throw Error(ErrorCategory::data, e.what());
+  }
+  if (!top.isGenericDict())
+    throw Error(ErrorCategory::data,
+                where + " holds a " + top.tagKind() +
+                    ", not a dict: save the data with torch.save({\"inputs\": X, \"targets\": "
+                    "Y}, FILE)");
+  const c10::impl::GenericDict d = top.toGenericDict();
+  TensorData data{tensor_at(d, "inputs", where), tensor_at(d, "targets", where)};
+  if (data.inputs.size(0) != data.targets.size(0))
+    throw Error(ErrorCategory::data, where + ": \"inputs\" holds " + std::to_string(data.inputs.size(0)) +
+                                         " samples and \"targets\" " + std::to_string(data.targets.size(0)) +
+                                         "; they must be the same length along dimension 0");
+  return data;
+}
+
+// Shards agree on everything but their length.
+void check_same_kind(const at::Tensor& first, const at::Tensor& next, const std::string& key,
+                     const std::string& where) {
+  if (first.scalar_type() != next.scalar_type() || first.sizes().slice(1) != next.sizes().slice(1))
+    throw Error(ErrorCategory::data, where + ": \"" + key + "\" is " + c10::toString(next.scalar_type()) +
+                                         " " + c10::str(next.sizes()) + " where the first shard's is " +
+                                         c10::toString(first.scalar_type()) + " " + c10::str(first.sizes()) +
+                                         " (shards may differ only in length)");
+}
+
+}  // namespace
+
+TensorData read_tensor_data(const std::string& path, const std::string& option) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return read_file(path, option + " " + path);
+  if (!fs::is_directory(path, ec))
+    throw Error(ErrorCategory::data, option + " " + path + " is neither a file nor a folder");
+  std::vector<fs::path> shards;
+  for (const auto& entry : fs::directory_iterator(path, ec))
+    if (entry.path().extension() == ".pt" && entry.is_regular_file()) shards.push_back(entry.path());
+  if (ec) throw Error(ErrorCategory::data, option + " " + path + " cannot be listed: " + ec.message());
+  if (shards.empty()) throw Error(ErrorCategory::data, option + " " + path + " holds no *.pt shard");
+  std::sort(shards.begin(), shards.end());
+  std::vector<at::Tensor> inputs, targets;
+  for (const auto& shard : shards) {
+    const std::string where = option + " shard " + shard.string();
+    TensorData d = read_file(shard, where);
+    if (!inputs.empty()) {
+      check_same_kind(inputs.front(), d.inputs, "inputs", where);
+      check_same_kind(targets.front(), d.targets, "targets", where);
+    }
+    inputs.push_back(d.inputs);
+    targets.push_back(d.targets);
+  }
+  return {at::cat(inputs), at::cat(targets)};
+}
+
+}  // namespace ampkit::train

@@ -1,0 +1,205 @@
+"""ampkit-train --workload torchscript: a user's scripted model on torch.save'd tensors.
+
+Parity with a plain eager PyTorch loop (tools/golden/torchscript_parity.py), checkpoints that load
+back into the scripted module in Python, data-parallel ranks, exact resume after SIGTERM, and one
+line with the documented exit code for every bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BUILD = os.path.abspath(os.environ.get("AMPKIT_BUILD_DIR", os.path.join(ROOT, "build")))
+TRAIN = os.path.join(BUILD, "bin", "ampkit-train")
+LAUNCH = os.path.join(BUILD, "bin", "ampkit-launch")
+ENV = dict(os.environ, AMPKIT_PLUGIN_PATH="", OMP_NUM_THREADS="1")
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "golden"))
+import torchscript_parity  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    out = tmp_path_factory.mktemp("golden")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "golden", "torchscript_parity.py"), str(out)],
+                   check=True, env=ENV, capture_output=True)
+    with open(out / "golden.json") as f:
+        return out, json.load(f)
+
+
+def train(folder, *args, check=True):
+    """ampkit-train on folder's model.pt and data.pt (unless args name --data or --model)."""
+    args = [str(a) for a in args]
+    defaults = [] if "--data" in args else ["--data", str(folder / "data.pt")]
+    defaults += [] if "--model" in args else ["--model", str(folder / "model.pt")]
+    cmd = [TRAIN, "--workload", "torchscript", *defaults, "--threads", "1", "--progress", "never", *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    if check:
+        assert run.returncode == 0, run.stderr
+    return run
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_losses_equal_an_eager_pytorch_loop_and_the_checkpoint_evaluates_the_same_in_python(golden, tmp_path):
+    folder, gold = golden
+    train(folder, "--test-data", folder / "test.pt", "--data-order", "file", "--batch-size", 16, "--steps", 20,
+          "--lr", "0.001", "--optimizer", "adamw", "--precision", "fp32", "--metrics", tmp_path / "m.jsonl",
+          "--summary", tmp_path / "s.json", "--checkpoint-dir", tmp_path / "ckpt")
+    losses = [r["loss"] for r in metrics(tmp_path / "m.jsonl")]
+    assert len(losses) == 20
+    for step, (ours, theirs) in enumerate(zip(losses, gold["losses"])):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs), (step, ours, theirs)
+    summary = json.load(open(tmp_path / "s.json"))
+    assert summary["workload"] == "torchscript" and summary["steps_taken"] == 20
+
+    # Back to Python: the checkpoint's model.pt into the scripted module, strictly.
+    state = torch.load(tmp_path / "ckpt" / "step-20" / "model.pt", weights_only=True)
+    module = torch.jit.load(str(folder / "model.pt"))
+    module.load_state_dict(state, strict=True)
+    module.eval()
+    test = torch.load(folder / "test.pt", weights_only=True)
+    with torch.no_grad():
+        out = module(test["inputs"]).float()
+        loss = torch.nn.functional.cross_entropy(out, test["targets"], reduction="sum").item() / len(test["targets"])
+        accuracy = (out.argmax(-1) == test["targets"]).float().mean().item()
+    assert abs(loss - summary["test_loss"]) <= 1e-6, (loss, summary["test_loss"])
+    assert accuracy == pytest.approx(summary["test_accuracy"], abs=1e-6)  # a float32 mean in Python
+    # and the eager model trained in Python evaluates within the loop's own agreement
+    assert summary["test_loss"] == pytest.approx(gold["test_loss"], rel=1e-4)
+
+
+def test_two_gloo_ranks_of_32_follow_one_rank_of_64(golden, tmp_path):
+    folder, _ = golden
+    common = ["--data-order", "file", "--steps", 4, "--lr", "0.001", "--precision", "fp32"]
+    train(folder, "--batch-size", 64, "--metrics", tmp_path / "one.jsonl", *common)
+    cmd = [LAUNCH, "--nproc-per-node", "2", "--master-port", "0", "--", TRAIN, "--workload", "torchscript",
+           "--model", folder / "model.pt", "--data", folder / "data.pt", "--comm", "gloo", "--threads", "1",
+           "--progress", "never", "--batch-size", 32, "--metrics", tmp_path / "two.jsonl", *common]
+    run = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    one, two = metrics(tmp_path / "one.jsonl"), metrics(tmp_path / "two.jsonl")
+    assert len(one) == len(two) == 4
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"])
+
+
+def test_sigterm_and_resume_auto_end_with_the_uninterrupted_parameters(golden, tmp_path):
+    folder, _ = golden
+    common = ["--steps", 400, "--batch-size", 4, "--lr", "0.001"]
+    full = train(folder, *common, "--summary", tmp_path / "full.json")
+    assert full.returncode == 0
+    ckpt, m = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    cmd = [TRAIN, "--workload", "torchscript", "--model", folder / "model.pt", "--data", folder / "data.pt",
+           "--threads", "1", "--progress", "never", *common, "--checkpoint-dir", ckpt, "--metrics", m,
+           "--summary", tmp_path / "interrupted.json"]
+    proc = subprocess.Popen([str(c) for c in cmd], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(m) and sum(1 for _ in open(m)) >= 30:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    interrupted = json.load(open(tmp_path / "interrupted.json"))
+    assert 30 <= interrupted["steps"] < 400
+    train(folder, *common, "--checkpoint-dir", ckpt, "--resume", "auto", "--summary", tmp_path / "resumed.json")
+    resumed = json.load(open(tmp_path / "resumed.json"))
+    assert resumed["param_sha256"] == json.load(open(tmp_path / "full.json"))["param_sha256"]
+
+
+def test_a_traced_module_trains_with_a_warning(golden, tmp_path):
+    folder, _ = golden
+    model = torchscript_parity.ConvAttentionNet()
+    traced = torch.jit.trace(model, torch.zeros(2, 12, 8))
+    traced.save(str(tmp_path / "model.pt"))
+    os.link(folder / "data.pt", tmp_path / "data.pt")
+    run = train(tmp_path, "--steps", 2, "--batch-size", 8)
+    assert "looks traced (torch.jit.trace): it keeps the train/eval mode" in run.stderr
+
+
+def one_line_error(run, code, *parts):
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == code, run.stderr
+    assert len(lines) == 1, run.stderr
+    for p in parts:
+        assert p in lines[0], lines[0]
+    return lines[0]
+
+
+def test_each_bad_input_is_one_line_with_its_exit_code(golden, tmp_path):
+    folder, _ = golden
+    # Not TorchScript: exit 4 (data).
+    (tmp_path / "text.pt").write_text("hello")
+    run = subprocess.run([TRAIN, "--workload", "torchscript", "--model", str(tmp_path / "text.pt"), "--data",
+                          str(folder / "data.pt"), "--steps", "1"], capture_output=True, text=True, env=ENV)
+    one_line_error(run, 4, "is not a TorchScript module")
+    # forward(inputs) with --loss returned: exit 2 (usage), with the fix.
+    one_line_error(train(folder, "--steps", 1, "--loss", "returned", check=False), 2,
+                   "--loss returned calls forward(inputs, targets)", "takes 1 argument")
+    # inputs and targets of different lengths: exit 4.
+    torch.save({"inputs": torch.zeros(10, 12, 8), "targets": torch.zeros(9, dtype=torch.long)}, tmp_path / "bad.pt")
+    run = train(folder, "--steps", 1, "--data", tmp_path / "bad.pt", check=False)
+    one_line_error(run, 4, "holds 10 samples and \"targets\" 9")
+    # a dtype the loss cannot take: mse on class indices, exit 4.
+    one_line_error(train(folder, "--steps", 1, "--loss", "mse", check=False), 4,
+                   "--loss mse takes floating-point targets, got Long")
+    # fewer samples than one batch per rank: exit 2.
+    one_line_error(train(folder, "--steps", 1, "--batch-size", 100000, check=False), 2,
+                   "fewer than one batch of --batch-size 100000")
+    # a shape the model cannot take: the model's own message, one line, exit 4.
+    torch.save({"inputs": torch.zeros(16, 12, 5), "targets": torch.zeros(16, dtype=torch.long)}, tmp_path / "shape.pt")
+    line = one_line_error(train(folder, "--steps", 1, "--batch-size", 8, "--data", tmp_path / "shape.pt", check=False),
+                          4, "the model failed on batch 0")
+    assert "channels" in line or "shape" in line, line
+    # a dict without "inputs": exit 4, naming what to save.
+    torch.save({"x": torch.zeros(3)}, tmp_path / "nokey.pt")
+    one_line_error(train(folder, "--steps", 1, "--data", tmp_path / "nokey.pt", check=False), 4,
+                   "has no tensor \"inputs\"")
+    # no --model: exit 2
+    run = subprocess.run([TRAIN, "--workload", "torchscript", "--data", str(folder / "data.pt")],
+                         capture_output=True, text=True, env=ENV)
+    one_line_error(run, 2, "needs --model FILE")
+
+
+def test_a_folder_of_shards_is_read_in_name_order(golden, tmp_path):
+    folder, _ = golden
+    data = torch.load(folder / "data.pt", weights_only=True)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i, start in enumerate(range(0, 320, 100)):
+        torch.save({"inputs": data["inputs"][start:start + 100], "targets": data["targets"][start:start + 100]},
+                   shards / f"part-{i:02d}.pt")
+    common = ["--data-order", "file", "--batch-size", 16, "--steps", 5, "--precision", "fp32"]
+    train(folder, *common, "--metrics", tmp_path / "file.jsonl")
+    train(folder, *common, "--data", shards, "--metrics", tmp_path / "shards.jsonl")
+    assert [r["loss"] for r in metrics(tmp_path / "file.jsonl")] == [r["loss"] for r in metrics(tmp_path / "shards.jsonl")]
+
+
+def test_a_non_finite_gradient_names_the_first_parameter(golden, tmp_path):
+    folder, _ = golden
+    data = torch.load(folder / "data.pt", weights_only=True)
+    data["inputs"][3, 0, 0] = math.inf
+    torch.save(data, tmp_path / "inf.pt")
+    run = train(folder, "--steps", 1, "--batch-size", 16, "--data-order", "file", "--data", tmp_path / "inf.pt",
+                "--summary", tmp_path / "s.json")
+    assert "at parameter '" in run.stderr and "(its gradient)" in run.stderr, run.stderr
+    report = json.load(open(tmp_path / "s.json"))["nan_reports"][0]
+    assert report["located"] is True and report["phase"] == "parameter"
+    detail = json.load(open(report["report"]))
+    assert detail["parameter"] in {n for n, _ in torchscript_parity.ConvAttentionNet().named_parameters()}
+    assert "cannot be observed from C++" in detail["finding"]
+    assert detail["observation"]["gradient"]["nonfinite"] > 0
