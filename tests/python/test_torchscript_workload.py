@@ -169,6 +169,9 @@ def test_each_bad_input_is_one_line_with_its_exit_code(golden, tmp_path):
     torch.save({"x": torch.zeros(3)}, tmp_path / "nokey.pt")
     one_line_error(train(folder, "--steps", 1, "--data", tmp_path / "nokey.pt", check=False), 4,
                    "has no tensor \"inputs\"")
+    # a layer fault on a model without hook points: exit 2, saying what works instead
+    one_line_error(train(folder, "--steps", 1, "--inject", "nan@step=0,layer=head", check=False), 2,
+                   "the model reports no layers", "inject into the loss instead")
     # no --model: exit 2
     run = subprocess.run([TRAIN, "--workload", "torchscript", "--data", str(folder / "data.pt")],
                          capture_output=True, text=True, env=ENV)
@@ -203,3 +206,18 @@ def test_a_non_finite_gradient_names_the_first_parameter(golden, tmp_path):
     assert detail["parameter"] in {n for n, _ in torchscript_parity.ConvAttentionNet().named_parameters()}
     assert "cannot be observed from C++" in detail["finding"]
     assert detail["observation"]["gradient"]["nonfinite"] > 0
+
+
+@pytest.mark.parametrize("script, loss, extra", [
+    ("vlm.py", "returned", ["--train", "64", "--test", "16"]),
+    ("unet_ddpm.py", "returned", ["--train", "64", "--test", "16"]),
+    ("transformer_lm.py", "cross_entropy", ["--train-windows", "64", "--test-windows", "16"]),
+])
+def test_the_example_models_export_and_train(tmp_path, script, loss, extra):
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "models", script), str(tmp_path), *extra],
+                   check=True, capture_output=True, env=ENV)
+    train(tmp_path, "--test-data", tmp_path / "test.pt", "--loss", loss, "--steps", 4, "--batch-size", 8,
+          "--precision", "bf16", "--metrics", tmp_path / "m.jsonl", "--summary", tmp_path / "s.json")
+    records = metrics(tmp_path / "m.jsonl")
+    assert len(records) == 4 and all(math.isfinite(r["loss"]) and r["stepped"] for r in records)
+    assert math.isfinite(json.load(open(tmp_path / "s.json"))["test_loss"])
