@@ -125,9 +125,10 @@ void validate_faults(const std::vector<Fault>& faults, const std::vector<std::st
                      int world_size) {
   for (const auto& f : faults) {
     if (!f.layer.empty() && hook_points.empty())
-      throw Error(ErrorCategory::usage, "--inject '" + f.spec +
-                                            "': the model reports no layers (a TorchScript module cannot be observed "
-                                            "from C++); inject into the loss instead (no layer=)");
+      throw Error(ErrorCategory::usage,
+                  "--inject '" + f.spec +
+                      "': the model reports no layers (a TorchScript module cannot be observed "
+                      "from C++); inject into the loss instead (no layer=)");
     if (!f.layer.empty() && std::find(hook_points.begin(), hook_points.end(), f.layer) == hook_points.end()) {
       std::string list;
       for (const auto& h : hook_points) list += (list.empty() ? "" : ", ") + h;

@@ -99,8 +99,8 @@ void open_log(std::ofstream& out, const std::filesystem::path& file, int64_t fir
 void check_written(std::ofstream& out, const std::filesystem::path& file, const char* what) {
   out.flush();
   if (!out)
-    throw Error(ErrorCategory::output, std::string("cannot write ") + what + " file " + file.string() +
-                                           " (disk full?)");
+    throw Error(ErrorCategory::output,
+                std::string("cannot write ") + what + " file " + file.string() + " (disk full?)");
 }
 }  // namespace
 

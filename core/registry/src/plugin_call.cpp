@@ -35,7 +35,9 @@ int kind_index(const char* kind) {
   return -1;
 }
 
-void put(const char* s) { (void)!::write(STDERR_FILENO, s, std::strlen(s)); }
+void put(const char* s) {
+  (void)!::write(STDERR_FILENO, s, std::strlen(s));
+}
 
 // "<program>: error: <plugin> <what> in <call>; the run stops\n", from async-signal-safe calls.
 void report(const char* what) {

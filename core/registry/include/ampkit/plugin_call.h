@@ -29,7 +29,8 @@ int report_plugin_exit(int status) noexcept;
 // Ends the process at once with `status` (the exit_group system call, as libc's _exit does),
 // bypassing any _exit interposer.
 [[noreturn]] void end_process(int status) noexcept;
-// How reports name the plugin of `kind` from now on, e.g. "scaler 'dynamic' 0.1.0 (/x/libampkit-scaler-dynamic.so)".
+// How reports name the plugin of `kind` from now on, e.g. "scaler 'dynamic' 0.1.0
+// (/x/libampkit-scaler-dynamic.so)".
 void name_plugin(const std::string& kind, const std::string& description);
 
 class PluginCall {

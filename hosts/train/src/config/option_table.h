@@ -47,7 +47,7 @@ struct HostOption {
   std::vector<std::string> environment;
   bool command_line_only = false;  // --help, --config, --print-config: not a YAML key
   bool listed = true;              // shown by --print-config when it has a value
-  std::string group;               // --help's group: "" for ampkit-train's own, "workload NAME" for a workload's
+  std::string group;  // --help's group: "" for ampkit-train's own, "workload NAME" for a workload's
   // Stores the checked value in its TrainConfig field; empty for options read elsewhere.
   std::function<void(TrainConfig&, const OptionValue&)> store;
 
@@ -93,7 +93,7 @@ using EnvironmentLookup = std::function<const char*(const char*)>;
 // as {value, "environment (VAR)"}. A SLURM node list gives its first host ("node[7-8]" -> node7)
 // and SLURM_NTASKS_PER_NODE's "2(x3)" gives 2.
 std::optional<std::pair<std::string, std::string>> launcher_value(const HostOption& option,
-                                                                   const EnvironmentLookup& getenv);
+                                                                  const EnvironmentLookup& getenv);
 // --device-ids: a comma list of CUDA device indices, each checked as an integer in [0, 2^20].
 void store_device_ids(TrainConfig& cfg, const OptionValue& v);
 // "node[01-04,07],gpu3" -> "node01": the first host of a SLURM node list (rank 0's host).

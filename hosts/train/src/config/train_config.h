@@ -55,22 +55,22 @@ struct TrainConfig {
   int64_t gpt_width = 0;
   int64_t gpt_heads = 0;
   int64_t gpt_context = 0;
-  std::string model_file;      // torchscript: the module torch.jit.script(m).save wrote
-  std::string data_path;       // torchscript: torch.save({"inputs": X, "targets": Y}), or a folder of them
-  std::string test_data_path;  // torchscript: the same for evaluation; empty: none
-  std::string loss;            // torchscript: cross_entropy | mse | returned
-  std::string data_order;      // torchscript: shuffled | file
-  std::string checkpoint_dir;       // empty: no checkpoints
-  int64_t checkpoint_every = 0;     // steps between checkpoints; 0: only at the end and on a signal
-  int keep_checkpoints = 0;         // newest complete checkpoints kept
-  std::string resume;               // empty | "auto" | a checkpoint folder
-  bool weights_only = false;        // resume loads parameters only
-  int restart_count = 0;            // restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
-  std::string init_from;            // a file python's torch.save wrote (state_dict or {model, ...})
+  std::string model_file;        // torchscript: the module torch.jit.script(m).save wrote
+  std::string data_path;         // torchscript: torch.save({"inputs": X, "targets": Y}), or a folder of them
+  std::string test_data_path;    // torchscript: the same for evaluation; empty: none
+  std::string loss;              // torchscript: cross_entropy | mse | returned
+  std::string data_order;        // torchscript: shuffled | file
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a signal
+  int keep_checkpoints = 0;      // newest complete checkpoints kept
+  std::string resume;            // empty | "auto" | a checkpoint folder
+  bool weights_only = false;     // resume loads parameters only
+  int restart_count = 0;         // restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
+  std::string init_from;         // a file python's torch.save wrote (state_dict or {model, ...})
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
   int64_t nan_locate = 0;           // bad steps the locator re-runs; 0: off
   std::string nan_report_dir;       // empty: beside --summary, else --metrics, else "."
-  int64_t plugin_timeout = 0;  // seconds a plugin may take to load (probe) or construct
+  int64_t plugin_timeout = 0;       // seconds a plugin may take to load (probe) or construct
   std::string progress;
   int64_t log_every = 0;
 
