@@ -21,6 +21,16 @@ def _load() -> None:
     torch.ops.ampkit.install_fault_reporter()
 
 
+def plugin_folders(dirs) -> list:
+    """``plugin_dirs`` as paths, each checked to be a folder: ValueError naming the argument (the
+    registry's own message names ampkit-train's --plugin-dir)."""
+    out = [os.fspath(d) for d in (dirs or [])]
+    for d in out:
+        if not os.path.isdir(d):
+            raise ValueError(f"plugin_dirs: {d} is not a folder")
+    return out
+
+
 def builtin_plugin_dir() -> str:
     """Where the built-in plugins are: the installed package's plugins/ folder, or the build
     tree's lib/ampkit/plugins beside build/python."""

@@ -111,7 +111,7 @@ class GradScaler:
             "plugins": {"scaler": str(scaler), "clipper": str(clipper), "nan_policy": str(nan_policy)},
             "opt": {str(k): _option_text(v) for k, v in (opt or {}).items()},
             "precision": precision or "fp16",
-            "plugin_dirs": [os.fspath(d) for d in (plugin_dirs or [])],
+            "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
         }
         for name, value in torch_args.items():

@@ -34,4 +34,6 @@ class LRScheduler:
         return True
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("scheduler", "scaler"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.scheduler, name)

@@ -50,6 +50,6 @@ def plugins(
 ) -> List[PluginInfo]:
     """Every plugin ampkit finds: ``plugin_dirs``, then ``AMPKIT_PLUGIN_PATH``, then the built-in
     ones. Read from the files without running plugin code, as ``ampkit-plugins list``."""
-    dirs = tuple(os.fspath(d) for d in (plugin_dirs or [])) + (_library.builtin_plugin_dir(),)
+    dirs = tuple(_library.plugin_folders(plugin_dirs)) + (_library.builtin_plugin_dir(),)
     rows = cpp(torch.ops.ampkit.list_plugins)(list(dirs), allow_untrusted_plugins)
     return [PluginInfo(*r, _dirs=dirs, _allow_untrusted=allow_untrusted_plugins) for r in rows]

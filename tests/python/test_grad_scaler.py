@@ -49,6 +49,13 @@ def test_unknown_kind_and_comm_are_refused():
         ampkit.GradScaler("cpu", opt={"comm.timeout": 1})
 
 
+def test_a_missing_plugin_folder_is_named_by_the_argument():
+    with pytest.raises(ValueError, match="plugin_dirs: /nonexistent is not a folder"):
+        ampkit.GradScaler("cpu", plugin_dirs=["/nonexistent"])
+    with pytest.raises(ValueError, match="plugin_dirs: /nonexistent is not a folder"):
+        ampkit.plugins(["/nonexistent"])
+
+
 def test_rollback_policy_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="snapshot"):
         ampkit.GradScaler("cpu", nan_policy="rollback")

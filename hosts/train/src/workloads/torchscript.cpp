@@ -1,16 +1,15 @@
 // Workload torchscript: the user's own model (torch.jit.script(m).save) on tensors python saved
 // with torch.save({"inputs": X, "targets": Y}) (docs/your-own-model.md).
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/ops/cat.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/script.h>
-#include <torch/serialize.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 
 #include "ampkit/error.h"
 #include "ampkit/pytorch_state.h"
