@@ -14,6 +14,7 @@ from .seeds import (
     RECOMMENDED_CLIPPING_THRESHOLDS,
     AMPConfig,
     AMPTrainer,
+    ClippingStrategy,
     DistributedAMPTrainer,
     DistributedConfig,
     DynamicLossScaler,
@@ -22,6 +23,8 @@ from .seeds import (
     NaNRecoveryManager,
     create_amp_trainer,
     create_default_amp_config,
+    create_gradient_clipper,
+    get_recommended_threshold,
 )
 
 __version__ = "0.1.0"
@@ -30,6 +33,7 @@ __all__ = [
     "AMPConfig",
     "AMPTrainer",
     "AmpkitError",
+    "ClippingStrategy",
     "DistributedAMPTrainer",
     "DistributedConfig",
     "DynamicLossScaler",
@@ -40,6 +44,8 @@ __all__ = [
     "RECOMMENDED_CLIPPING_THRESHOLDS",
     "create_amp_trainer",
     "create_default_amp_config",
+    "create_gradient_clipper",
+    "get_recommended_threshold",
     "GradScaler",
     "LRScheduler",
     "OptState",

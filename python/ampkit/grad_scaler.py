@@ -382,7 +382,8 @@ class GradScaler:
     def last_step(self) -> Dict[str, Any]:
         """The last unscale's record, as ampkit-train's metrics record: scale, scale_next,
         grad_norm (unscaled), grad_norm_clipped, clip_coef, clip_threshold, action, reason,
-        stepped, found_inf, zero_fraction, top_layers ([{name, grad_norm}], largest first)."""
+        stepped, found_inf, zero_fraction, top_layers ([{name, grad_norm}], largest first), layer_norms
+        ({name: grad_norm} for every gradient; names need ``model=``)."""
         if not self._enabled:
             return {}
         return dict(cpp(self._core.record)())

@@ -8,6 +8,7 @@ and options and read the step record: every scaling, clipping and NaN decision i
 from __future__ import annotations
 
 import difflib
+import enum
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
@@ -19,9 +20,10 @@ from .grad_scaler import GradScaler, _option_text
 from .plugins import plugins
 
 __all__ = [
-    "AMPConfig", "AMPTrainer", "DistributedAMPTrainer", "DistributedConfig", "DynamicLossScaler",
-    "GradientClipper", "NaNDetector", "NaNRecoveryManager", "NaNReport", "RECOMMENDED_CLIPPING_THRESHOLDS",
-    "create_amp_trainer", "create_default_amp_config",
+    "AMPConfig", "AMPTrainer", "ClippingStrategy", "DistributedAMPTrainer", "DistributedConfig",
+    "DynamicLossScaler", "GradientClipper", "NaNDetector", "NaNRecoveryManager", "NaNReport",
+    "RECOMMENDED_CLIPPING_THRESHOLDS", "create_amp_trainer", "create_default_amp_config",
+    "create_gradient_clipper", "get_recommended_threshold",
 ]
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
@@ -62,6 +64,18 @@ def __getattr__(name: str) -> Any:
 
         return getattr(seeds_distributed, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class ClippingStrategy(str, enum.Enum):
+    """The seeds' clipping strategies: each is the clipper plugin of that name."""
+
+    NORM = "norm"
+    VALUE = "value"
+    ADAPTIVE = "adaptive"
+
+
+def _strategy_name(strategy: Any) -> Any:
+    return strategy.value if isinstance(strategy, ClippingStrategy) else strategy
 
 
 def _threshold_option(clipper: str) -> str:
@@ -120,14 +134,27 @@ class AMPConfig:
     max_grad_norm: Optional[float] = None
     clip_strategy: Optional[str] = None
     nan_strategy: Optional[str] = None
+    # Seed 003's spellings: gradient_clip_max_norm is max_grad_norm, gradient_clip_strategy is
+    # clip_strategy; enable_gradient_monitoring puts every gradient's norm, by name, into
+    # AMPTrainer.get_gradient_summary()["layer_norms"].
+    gradient_clip_max_norm: Optional[float] = None
+    gradient_clip_strategy: Optional[str] = None
+    enable_gradient_monitoring: bool = False
 
     def scaler_kwargs(self) -> Dict[str, Any]:
         """The :class:`ampkit.GradScaler` keyword arguments of this config."""
-        clipper = _one_of("clipper", self.clipper, "clip_strategy", self.clip_strategy)
-        clipper = clipper or ("none" if self.max_grad_norm is None else "norm")
+        strategy = _one_of("clip_strategy", _strategy_name(self.clip_strategy), "gradient_clip_strategy",
+                           _strategy_name(self.gradient_clip_strategy))
+        clipper = _one_of("clipper", _strategy_name(self.clipper), "clip_strategy", strategy)
+        if self.max_grad_norm is not None and self.gradient_clip_max_norm is not None and \
+                not _same(self.max_grad_norm, self.gradient_clip_max_norm):
+            raise ValueError(f"max_grad_norm={self.max_grad_norm!r} and gradient_clip_max_norm="
+                             f"{self.gradient_clip_max_norm!r} disagree: give one of them")
+        max_grad_norm = self.max_grad_norm if self.max_grad_norm is not None else self.gradient_clip_max_norm
+        clipper = clipper or ("none" if max_grad_norm is None else "norm")
         derived: Dict[str, Tuple[Any, str]] = {}  # option -> (value, the field that set it)
-        if self.max_grad_norm is not None:
-            derived["clipper." + _threshold_option(clipper)] = (self.max_grad_norm, "max_grad_norm")
+        if max_grad_norm is not None:
+            derived["clipper." + _threshold_option(clipper)] = (max_grad_norm, "max_grad_norm")
         for name in ("init_scale", "growth_interval"):
             if getattr(self, name) is not None:
                 derived["scaler." + name] = (getattr(self, name), name)
@@ -150,7 +177,7 @@ def create_default_amp_config(precision: str = "fp16", **overrides: Any) -> AMPC
     """An :class:`AMPConfig` for ``precision`` with norm clipping at the plugin's per-precision
     default and the ``skip`` NaN strategy; ``overrides`` are AMPConfig fields."""
     defaults: Dict[str, Any] = {}
-    if "clipper" not in overrides:
+    if not {"clipper", "clip_strategy", "gradient_clip_strategy"} & overrides.keys():
         defaults["clip_strategy"] = "norm"
     if "nan_policy" not in overrides:
         defaults["nan_strategy"] = "skip"
@@ -213,11 +240,16 @@ class AMPTrainer:
 
     def get_gradient_summary(self) -> Dict[str, Any]:
         """The last step's gradients (total norm, largest element, top layers, found_inf, the NaN
-        policy's action and reason), the current scale and the steps taken/skipped so far."""
+        policy's action and reason), the current scale and the steps taken/skipped so far; with
+        ``enable_gradient_monitoring``, ``layer_norms``: every parameter's gradient norm (unscaled,
+        before clipping) by name."""
         r = self._record()
         summary = {k: r.get(k) for k in ("grad_norm", "grad_max_abs", "zero_fraction", "action", "reason")}
-        return {**summary, "top_layers": list(r.get("top_layers", [])), "found_inf": bool(r.get("found_inf", False)),
-                "scale": self.scaler.get_scale(), "steps_taken": self.steps_taken, "steps_skipped": self.steps_skipped}
+        summary.update(top_layers=list(r.get("top_layers", [])), found_inf=bool(r.get("found_inf", False)),
+                       scale=self.scaler.get_scale(), steps_taken=self.steps_taken, steps_skipped=self.steps_skipped)
+        if self.config.enable_gradient_monitoring:
+            summary["layer_norms"] = dict(r.get("layer_norms", {}))
+        return summary
 
     def state_dict(self) -> Dict[str, Any]:
         """Model, optimizer and scaler states and the step counts (``torch.load(weights_only=True)``)."""
@@ -255,6 +287,7 @@ class GradientClipper:
 
     def __init__(self, strategy: str = "norm", threshold: Optional[float] = None, precision: str = "fp16",
                  **options: Any) -> None:
+        strategy = _strategy_name(strategy)
         self.strategy = strategy
         self.precision = precision
         opt: Dict[str, Any] = {"clipper." + k: v for k, v in options.items()}
@@ -293,6 +326,20 @@ class GradientClipper:
         """The plugin's default threshold for ``precision`` (None: this clipper's)."""
         defaults = dict(_per_precision_default("clipper", self.strategy, _threshold_option(self.strategy)))
         return defaults.get(precision or self.precision)
+
+
+def create_gradient_clipper(strategy: str = "norm", threshold: Optional[float] = None, precision: str = "fp16",
+                            **options: Any) -> GradientClipper:
+    """``GradientClipper(strategy, threshold, precision, **options)``."""
+    return GradientClipper(strategy, threshold, precision, **options)
+
+
+def get_recommended_threshold(precision: str) -> float:
+    """The norm clipper's default max_norm for ``precision`` (RECOMMENDED_CLIPPING_THRESHOLDS)."""
+    defaults = dict(_per_precision_default("clipper", "norm", "max_norm"))
+    if precision not in defaults:
+        raise ValueError(f"precision '{precision}' is not one of {', '.join(defaults)}")
+    return defaults[precision]
 
 
 class DynamicLossScaler(GradScaler):

@@ -356,6 +356,10 @@ c10::Dict<std::string, c10::IValue> ScalerCore::record() const {
         top.push_back(c10::IValue(layer));
       }
     r.insert("top_layers", c10::IValue(top));
+    c10::Dict<std::string, c10::IValue> layers = any_dict();
+    if (last_names_.size() == o.stats.tensor_norms.size())
+      for (size_t i = 0; i < last_names_.size(); ++i) layers.insert(last_names_[i], o.stats.tensor_norms[i]);
+    r.insert("layer_norms", c10::IValue(layers));
     return r;
   });
 }

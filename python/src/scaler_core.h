@@ -62,7 +62,7 @@ class ScalerCore : public torch::CustomClassHolder {
   void load_state(const std::string& kind, c10::Dict<std::string, c10::IValue> state);
 
   // The last unscale()'s record: the metrics record's fields (loss scale, raw and clipped norm,
-  // clip coefficient, action, reason, top layers...).
+  // clip coefficient, action, reason, top layers, every gradient's norm by name...).
   c10::Dict<std::string, c10::IValue> record() const;
   int64_t steps_in_iteration() const { return static_cast<int64_t>(iteration_.size()); }
 
