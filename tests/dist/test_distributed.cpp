@@ -166,6 +166,12 @@ BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
                (tmp.path / ("nan-report-step-5-rank-" + std::to_string(rank) + ".json")).string());
   }
   BOOST_TEST(s["nan_reports"][0]["rank"].get<int>() != s["nan_reports"][1]["rank"].get<int>());
+  // The report that located the fault comes first, and the summary names its rank: rank 0's
+  // "not located" used to lead (the reports were gathered in rank order).
+  BOOST_TEST(s["nan_reports"][0]["rank"].get<int>() == 1, s["nan_reports"].dump());
+  BOOST_TEST(s["nan_reports"][0]["located"].get<bool>(), s["nan_reports"].dump());
+  const nlohmann::json located_by = s.contains("located_by") ? s["located_by"] : nlohmann::json();
+  BOOST_TEST(located_by.dump() == "1", s.dump());
   BOOST_TEST(r.output.find("not located: not located") == std::string::npos, r.output);
 }
 
@@ -294,9 +300,11 @@ BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_fir
   const std::string common = mlp + " --progress never --threads 1 --batch-size 8 --dist-timeout 20";
   const std::vector<std::pair<std::array<std::string, 2>, std::string>> cases = {
       {{"--steps 3", "--steps 4"}, "--steps (rank 0: 3, rank 1: 4)"},
-      {{"--steps 3 --precision fp32", "--steps 3 --precision bf16"}, "--precision (rank 0: fp32, rank 1: bf16)"},
+      {{"--steps 3 --precision fp32", "--steps 3 --precision bf16"},
+       "--precision (rank 0: fp32, rank 1: bf16)"},
       {{"--steps 3 --lr 0.001", "--steps 3 --lr 0.002"}, "--lr (rank 0: 0.001, rank 1: 0.002)"},
-      {{"--steps 3 --clipper norm --opt clipper.max_norm=1", "--steps 3 --clipper norm --opt clipper.max_norm=2"},
+      {{"--steps 3 --clipper norm --opt clipper.max_norm=1",
+        "--steps 3 --clipper norm --opt clipper.max_norm=2"},
        "clipper.max_norm (rank 0: 1, rank 1: 2)"},
       {{"--steps 3 --clipper norm", "--steps 3 --clipper value"},
        "--clipper (rank 0: norm, rank 1: value), clipper.max_norm (rank 0: 10, rank 1: not set)"},
@@ -308,12 +316,12 @@ BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_fir
     const Pair p = two_ranks(common + " --metrics " + metrics.string(), own);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     BOOST_TEST_MESSAGE(names << ": both ranks exited after " << seconds << " s");
-    BOOST_TEST(seconds < 20);  // nobody waited for a collective's timeout
+    BOOST_TEST(seconds < 20);                // nobody waited for a collective's timeout
     BOOST_TEST(count_lines(metrics) == 0u);  // before the first step
     for (int r = 0; r < 2; ++r) {
       BOOST_TEST(p.code[r] == 7, "rank " << r << ":\n" << p.log[r]);
-      BOOST_TEST(p.log[r].find("ampkit-train: error: the ranks were started with different settings: " + names) !=
-                     std::string::npos,
+      BOOST_TEST(p.log[r].find("ampkit-train: error: the ranks were started with different settings: " +
+                               names) != std::string::npos,
                  p.log[r]);
       BOOST_TEST(line_count(p.log[r]) == 1u, p.log[r]);
     }
@@ -322,8 +330,9 @@ BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_fir
 
 BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
   // --max-restarts does not restart a usage error: the same arguments would fail the same way.
-  const Result r = run(launch + " --nproc-per-node 2 --max-restarts 2 --master-port " + std::to_string(next_port()) +
-                       " -- " + train + " " + mlp + " --steps 2 --inject nan@step=0,rank=7");
+  const Result r =
+      run(launch + " --nproc-per-node 2 --max-restarts 2 --master-port " + std::to_string(next_port()) +
+          " -- " + train + " " + mlp + " --steps 2 --inject nan@step=0,rank=7");
   BOOST_TEST(r.code == 2, r.output);
   BOOST_TEST(r.output.find("restart 1") == std::string::npos, r.output);
   // Both ranks reject the spec before the rendezvous; whichever exits first, the launcher names it.
@@ -331,13 +340,15 @@ BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
                  std::string::npos,
              r.output);
   BOOST_TEST(r.output.find("exited with code 2 at ") != std::string::npos, r.output);
-  BOOST_TEST(r.output.find("; stopping the other ranks (SIGTERM, SIGKILL after 30 s)") != std::string::npos, r.output);
+  BOOST_TEST(r.output.find("; stopping the other ranks (SIGTERM, SIGKILL after 30 s)") != std::string::npos,
+             r.output);
   BOOST_TEST(r.output.find("still running") == std::string::npos, r.output);  // nobody was left waiting
   BOOST_TEST(r.output.find("ampkit-launch: rank ") != std::string::npos, r.output);
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--max-restarts -1 -- true", "--max-restarts must be in [0, 1000], got -1"},
            {"--nnodes 2 --master-port 0 -- true",
-            "--master-port 0 picks a port on this node only; with --nnodes 2 give every node's launcher the same "
+            "--master-port 0 picks a port on this node only; with --nnodes 2 give every node's launcher the "
+            "same "
             "free port"}}) {
     const Result bad = run(launch + " " + args);
     BOOST_TEST(bad.code == 2, bad.output);
@@ -349,16 +360,52 @@ BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
   // A program that cannot be started is exit 7, as documented (it was the shell's 127).
   const Result missing = run(launch + " --nproc-per-node 2 -- /nonexistent/prog");
   BOOST_TEST(missing.code == 7, missing.output);
-  BOOST_TEST(missing.output.find("ampkit-launch: error: cannot run /nonexistent/prog: No such file or directory") !=
-                 std::string::npos,
-             missing.output);
+  BOOST_TEST(
+      missing.output.find("ampkit-launch: error: cannot run /nonexistent/prog: No such file or directory") !=
+          std::string::npos,
+      missing.output);
+}
+
+// --grace-seconds inf (or 1e19) overflowed the SIGKILL deadline: the survivors were killed after
+// about a second while the launcher said "still running inf s after SIGTERM". Out of [0, 86400]
+// is now a usage error, one line, exit 2; the bound itself still lets the survivors exit on SIGTERM.
+BOOST_AUTO_TEST_CASE(launcher_grace_seconds_is_range_checked) {
+  for (const std::string value : {"inf", "nan", "1e19", "1e300", "-1", "86400.5"}) {
+    const Result bad = run(launch + " --grace-seconds " + value + " -- true");
+    BOOST_TEST(bad.code == 2, value << ": " << bad.output);
+    const std::string shown = value == "1e19" ? "1e+19" : value == "1e300" ? "1e+300" : value;
+    BOOST_TEST(
+        bad.output == "ampkit-launch: error: --grace-seconds must be in [0, 86400], got " + shown + "\n",
+        bad.output);
+  }
+  const Result zero =
+      run(launch + " --grace-seconds 0 --master-port " + std::to_string(next_port()) + " -- true");
+  BOOST_TEST(zero.code == 0, zero.output);
+  // Rank 1 fails at once; rank 0 would sleep for a minute but exits on the SIGTERM, long before
+  // the day of grace is over, and nobody is reported as still running.
+  const Result bound =
+      run(launch + " --nproc-per-node 2 --grace-seconds 86400 --master-port " + std::to_string(next_port()) +
+          " -- sh -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60'");
+  BOOST_TEST(bound.code == 3, bound.output);
+  BOOST_TEST(bound.output.find("ampkit-launch: rank 1 exited with code 3 at ") != std::string::npos,
+             bound.output);
+  BOOST_TEST(bound.output.find("(SIGTERM, SIGKILL after 86400 s)") != std::string::npos, bound.output);
+  BOOST_TEST(bound.output.find("still running") == std::string::npos, bound.output);
+  // The same overflow for the rank numbers: --nnodes x --nproc-per-node must fit the world size.
+  const Result world = run(launch + " --nnodes 2147483647 --nproc-per-node 2 -- true");
+  BOOST_TEST(world.code == 2, world.output);
+  BOOST_TEST(
+      world.output ==
+          "ampkit-launch: error: --nnodes 2147483647 x --nproc-per-node 2 is more than 1048576 ranks\n",
+      world.output);
 }
 
 namespace {
 
 // The pid of the launcher's child that runs `rank` (read from its environment); -1 if none yet.
 pid_t rank_pid(pid_t launcher, int rank) {
-  std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
+  std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) +
+                         "/children");
   for (pid_t child; children >> child;) {
     std::ifstream env("/proc/" + std::to_string(child) + "/environ");
     const std::string text = '\0' + std::string(std::istreambuf_iterator<char>(env), {});
@@ -371,7 +418,8 @@ std::string last_line(const std::string& text) {
   const size_t end = text.find_last_not_of('\n');
   if (end == std::string::npos) return "";
   const size_t start = text.rfind('\n', end);
-  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+  return text.substr(start == std::string::npos ? 0 : start + 1,
+                     end - (start == std::string::npos ? 0 : start + 1) + 1);
 }
 
 }  // namespace
@@ -384,8 +432,9 @@ BOOST_AUTO_TEST_CASE(the_launcher_names_the_failed_rank_and_the_survivor_says_it
     TempDir tmp;
     const fs::path metrics = tmp.path / "m.jsonl";
     std::vector<std::string> args = {launch, "--nproc-per-node", "2", "--master-port", "0", "--", train};
-    for (const auto& w : words(mlp + " --progress never --threads 1 --batch-size 8 --steps 1000000 --metrics " +
-                               metrics.string()))
+    for (const auto& w :
+         words(mlp + " --progress never --threads 1 --batch-size 8 --steps 1000000 --metrics " +
+               metrics.string()))
       args.push_back(w);
     const pid_t pid = spawn(args, tmp.path / "launch.log");
     for (int i = 0; i < 300 && count_lines(metrics) < 5; ++i)
@@ -398,14 +447,15 @@ BOOST_AUTO_TEST_CASE(the_launcher_names_the_failed_rank_and_the_survivor_says_it
     const int code = wait_exit_code(pid);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::string out = read_text(tmp.path / "launch.log");
-    BOOST_TEST_MESSAGE("rank " << victim << " killed under ampkit-launch: exit " << code << " after " << seconds
-                               << " s; last line: " << last_line(out));
+    BOOST_TEST_MESSAGE("rank " << victim << " killed under ampkit-launch: exit " << code << " after "
+                               << seconds << " s; last line: " << last_line(out));
     BOOST_TEST(code == 137, out);
     BOOST_TEST(seconds < 30);
     const int survivor = 1 - victim;
-    BOOST_TEST(out.find("[rank " + std::to_string(survivor) + "] ampkit-train: error: rank " +
-                        std::to_string(survivor) + ": lost rank " + std::to_string(victim)) != std::string::npos,
-               out);
+    BOOST_TEST(
+        out.find("[rank " + std::to_string(survivor) + "] ampkit-train: error: rank " +
+                 std::to_string(survivor) + ": lost rank " + std::to_string(victim)) != std::string::npos,
+        out);
     BOOST_TEST(last_line(out).rfind("ampkit-launch: failed: rank " + std::to_string(victim) +
                                         " was killed by signal 9 (Killed) at ",
                                     0) == 0,
@@ -418,14 +468,15 @@ BOOST_AUTO_TEST_CASE(the_launcher_names_the_failed_rank_and_the_survivor_says_it
 // result is the uninterrupted run's, bit for bit.
 BOOST_AUTO_TEST_CASE(max_restarts_resumes_a_killed_job_to_the_uninterrupted_result) {
   TempDir tmp;
-  const std::string job = mlp + " --progress never --threads 1 --batch-size 8 --steps 300 --checkpoint-every 10";
-  const Result whole = run(launch + " --nproc-per-node 2 --master-port 0 -- " + train + " " + job +
-                           " --checkpoint-dir " + (tmp.path / "a").string() + " --summary " +
-                           (tmp.path / "a.json").string());
+  const std::string job =
+      mlp + " --progress never --threads 1 --batch-size 8 --steps 300 --checkpoint-every 10";
+  const Result whole =
+      run(launch + " --nproc-per-node 2 --master-port 0 -- " + train + " " + job + " --checkpoint-dir " +
+          (tmp.path / "a").string() + " --summary " + (tmp.path / "a.json").string());
   BOOST_REQUIRE_MESSAGE(whole.code == 0, whole.output);
   const fs::path metrics = tmp.path / "m.jsonl";
-  std::vector<std::string> args = {launch, "--nproc-per-node", "2", "--master-port", "0", "--max-restarts", "2",
-                                   "--", train};
+  std::vector<std::string> args = {
+      launch, "--nproc-per-node", "2", "--master-port", "0", "--max-restarts", "2", "--", train};
   for (const auto& w : words(job + " --checkpoint-dir " + (tmp.path / "b").string() + " --metrics " +
                              metrics.string() + " --summary " + (tmp.path / "b.json").string()))
     args.push_back(w);
@@ -519,14 +570,15 @@ BOOST_AUTO_TEST_CASE(bad_job_layouts_and_a_busy_port_get_one_line_and_exit_2) {
 BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeout) {
   TempDir tmp;
   const std::string common = tiny_args + " --steps 1000 --dist-timeout 5";
-  const std::vector<pid_t> pids = spawn_two_ranks(common, {"", "--master-port " + std::to_string(next_port() + 5)}, tmp);
+  const std::vector<pid_t> pids =
+      spawn_two_ranks(common, {"", "--master-port " + std::to_string(next_port() + 5)}, tmp);
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < 2; ++r) {
     const int code = wait_exit_code(pids[static_cast<size_t>(r)]);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::string log = read_text(tmp.path / ("rank" + std::to_string(r) + ".log"));
-    BOOST_TEST_MESSAGE("rank " << r << " (wrong port: " << (r == 1) << ") exited " << code << " after " << seconds
-                               << " s: " << log);
+    BOOST_TEST_MESSAGE("rank " << r << " (wrong port: " << (r == 1) << ") exited " << code << " after "
+                               << seconds << " s: " << log);
     BOOST_TEST(code == 7, log);
     BOOST_TEST(seconds < 5 + 10);
     BOOST_TEST(line_count(log) == 1u, log);
@@ -601,9 +653,9 @@ BOOST_AUTO_TEST_CASE(torchrun_and_its_agent_store) {
   }
   TempDir tmp;
   const fs::path summary = tmp.path / "s.json";
-  const Result r = run("python3 -m torch.distributed.run --nproc-per-node 2 --master-port " +
-                       std::to_string(next_port()) + " --no-python " + train + " " + tiny_args +
-                       " --steps 5 --summary " + summary.string());
+  const Result r =
+      run("python3 -m torch.distributed.run --nproc-per-node 2 --master-port " + std::to_string(next_port()) +
+          " --no-python " + train + " " + tiny_args + " --steps 5 --summary " + summary.string());
   BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto s = read_json(summary);
   BOOST_TEST(s["world_size"].get<int>() == 2);
@@ -656,12 +708,14 @@ BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_
   // The 2-rank checkpoint in one process: the hint keeps every state (issue 18: it suggested
   // --weights-only only), and following it resumes fully.
   const std::string one = train + " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +
-                          std::to_string(stopped + 5) + " --resume " + (ckpt / ("step-" + std::to_string(stopped))).string();
+                          std::to_string(stopped + 5) + " --resume " +
+                          (ckpt / ("step-" + std::to_string(stopped))).string();
   const Result local = run(one);
   BOOST_TEST(local.code == 6, local.output);
-  BOOST_TEST(local.output.find("was written by 2 ranks with comm 'gloo', this run selects comm 'local'; add --comm "
-                               "gloo to resume everything") != std::string::npos,
-             local.output);
+  BOOST_TEST(
+      local.output.find("was written by 2 ranks with comm 'gloo', this run selects comm 'local'; add --comm "
+                        "gloo to resume everything") != std::string::npos,
+      local.output);
   const Result gloo = run(one + " --comm gloo --master-port " + std::to_string(next_port()));
   BOOST_TEST(gloo.code == 0, gloo.output);
   BOOST_TEST(gloo.output.find("resumed from") != std::string::npos, gloo.output);

@@ -29,6 +29,7 @@
 
 #include "config/option_table.h"
 #include "config/train_config.h"
+#include "session/nan_reports.h"
 #include "session/precision_checks.h"
 #include "session/rank_sync.h"
 #include "workloads/workload.h"
@@ -796,6 +797,32 @@ BOOST_AUTO_TEST_CASE(a_different_decision_or_scale_stops_the_job_and_a_stop_sign
     BOOST_TEST(std::string(e.what()).find("rank 1 decided proceed with scale 128") != std::string::npos,
                e.what());
   }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(nan_report_order)
+
+// Gathered in rank order, rank 0's "not located" led the summary's nan_reports; now each step's
+// locating reports lead it, and located_by names the rank that located the first fault.
+BOOST_AUTO_TEST_CASE(the_locating_report_leads_its_step_and_names_located_by) {
+  nlohmann::json reports = nlohmann::json::parse(R"([
+      {"step": 9, "rank": 0, "located": true}, {"step": 5, "rank": 0, "located": false},
+      {"step": 5, "rank": 2, "located": true}, {"step": 5, "rank": 1, "located": true},
+      {"step": 5, "rank": 3, "located": false}])");
+  train::order_nan_reports(reports);
+  std::vector<std::pair<int, int>> order;  // step, rank
+  for (const auto& r : reports) order.emplace_back(r["step"].get<int>(), r["rank"].get<int>());
+  const std::vector<std::pair<int, int>> expected = {{5, 1}, {5, 2}, {5, 0}, {5, 3}, {9, 0}};
+  BOOST_TEST((order == expected), reports.dump());
+  BOOST_TEST(train::first_fault_located_by(reports).dump() == "1");
+  // No rank located the first fault: null, though a later one was located.
+  nlohmann::json unlocated = nlohmann::json::parse(
+      R"([{"step": 9, "rank": 1, "located": true}, {"step": 5, "rank": 0, "located": false}])");
+  train::order_nan_reports(unlocated);
+  BOOST_TEST(unlocated[0]["step"].get<int>() == 5);
+  BOOST_TEST(train::first_fault_located_by(unlocated).is_null());
+  BOOST_TEST(train::first_fault_located_by(nlohmann::json::array()).is_null());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -69,6 +69,9 @@ void check_located(const std::string& command, const std::string& kind, const st
   BOOST_TEST(r.summary["skipped_steps"].get<int64_t>() == 1, fault);
   BOOST_TEST(r.summary["steps_taken"].get<int64_t>() == step + 1);
   BOOST_TEST(r.summary["nan_reports"].size() == 1u);
+  const nlohmann::json located_by =
+      r.summary.contains("located_by") ? r.summary["located_by"] : nlohmann::json();
+  BOOST_TEST(located_by.dump() == "0", fault);  // the only rank located it
 }
 
 }  // namespace

@@ -262,6 +262,7 @@ void write_json_file(const std::filesystem::path& file, const nlohmann::json& su
 void print_summary_table(std::FILE* out, const nlohmann::json& summary) {
   std::fprintf(out, "\n%-22s %s\n", "summary", "");
   for (const auto& [key, value] : summary.items()) {
+    if (value.is_null()) continue;  // nothing to say (located_by when no rank located a fault)
     std::string text;
     if (key == "plugins") {
       for (const auto& [kind, p] : value.items())

@@ -47,6 +47,10 @@ void bytes_field(std::string& out, int field, const std::string& value) {
   out += value;
 }
 
+// Event.session_log (event.proto: wall_time 1, step 2, file_version 3, graph_def 4, summary 5,
+// log_message 6, deprecated, then session_log 7).
+constexpr int kEventSessionLog = 7;
+
 // Event { double wall_time = 1; int64 step = 2; ... }
 std::string event_head(int64_t step) {
   std::string e;
@@ -114,9 +118,12 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& folder, int64_
   std::string version = event_head(first_step);
   bytes_field(version, 3, "brain.Event:2");  // Event.file_version
   write_event(version);
-  if (first_step > 0) {  // Event.session_log = SessionLog { status = START (1) }
+  // A resumed run: TensorBoard drops every earlier record at or after this step when it meets
+  // Event.session_log (field 7) = SessionLog { status (1) = START (1) }. Field 6 is the deprecated
+  // log_message, which TensorBoard ignores: the old steps were shown twice.
+  if (first_step > 0) {
     std::string start = event_head(first_step);
-    bytes_field(start, 6, std::string("\x08\x01", 2));
+    bytes_field(start, kEventSessionLog, std::string("\x08\x01", 2));
     write_event(start);
   }
 }

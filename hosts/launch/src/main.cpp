@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -26,12 +27,24 @@ namespace {
 constexpr int kUsage = ampkit::exit_status(ampkit::ExitCode::usage);
 constexpr int kLaunchFailed = ampkit::exit_status(ampkit::ExitCode::distributed);
 
+// A seconds value as the user would write it back: "inf", "nan", "1e+19", "-1".
+std::string seconds_text(double s) {
+  if (std::isnan(s)) return "nan";  // printf may say "-nan"
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", s);
+  return text;
+}
+
 // Parses and checks the options; returns an exit code when the launcher should stop (help, usage).
 std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
   // Everything after "--" is the program and its arguments.
   o.split = 1;
   while (o.split < argc && std::strcmp(argv[o.split], "--") != 0) ++o.split;
   po::options_description options("usage: ampkit-launch [options] -- PROGRAM [ARGS...]\n\noptions");
+  const std::string grace_help =
+      "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL "
+      "(long enough for them to say which rank was lost); at most " +
+      seconds_text(ampkit::launch::kMaxGraceSeconds) + " (one day).";
   // clang-format off
   options.add_options()
     ("help,h", "Show this help.")
@@ -41,7 +54,7 @@ std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
     ("master-addr", po::value<std::string>(&o.addr)->default_value("127.0.0.1"), "Address of node 0, reachable from every node.")
     ("master-port", po::value<int>(&o.port)->default_value(29500), "Free TCP port on node 0 for the rendezvous store; 0 picks a free one (one node only).")
     ("max-restarts", po::value<int>(&o.max_restarts)->default_value(0), "When a rank fails, stop every rank and start them all again, up to this many times (torchrun's option); the program resumes from its newest checkpoint (ampkit-train: --checkpoint-dir).")
-    ("grace-seconds", po::value<double>(&o.grace)->default_value(30.0), "After a rank fails (or a second signal), seconds the others get to exit after SIGTERM before SIGKILL (long enough for them to say which rank was lost).");
+    ("grace-seconds", po::value<double>(&o.grace)->default_value(30.0), grace_help.c_str());
   // clang-format on
   po::variables_map vm;
   try {
@@ -74,6 +87,10 @@ std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
   if (o.nproc < 1 || o.nproc > 1024)
     return usage("--nproc-per-node must be in [1, 1024], got " + std::to_string(o.nproc));
   if (o.nnodes < 1) return usage("--nnodes must be >= 1, got " + std::to_string(o.nnodes));
+  // Checked as a division: the product itself could overflow an int.
+  if (o.nnodes > ampkit::launch::kMaxWorldSize / o.nproc)
+    return usage("--nnodes " + std::to_string(o.nnodes) + " x --nproc-per-node " + std::to_string(o.nproc) +
+                 " is more than " + std::to_string(ampkit::launch::kMaxWorldSize) + " ranks");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     return usage("--node-rank " + std::to_string(o.node_rank) + " is outside [0, " +
                  std::to_string(o.nnodes) + ")");
@@ -84,7 +101,10 @@ std::optional<int> parse_options(int argc, char** argv, LaunchOptions& o) {
                  " give every node's launcher the same free port");
   if (o.max_restarts < 0 || o.max_restarts > 1000)
     return usage("--max-restarts must be in [0, 1000], got " + std::to_string(o.max_restarts));
-  if (!(o.grace >= 0)) return usage("--grace-seconds must be >= 0");
+  // Written so that nan fails too; inf and 1e19 would overflow the SIGKILL deadline (ranks.cpp).
+  if (!(o.grace >= 0 && o.grace <= ampkit::launch::kMaxGraceSeconds))
+    return usage("--grace-seconds must be in [0, " + seconds_text(ampkit::launch::kMaxGraceSeconds) +
+                 "], got " + seconds_text(o.grace));
   return std::nullopt;
 }
 

@@ -243,6 +243,7 @@ class Supervisor {
             grace_);
         stopping_ = true;
         signal_all(SIGTERM);
+        // grace_ is at most kMaxGraceSeconds (checked in main.cpp): the nanoseconds cannot overflow.
         kill_at_ = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                        std::chrono::duration<double>(grace_));

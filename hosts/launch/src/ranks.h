@@ -10,6 +10,15 @@
 
 namespace ampkit::launch {
 
+// The longest --grace-seconds (one day): far more than any shutdown needs, and far below the
+// ~292 years where seconds stop fitting steady_clock's nanoseconds (1e19 s once overflowed into
+// a SIGKILL after about a second).
+constexpr double kMaxGraceSeconds = 86400;
+
+// The most ranks in a job, --nnodes x --nproc-per-node: ampkit-train's --world-size range, and
+// far below where the rank numbers would overflow an int.
+constexpr int kMaxWorldSize = 1 << 20;
+
 struct LaunchOptions {
   int nproc = 1, nnodes = 1, node_rank = 0, port = 29500;
   int max_restarts = 0;

@@ -1,8 +1,10 @@
 // The NaN locator's reports and their one-line summaries.
 #include "session/nan_reports.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/nan_locator.h"
@@ -32,6 +34,20 @@ std::filesystem::path nan_report_dir(const TrainConfig& cfg) {
     if (!f.empty())
       return std::filesystem::path(f).parent_path().empty() ? "." : std::filesystem::path(f).parent_path();
   return ".";
+}
+
+void order_nan_reports(nlohmann::json& reports) {
+  // Gathered rank by rank, rank 0's "not located" came first and hid the rank that found the layer.
+  const auto key = [](const nlohmann::json& r) {
+    return std::make_tuple(r.value("step", int64_t{0}), !r.value("located", false), r.value("rank", 0));
+  };
+  std::stable_sort(reports.begin(), reports.end(),
+                   [&](const nlohmann::json& a, const nlohmann::json& b) { return key(a) < key(b); });
+}
+
+nlohmann::json first_fault_located_by(const nlohmann::json& reports) {
+  if (reports.empty() || !reports[0].value("located", false)) return nullptr;
+  return reports[0].value("rank", 0);
 }
 
 NanReporter::NanReporter(RunParts& run, Workload& workload, int rank)

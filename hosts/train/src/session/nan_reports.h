@@ -14,6 +14,13 @@ namespace ampkit::train {
 // The folder for NaN reports: --nan-report-dir, else that of --summary, else of --metrics, else ".".
 std::filesystem::path nan_report_dir(const TrainConfig& cfg);
 
+// Every rank's reports in the order a reader wants them: by step, a report that located the
+// fault before the ranks that could not, then by rank. Stable; `reports` is the summary's array.
+void order_nan_reports(nlohmann::json& reports);
+// The summary's `located_by`: the rank whose report located the first fault (the earliest step
+// reported), or null when no rank located it or nothing was reported. Expects ordered reports.
+nlohmann::json first_fault_located_by(const nlohmann::json& reports);
+
 class NanReporter {
  public:
   // Installs itself as the Trainer's bad-step observer; reports use `workload` for the

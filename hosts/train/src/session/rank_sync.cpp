@@ -142,13 +142,10 @@ void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::j
   summary["world_size"] = world;
   summary["param_sha256_ranks"] = hashes;
   // Every rank's NaN locator reports (each tagged with its rank): the rank that located a fault
-  // is often not rank 0, which writes the summary.
+  // is often not rank 0, which writes the summary. Session::summary() orders them.
   nlohmann::json reports = nlohmann::json::array();
   for (const std::string& text : gather_strings(comm, summary["nan_reports"].dump(), device))
     for (const auto& report : nlohmann::json::parse(text)) reports.push_back(report);
-  std::stable_sort(reports.begin(), reports.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a.value("step", int64_t{0}) < b.value("step", int64_t{0});
-  });
   summary["nan_reports"] = reports;
   summary["ranks_identical"] =
       std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; });
