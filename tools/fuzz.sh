@@ -8,7 +8,8 @@
 # TARGET: plugin_file plugin_options train_config launcher_env checkpoint_manifest inject
 # metrics_resume torch_file (default: all). --seconds: fuzzing time per target (default 30).
 # A crash, a sanitizer finding, an exception other than ampkit::Error, a timeout (10 s per input)
-# or an out-of-memory (2 GB) fails the run; the input is kept as build-fuzz/crashes/<target>-*.
+# or an out-of-memory (2 GB in all, or 512 MB in one allocation: a parser that allocates what the
+# input's bytes do not back) fails the run; the input is kept as build-fuzz/crashes/<target>-*.
 # Add it to tests/fuzz/corpus/<target>/ once fixed, so every later run replays it.
 # New inputs found while fuzzing go to build-fuzz/corpus/<target>/, not into the repository.
 set -euo pipefail
@@ -46,7 +47,7 @@ for t in "${targets[@]}"; do
   seeds="tests/fuzz/corpus/$t"
   n=$(find "$seeds" -type f | wc -l)
   # Replay: every seed once (a fixed crash stays fixed).
-  if ! timeout 600 "$bin" -rss_limit_mb=2048 -timeout=10 $(find "$seeds" -type f | sort) > "$BUILD_DIR/fuzz-$t-replay.log" 2>&1; then
+  if ! timeout 600 "$bin" -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=10 $(find "$seeds" -type f | sort) > "$BUILD_DIR/fuzz-$t-replay.log" 2>&1; then
     echo "fuzz $t: FAILED replaying its $n seed(s):"
     grep -m5 -E "ERROR|error|Exception|==" "$BUILD_DIR/fuzz-$t-replay.log" | sed 's/^/  /'
     failed+=("$t")
@@ -58,7 +59,7 @@ for t in "${targets[@]}"; do
   fi
   mkdir -p "$BUILD_DIR/corpus/$t"
   # The outer timeout bounds libFuzzer's own out-of-memory report, which can take minutes.
-  if timeout $((seconds + 180)) "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+  if timeout $((seconds + 180)) "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=10 -print_final_stats=1 \
       -artifact_prefix="$BUILD_DIR/crashes/$t-" "$BUILD_DIR/corpus/$t" "$seeds" > "$BUILD_DIR/fuzz-$t.log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$BUILD_DIR/fuzz-$t.log")
     echo "fuzz $t: $n seed(s) replayed; ${runs:-?} inputs in ${seconds} s, no crash"

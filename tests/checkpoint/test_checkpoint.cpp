@@ -1,8 +1,10 @@
 // Checkpoints as a user relies on them: bit-exact resume, corruption and incompatibility caught
 // with exit 6 and the file or parameter named, SIGTERM writes a checkpoint and exits 130.
 #define BOOST_TEST_MODULE checkpoint
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cmath>
@@ -124,10 +126,9 @@ BOOST_AUTO_TEST_CASE(checkpoint_folder_layout_and_keep) {
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir / "step-25")) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  BOOST_TEST(
-      files == (std::vector<std::string>{"manifest.json", "manifest.sha256", "model.pt", "optimizer.pt",
-                                         "optimizer_state_dict.pt"}),
-      boost::test_tools::per_element());
+  BOOST_TEST(files == (std::vector<std::string>{"manifest.json", "manifest.sha256", "model.pt",
+                                                "optimizer.pt", "optimizer_state_dict.pt"}),
+             boost::test_tools::per_element());
   const auto m = read_json(dir / "step-25" / "manifest.json");
   BOOST_TEST(m["step"]["attempted"] == 25);
   BOOST_TEST(m["plugins"].size() == 4u);
@@ -144,7 +145,8 @@ BOOST_AUTO_TEST_CASE(checkpoint_folder_layout_and_keep) {
 BOOST_AUTO_TEST_CASE(an_undeletable_old_checkpoint_is_named_in_a_warning) {
   TempDir tmp;
   const fs::path dir = tmp.path / "ckpt";
-  const std::string common = tiny + " --checkpoint-every 5 --keep-checkpoints 1 --checkpoint-dir " + dir.string();
+  const std::string common =
+      tiny + " --checkpoint-every 5 --keep-checkpoints 1 --checkpoint-dir " + dir.string();
   Result first = run(common + " --steps 5");
   BOOST_REQUIRE_MESSAGE(first.code == 0, first.output);
   const fs::path pinned = dir / "step-5" / "model.pt";
@@ -162,9 +164,10 @@ BOOST_AUTO_TEST_CASE(an_undeletable_old_checkpoint_is_named_in_a_warning) {
   if (!aside.empty()) run(root ? "chattr -i " + aside + "/model.pt" : "chmod 0755 " + aside);
   BOOST_TEST(second.code == 0, second.output);
   BOOST_TEST_REQUIRE(!aside.empty());
-  BOOST_TEST(second.output.find("ampkit-train: warning: could not delete the old checkpoint " +
-                                (dir / "step-5").string() + " (left as " + aside + "): ") != std::string::npos,
-             second.output);
+  BOOST_TEST(
+      second.output.find("ampkit-train: warning: could not delete the old checkpoint " +
+                         (dir / "step-5").string() + " (left as " + aside + "): ") != std::string::npos,
+      second.output);
   BOOST_TEST(second.output.find("; delete it by hand") != std::string::npos);
   std::ifstream latest(dir / "latest");
   std::string line;
@@ -200,14 +203,16 @@ BOOST_AUTO_TEST_CASE(a_flipped_byte_in_any_file_is_an_error_naming_that_file) {
       }
     }
   }
-  // --resume auto passes over the corrupt one with a warning naming it and starts fresh.
+  // --resume auto with nothing usable left refuses, naming the corrupt file (it used to start fresh).
   const fs::path corrupt_dir = saved.tmp.path / "copy-model.pt-0";
   Result r = run(tiny + " --steps 2 --scaler static --clipper norm --resume auto --checkpoint-dir " +
                  corrupt_dir.string());
-  BOOST_TEST(r.code == 0, r.output);
-  BOOST_TEST(r.output.find("warning: skipping corrupt checkpoint") != std::string::npos, r.output);
+  BOOST_TEST(r.code == 6, r.output);
+  BOOST_TEST(
+      r.output.find("no usable checkpoint among the 1 in " + corrupt_dir.string()) != std::string::npos,
+      r.output);
   BOOST_TEST(r.output.find((corrupt_dir / "step-20" / "model.pt").string()) != std::string::npos, r.output);
-  BOOST_TEST(r.output.find("starting fresh") != std::string::npos, r.output);
+  BOOST_TEST(fs::exists(corrupt_dir / "step-20" / "model.pt"));
 }
 
 BOOST_AUTO_TEST_CASE(resume_auto_falls_back_to_an_older_valid_checkpoint) {
@@ -226,9 +231,84 @@ BOOST_AUTO_TEST_CASE(resume_auto_falls_back_to_an_older_valid_checkpoint) {
   // No checkpoint at all: a note and a fresh start, not an error.
   r = run(tiny + " --steps 2 --resume auto --checkpoint-dir " + (tmp.path / "empty").string());
   BOOST_TEST(r.code == 0, r.output);
-  BOOST_TEST(r.output.find("no valid checkpoint in " + (tmp.path / "empty").string() + "; starting fresh") !=
+  BOOST_TEST(r.output.find("no checkpoint in " + (tmp.path / "empty").string() + " yet; starting fresh") !=
                  std::string::npos,
              r.output);
+}
+
+// Issue 33, items 7 and 11: a FIFO or a /dev/zero link in the newest checkpoint used to block
+// --resume auto forever or grow to 20 GB; now it is a corrupt checkpoint like any other: auto
+// falls back to the older one at once, and the summary says which it skipped and that the corrupt
+// one was deleted when its step was written again.
+BOOST_AUTO_TEST_CASE(a_fifo_or_a_device_in_the_newest_checkpoint_falls_back_with_a_summary_warning) {
+  for (const std::string kind : {"fifo", "dev-zero"}) {
+    BOOST_TEST_CONTEXT(kind) {
+      TempDir tmp;
+      const fs::path dir = tmp.path / "ckpt", summary = tmp.path / "s.json";
+      Result r = run(tiny + " --steps 10 --checkpoint-every 5 --checkpoint-dir " + dir.string());
+      BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+      const fs::path bad = dir / "step-10" / (kind == "fifo" ? "model.pt" : "optimizer.pt");
+      fs::remove(bad);
+      if (kind == "fifo")
+        BOOST_REQUIRE(::mkfifo(bad.c_str(), 0644) == 0);
+      else
+        fs::create_symlink("/dev/zero", bad);
+      const auto start = std::chrono::steady_clock::now();
+      r = run("timeout 60 " + tiny + " --steps 12 --checkpoint-every 5 --resume auto --checkpoint-dir " +
+              dir.string() + " --summary " + summary.string());
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      BOOST_TEST(r.code == 0, r.output);
+      BOOST_TEST(seconds < 60.0);
+      BOOST_TEST(
+          r.output.find("resumed from " + (dir / "step-5").string() + " at step 5") != std::string::npos,
+          r.output);
+      const auto s = read_json(summary);
+      const std::string warnings = s["warnings"].dump();
+      BOOST_TEST(warnings.find("skipping the checkpoint named by latest") != std::string::npos, warnings);
+      BOOST_TEST(warnings.find(bad.string() + " is not a regular file") != std::string::npos, warnings);
+      BOOST_TEST(
+          warnings.find("deleting the corrupt checkpoint " + (dir / "step-10").string()) != std::string::npos,
+          warnings);
+      BOOST_TEST(ampkit::read_checkpoint(dir / "step-10").manifest.steps_attempted == 10);  // written anew
+    }
+  }
+}
+
+// Issue 33, item 10: when every checkpoint is corrupt, --resume auto used to start over with exit 0
+// and then rotate the corrupt ones away. Now it refuses (exit 6, naming the folder and the newest's
+// fault), nothing is deleted, and --resume none is the explicit fresh start.
+BOOST_AUTO_TEST_CASE(resume_auto_refuses_when_every_checkpoint_is_corrupt_and_deletes_nothing) {
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ckpt";
+  Result r = run(tiny + " --steps 10 --checkpoint-every 5 --checkpoint-dir " + dir.string());
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  flip_byte(dir / "step-5" / "model.pt", 100);
+  flip_byte(dir / "step-10" / "model.pt", 100);
+  r = run(tiny + " --steps 12 --checkpoint-every 5 --keep-checkpoints 1 --resume auto --checkpoint-dir " +
+          dir.string());
+  BOOST_TEST(r.code == 6, r.output);
+  BOOST_TEST(words(r.output).size() > 0);
+  BOOST_TEST(std::count(r.output.begin(), r.output.end(), '\n') == 1, r.output);
+  BOOST_TEST(r.output.find("--resume auto: no usable checkpoint among the 2 in " + dir.string() +
+                           " (newest: checkpoint " + (dir / "step-10").string() + ": checksum mismatch") !=
+                 std::string::npos,
+             r.output);
+  BOOST_TEST(r.output.find("nothing was deleted") != std::string::npos, r.output);
+  BOOST_TEST(fs::exists(dir / "step-5" / "model.pt"));
+  BOOST_TEST(fs::exists(dir / "step-10" / "model.pt"));
+  // --resume none: a fresh start on purpose; rotation then deletes the corrupt ones, saying so.
+  const fs::path summary = tmp.path / "s.json";
+  r = run(tiny + " --steps 15 --checkpoint-every 5 --keep-checkpoints 1 --resume none --checkpoint-dir " +
+          dir.string() + " --summary " + summary.string());
+  BOOST_TEST(r.code == 0, r.output);
+  BOOST_TEST(r.output.find("resumed") == std::string::npos, r.output);
+  const std::string warnings = read_json(summary)["warnings"].dump();
+  BOOST_TEST(
+      warnings.find("deleting the corrupt checkpoint " + (dir / "step-5").string()) != std::string::npos,
+      warnings);
+  BOOST_TEST(
+      warnings.find("deleting the corrupt checkpoint " + (dir / "step-10").string()) != std::string::npos,
+      warnings);
 }
 
 BOOST_AUTO_TEST_CASE(a_different_model_is_an_error_naming_the_first_differing_parameter) {

@@ -146,8 +146,10 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
       {"--plugin-dir /nonexistent", 2, "--plugin-dir /nonexistent is not a folder"},
       // A name too long or a symlink loop is the user's input, not an internal error (issue 21).
       {"--plugin-dir /tmp/" + std::string(300, 'a'), 2, " cannot be used: File name too long"},
-      {"--plugin-dir " + (tmp.path / "loop-a").string(), 2, "loop-a cannot be used: Too many levels of symbolic links"},
-      {"--config " + (tmp.path / "loop-a").string(), 2, "loop-a cannot be read: Too many levels of symbolic links"},
+      {"--plugin-dir " + (tmp.path / "loop-a").string(), 2,
+       "loop-a cannot be used: Too many levels of symbolic links"},
+      {"--config " + (tmp.path / "loop-a").string(), 2,
+       "loop-a cannot be read: Too many levels of symbolic links"},
       {"--data-dir " + tmp.path.string() + " --workload=fashion-mnist", 4,
        "install the Debian package dataset-fashion-mnist"},
       {"--scaler /nonexistent/libx.so", 3, "plugin file /nonexistent/libx.so: does not exist"},
@@ -309,7 +311,8 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   const std::string broken = std::string(AMPKIT_TEST_BROKEN_DIR) + "/layout_changed";
   const Result list = run(plugins + " list --plugin-dir " + broken);
   BOOST_TEST_INFO(list.output);
-  BOOST_TEST(list.output.find("Test plugin built against an edited StepStats  [incompatible]") != std::string::npos);
+  BOOST_TEST(list.output.find("Test plugin built against an edited StepStats  [incompatible]") !=
+             std::string::npos);
   const auto json = nlohmann::json::parse(run(plugins + " list --json --plugin-dir " + broken).output);
   bool marked = false;
   for (const auto& p : json["plugins"])
@@ -326,7 +329,8 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   fs::permissions(file, fs::perms::group_write, fs::perm_options::add);
   const Result untrusted = run(plugins + " list --plugin-dir " + loose.path.string());
   BOOST_TEST(untrusted.output.find("[untrusted]") != std::string::npos, untrusted.output);
-  const auto listed = nlohmann::json::parse(run(plugins + " list --json --plugin-dir " + loose.path.string()).output);
+  const auto listed =
+      nlohmann::json::parse(run(plugins + " list --json --plugin-dir " + loose.path.string()).output);
   bool untrusted_field = false;
   for (const auto& p : listed["plugins"])
     if (p["path"] == file.string()) untrusted_field = p["trusted"] == false && p.contains("untrusted");
@@ -340,16 +344,19 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   const std::string both = " --plugin-dir " + dup + "/first --plugin-dir " + dup + "/second";
   const Result clash = run(plugins + " list" + both);
   size_t marks = 0;
-  for (size_t at = clash.output.find("[clash]"); at != std::string::npos; at = clash.output.find("[clash]", at + 1))
+  for (size_t at = clash.output.find("[clash]"); at != std::string::npos;
+       at = clash.output.find("[clash]", at + 1))
     ++marks;
   BOOST_TEST(marks == 2u, clash.output);
   const auto clash_json = nlohmann::json::parse(run(plugins + " list --json" + both).output);
   for (const auto& p : clash_json["plugins"])
     if (p["name"] == "duplicate") BOOST_TEST(p["clash"].size() == 1u);
   // check creates each strategy in its child: a crash or an exit() there is said to be there.
-  const Result faults = run(plugins + " check --plugin-dir " + std::string(AMPKIT_TEST_BROKEN_DIR) + "/faults");
+  const Result faults =
+      run(plugins + " check --plugin-dir " + std::string(AMPKIT_TEST_BROKEN_DIR) + "/faults");
   BOOST_TEST(faults.code == 8);
-  BOOST_TEST(faults.output.find("create_segv.so crashed while creating its strategy (signal 11") != std::string::npos,
+  BOOST_TEST(faults.output.find("create_segv.so crashed while creating its strategy (signal 11") !=
+                 std::string::npos,
              faults.output);
   BOOST_TEST(faults.output.find("create_exit.so ended the process (exit 0) while creating its strategy") !=
              std::string::npos);
@@ -374,7 +381,8 @@ BOOST_AUTO_TEST_CASE(a_full_disk_stops_the_run_with_exit_9_and_keeps_the_previou
                        metrics.string() + " --summary " + summary.string() + "\"");
   BOOST_TEST_INFO(r.output);
   BOOST_TEST(r.code == 9);
-  BOOST_TEST(r.output.find("cannot write metrics file " + metrics.string() + " (disk full?)") != std::string::npos);
+  BOOST_TEST(r.output.find("cannot write metrics file " + metrics.string() + " (disk full?)") !=
+             std::string::npos);
   // In the instrumented build (tools/test.sh --instrumented) gcov's runtime hits the same limit
   // writing its .gcda files at exit, one "libgcov profiling error:" line each: not ampkit's output.
   std::string ours;
@@ -417,7 +425,8 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
       // Faults inside the plugin's own code after loading: named, with the call (plugin_call.h).
       {"--scaler " + broken + "/faults/libampkit-scaler-create_segv.so",
        "scaler 'create_segv' 0.1.0 (" + broken +
-           "/faults/libampkit-scaler-create_segv.so) crashed (SIGSEGV, invalid memory access) in its constructor; "
+           "/faults/libampkit-scaler-create_segv.so) crashed (SIGSEGV, invalid memory access) in its "
+           "constructor; "
            "the run stops"},
       {"--scaler " + broken + "/faults/libampkit-scaler-update_segv.so",
        "crashed (SIGSEGV, invalid memory access) in update(); the run stops"},
@@ -425,7 +434,8 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
       // _exit() runs no atexit hook: ampkit-train's own exported _exit reports it (main.cpp).
       {"--scaler " + broken + "/faults/os_exit/libampkit-scaler-create_os_exit.so",
        "scaler 'create_os_exit' 0.1.0 (" + broken +
-           "/faults/os_exit/libampkit-scaler-create_os_exit.so) called _exit() in its constructor; the run stops"},
+           "/faults/os_exit/libampkit-scaler-create_os_exit.so) called _exit() in its constructor; the run "
+           "stops"},
       {"--plugin-timeout 1 --scaler " + broken + "/faults/hang/libampkit-scaler-create_hang.so",
        "did not return (time limit reached) in its constructor"},
       {"--plugin-dir " + broken + "/duplicate/first --plugin-dir " + broken +
@@ -467,7 +477,9 @@ BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
 BOOST_AUTO_TEST_CASE(precision_mismatches_are_reported_once_each) {
   TempDir tmp;
   const Result fp16 =
-      run(synthetic + " --precision fp16 --steps 2 --clipper norm --opt clipper.max_norm=10 --summary " +
+      run(synthetic +
+          " --precision fp16 --scaler none --steps 2 --clipper norm --opt clipper.max_norm=10 "
+          "--summary " +
           (tmp.path / "s.json").string());
   BOOST_TEST_INFO(fp16.output);
   BOOST_REQUIRE(fp16.code == 0);
@@ -488,6 +500,31 @@ BOOST_AUTO_TEST_CASE(precision_mismatches_are_reported_once_each) {
       BOOST_TEST(quiet.output.find("ampkit-train: warning") == std::string::npos);
       BOOST_TEST(quiet.output.find("warnings             []") != std::string::npos);
       BOOST_TEST(without_cpu_note(quiet.output).find("ampkit-train: note") == std::string::npos);
+    }
+  }
+}
+
+// Issue 33, item 18: fp16 used to run without a loss scaler unless one was named (with a warning);
+// every anchor (torch.amp, Lightning's 16-mixed, Accelerate, DeepSpeed) scales fp16 by default.
+BOOST_AUTO_TEST_CASE(fp16_defaults_to_the_dynamic_scaler_and_print_config_says_why) {
+  TempDir tmp;
+  const Result r = run(synthetic + " --precision fp16 --steps 2 --summary " + (tmp.path / "s.json").string());
+  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+  BOOST_TEST(r.output.find("with scaler 'none'") == std::string::npos, r.output);
+  const auto s = read_json(tmp.path / "s.json");
+  BOOST_TEST(s["plugins"]["scaler"]["name"] == "dynamic");
+  const Result printed = run(synthetic + " --precision fp16 --print-config");
+  BOOST_TEST(printed.output.find("dynamic                       (default for fp16)") != std::string::npos,
+             printed.output);
+  // An explicit choice wins, and other precisions keep none.
+  for (const auto& [args, scaler] :
+       std::vector<std::pair<std::string, std::string>>{{"--precision fp16 --scaler static", "static"},
+                                                        {"--precision bf16", "none"},
+                                                        {"--precision fp32", "none"}}) {
+    const Result other = run(synthetic + " " + args + " --print-config");
+    BOOST_TEST_CONTEXT(args) {
+      BOOST_TEST(other.code == 0);
+      BOOST_TEST(other.output.find("scaler                   " + scaler) != std::string::npos, other.output);
     }
   }
 }
@@ -592,11 +629,13 @@ BOOST_AUTO_TEST_CASE(every_clippers_threshold_default_follows_the_precision) {
     std::string clipper, option;
     std::map<std::string, std::string> value;  // precision -> default
   };
-  for (const Case& c : std::vector<Case>{{"value", "clip_value", {{"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}}},
-                                         {"agc", "clip_factor", {{"fp16", "0.01"}, {"bf16", "0.05"}, {"fp32", "0.1"}}},
-                                         {"adaptive", "max_norm", {{"fp16", "10"}, {"bf16", "50"}, {"fp32", "100"}}}})
+  for (const Case& c :
+       std::vector<Case>{{"value", "clip_value", {{"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}}},
+                         {"agc", "clip_factor", {{"fp16", "0.01"}, {"bf16", "0.05"}, {"fp32", "0.1"}}},
+                         {"adaptive", "max_norm", {{"fp16", "10"}, {"bf16", "50"}, {"fp32", "100"}}}})
     for (const auto& [precision, value] : c.value) {
-      const Result r = run(train + " --precision " + precision + " --clipper " + c.clipper + " --print-config");
+      const Result r =
+          run(train + " --precision " + precision + " --clipper " + c.clipper + " --print-config");
       BOOST_TEST_CONTEXT(c.clipper << " " << precision << "\n" << r.output) {
         BOOST_TEST(r.code == 0);
         const auto w = words_of_line(r.output, "    " + c.option + " ");

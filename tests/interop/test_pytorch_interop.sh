@@ -7,7 +7,12 @@
 #  2. PyTorch saves {model, optimizer, scaler} and trains 10 more steps; ampkit-train --init-from
 #     that file trains 10 steps: the same losses within 1e-6, and the GradScaler's scale and growth
 #     tracker continue (the scale doubles after 3 steps: tracker 7 of interval 10).
-#  3. Files that do not fit: one error line each, exit 6.
+#  3. Files that do not fit: one error line each, exit 6; a training script's extras (epoch, step,
+#     lr_scheduler) are named in a note and not loaded.
+#  4. Hostile files (issue 33), to --init-from and as a checkpoint's model.pt under a consistent
+#     manifest: deep nesting, memo PUTs, a version record past 64 bits, a zero-stride view, a
+#     compressed storage, a FIFO, /dev/zero: exit 6 and one line, each in under 5 s, and none
+#     allocates more than the file's bytes back (peak RSS within 150 MB of a run that fails at once).
 # Usage: test_pytorch_interop.sh BIN_DIR PYTHON SOURCE_DIR
 set -euo pipefail
 bin=$1 python=$2 src=$3
@@ -62,7 +67,8 @@ torch.save(sd, f"{d}/keys.pt")
 m = Mlp(16, 32, 2, 10)
 torch.save({"model": m.state_dict(), "optimizer": torch.optim.AdamW(m.parameters(), weight_decay=0.1).state_dict()},
            f"{d}/decay.pt")
-torch.save({"model": m.state_dict(), "epoch": 3}, f"{d}/other.pt")
+torch.save({"model": m.state_dict(), "epoch": 3, "step": 120, "lr_scheduler": {"last_epoch": 3}},
+           f"{d}/other.pt")
 torch.save({"model": m.state_dict(), "fn": print}, f"{d}/code.pt")
 open(f"{d}/text.pt", "w").write("not a checkpoint\n")
 PY
@@ -79,10 +85,105 @@ expect_error() {  # FILE MESSAGE-PART
 expect_error "$tmp/wide.pt" "'layers.0.weight' has shape [48, 16] in the file, [32, 16] in the model"
 expect_error "$tmp/keys.pt" "missing keys: layers.1.bias; unexpected keys: extra"
 expect_error "$tmp/decay.pt" "weight_decay (--weight-decay) 0.1, this run uses 0.01"
-expect_error "$tmp/other.pt" "unexpected entry 'epoch' (expected model, optimizer, scaler)"
+out=$("${train[@]}" --steps 1 --init-from "$tmp/other.pt" 2>&1) || fail "extras refused: $out"
+[[ $out == *"note: --init-from $tmp/other.pt: not loaded: epoch, step, lr_scheduler (ampkit-train loads model, optimizer and scaler)"* ]] ||
+  fail "no note naming the extras: $out"
+echo "  extras named: $(grep 'not loaded' <<< "$out")"
 expect_error "$tmp/code.pt" "not a weights-only torch.save file (global __builtin__.print)"
 expect_error "$tmp/text.pt" "not a file torch.save wrote"
 head -c 2000 "$tmp/start.pt" > "$tmp/truncated.pt"
 expect_error "$tmp/truncated.pt" "not a file torch.save wrote"
 expect_error "$tmp/missing.pt" "not a readable file"
+
+echo "4. hostile files"
+"${train[@]}" --steps 2 --checkpoint-dir "$tmp/hck" > "$tmp/hck.log" 2>&1 || fail "training: $(tail -3 "$tmp/hck.log")"
+"$python" - "$tmp" "${train[@]}" <<'PY' || fail "hostile files"
+import hashlib, json, os, resource, shutil, subprocess, sys, time, zipfile
+d, train = sys.argv[1], sys.argv[2:]
+
+def archive(path, pickle, version=b"3\n", records=()):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle)
+        z.writestr("archive/version", version)
+        for name, data, method in records:
+            z.writestr("archive/" + name, data, compress_type=method)
+
+deep = 10**6
+files = {
+    "deep_tuple": (b"\x80\x02)" + b"\x85" * deep + b".", "nested deeper than 1000"),
+    "deep_list": (b"\x80\x02" + b"]" * deep + b"a" * (deep - 1) + b".", "more than 262144 lists, dicts and tuples"),
+    "deep_list_shallow": (b"\x80\x02" + b"]" * 2000 + b"a" * 1999 + b".", "nested deeper than 1000"),
+    # A list inside itself (pickle's memo makes cycles): refused, never walked forever.
+    "cycle": (b"\x80\x02]q\x00h\x00a.", "a container inside itself"),
+    "deep_dict": (b"\x80\x02}" + b"K\x00}" * (deep - 1) + b"s" * (deep - 1) + b".",
+                  "more than 262144 lists, dicts and tuples"),
+    "deep_dict_shallow": (b"\x80\x02}" + b"K\x00}" * 2000 + b"s" * 2000 + b".", "nested deeper than 1000"),
+    # 400k memo PUTs, each 1025 slots past the last: memory must follow the PUTs, not the indices
+    "memo": (b"\x80\x02N" + b"".join(b"r" + (i * 1025 + 1024).to_bytes(4, "little") for i in range(400000)) + b".",
+             "holds a None, not a dict"),
+}
+for name, (pickle, _) in files.items():
+    archive(f"{d}/{name}.pt", pickle)
+archive(f"{d}/version.pt", b"\x80\x02}.", version=b"99999999999999999999999\n")
+files["version"] = (None, "not a file torch.save wrote")
+# A zero-stride [2^29] float view of a one-element storage: 2 GiB if materialized.
+tensor = (b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n(X\x07\x00\x00\x00storagectorch\nFloatStorage\n"
+          b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x01tQK\x00J\x00\x00\x00 \x85K\x00\x85\x89)tRs.")
+archive(f"{d}/zero_stride.pt", tensor.replace(b"(X\x07", b"((X\x07"), records=[("data/0", b"\0" * 4, zipfile.ZIP_STORED)])
+files["zero_stride"] = (None, "an expanded view")
+# A 256 MiB storage deflated into a file of about 260 KB.
+big = (b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\n"
+       b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ\x00\x00\x00\x04tQK\x00J\x00\x00\x00\x04\x85K\x01\x85\x89)tRs.")
+archive(f"{d}/compressed.pt", big, records=[("data/0", b"\0" * (1 << 28), zipfile.ZIP_DEFLATED)])
+files["compressed"] = (None, "more than the file holds")
+os.mkfifo(f"{d}/fifo.pt")
+files["fifo"] = (None, "fifo.pt is not a regular file")
+os.symlink("/dev/zero", f"{d}/zero.pt")
+files["zero"] = (None, "zero.pt is not a regular file")
+
+def peak_rss_mb(cmd):
+    """Runs cmd; returns (exit code, output, seconds, its peak RSS in MB)."""
+    r, w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1); os.dup2(w, 2); os.close(r)
+        os.execv(cmd[0], cmd)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    _, status, usage = os.wait4(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(), time.monotonic() - start, usage.ru_maxrss / 1024
+
+_, _, _, base = peak_rss_mb(train + ["--steps", "1", "--init-from", f"{d}/missing.pt"])
+failures = []
+def check(label, cmd, expected):
+    code, out, secs, rss = peak_rss_mb(cmd)
+    lines = out.strip().splitlines()
+    ok = code == 6 and len(lines) == 1 and expected in out and secs < 5 and rss - base < 150
+    print(f"  {label:32s} exit {code}  {secs:4.2f} s  +{rss - base:5.0f} MB  {lines[-1] if lines else ''}")
+    if not ok:
+        failures.append(label)
+
+for name, (_, expected) in files.items():
+    check(f"--init-from {name}", train + ["--steps", "1", "--init-from", f"{d}/{name}.pt"], expected)
+
+# The same pickles as a checkpoint's model.pt, under a manifest that vouches for them.
+checkpoint_errors = {"memo": "does not hold a dict of tensors"}
+for name in ("deep_tuple", "deep_dict", "deep_dict_shallow", "memo", "zero_stride", "compressed"):
+    ck = f"{d}/hck_{name}"
+    shutil.copytree(f"{d}/hck", ck)
+    step = f"{ck}/step-2"
+    shutil.copy(f"{d}/{name}.pt", f"{step}/model.pt")
+    m = json.load(open(f"{step}/manifest.json"))
+    data = open(f"{step}/model.pt", "rb").read()
+    m["files"]["model.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    text = json.dumps(m, indent=1) + "\n"
+    open(f"{step}/manifest.json", "w").write(text)
+    open(f"{step}/manifest.sha256", "w").write(hashlib.sha256(text.encode()).hexdigest() + "  manifest.json\n")
+    check(f"--resume model.pt {name}", train + ["--steps", "3", "--resume", step],
+          checkpoint_errors.get(name, files[name][1]))
+sys.exit(f"failed: {failures}" if failures else 0)
+PY
 echo "PASS"

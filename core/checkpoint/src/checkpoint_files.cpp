@@ -2,6 +2,7 @@
 #include "checkpoint_files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/output-archive.h>
 #include <unistd.h>
@@ -76,11 +77,40 @@ void rename_or_fail(const fs::path& from, const fs::path& to) {
     fail("cannot rename " + from.string() + " to " + to.string() + ": " + errno_text());
 }
 
-std::optional<std::vector<char>> read_bytes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return std::nullopt;
+std::optional<std::vector<char>> read_bytes(const fs::path& file, uint64_t max_bytes) {
+  // Without blocking and regular files only: a FIFO would block open() forever, a device such as
+  // /dev/zero never ends. A file larger than the caller's bound is refused before any read.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    fail("cannot open " + file.string() + ": " + errno_text());
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(file.string() + " is not a regular file");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    ::close(fd);
+    fail(file.string() + " has " + std::to_string(size) + " bytes, more than the " +
+         std::to_string(max_bytes) + " expected");
+  }
+  std::vector<char> bytes(size);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      fail("cannot read " + file.string() + ": " + why);
+    }
+    if (n == 0) break;  // shrank while read: the size check below names it
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  bytes.resize(done);
   return bytes;
 }
 

@@ -34,7 +34,9 @@ void write_durable(const std::filesystem::path& file, const std::string& text);
 // A rename or a new entry is durable only once its folder is fsynced.
 void fsync_folder(const std::filesystem::path& folder);
 void rename_or_fail(const std::filesystem::path& from, const std::filesystem::path& to);
-std::optional<std::vector<char>> read_bytes(const std::filesystem::path& file);
+// A whole regular file, or nullopt when it does not exist; fail() for anything else that is there
+// (a FIFO, a device, a folder, an unreadable file) and for a file over max_bytes.
+std::optional<std::vector<char>> read_bytes(const std::filesystem::path& file, uint64_t max_bytes);
 
 // "step-<digits>" -> N, anything else -> -1.
 int64_t step_of(const std::string& name);

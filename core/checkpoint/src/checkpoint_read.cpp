@@ -12,9 +12,21 @@ using namespace checkpoint_files;
 
 namespace {
 
+// manifest.json lists settings, plugin states and one line per tensor: far below this.
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 28;
+
+// read_bytes with the checkpoint named in front of its refusals.
+std::optional<std::vector<char>> read_in(const std::string& where, const fs::path& file, uint64_t max_bytes) {
+  try {
+    return read_bytes(file, max_bytes);
+  } catch (const Error& e) {
+    fail(where + ": " + e.what());
+  }
+}
+
 // manifest.sha256 must be '<sha256>  manifest.json' and match manifest.json; returns its bytes.
 std::vector<char> checked_manifest_bytes(const fs::path& folder, const std::string& where) {
-  const auto sum_bytes = read_bytes(folder / kManifestSumFile);
+  const auto sum_bytes = read_in(where, folder / kManifestSumFile, 4096);
   if (!sum_bytes)
     fail(where + ": " + (folder / kManifestSumFile).string() + " is missing (incomplete checkpoint)");
   const std::string sum_text(sum_bytes->begin(), sum_bytes->end());
@@ -23,7 +35,7 @@ std::vector<char> checked_manifest_bytes(const fs::path& folder, const std::stri
   if (sum_text.size() != 64 + expected_line_tail.size() || !is_hex_digest(manifest_digest) ||
       sum_text.compare(64, std::string::npos, expected_line_tail) != 0)
     fail(where + ": " + (folder / kManifestSumFile).string() + " is corrupt (not '<sha256>  manifest.json')");
-  auto manifest_bytes = read_bytes(folder / kManifestFile);
+  auto manifest_bytes = read_in(where, folder / kManifestFile, kMaxManifestBytes);
   if (!manifest_bytes)
     fail(where + ": " + (folder / kManifestFile).string() + " is missing (incomplete checkpoint)");
   const std::string actual = sha256_of(manifest_bytes->data(), manifest_bytes->size());
@@ -58,10 +70,11 @@ std::vector<char> checked_file_bytes(const fs::path& folder, const std::string& 
                                      const nlohmann::json& files, const char* name) {
   const fs::path file = folder / name;
   if (!files.contains(name)) fail(where + ": manifest.json lists no checksum for " + file.string());
-  auto bytes = read_bytes(file);
-  if (!bytes) fail(where + ": " + file.string() + " is missing (incomplete checkpoint)");
   const std::string expected = files[name].value("sha256", "");
   const uint64_t size = files[name].value("bytes", uint64_t{0});
+  // Never more than the manifest says: a file that is larger (or a device) is refused unread.
+  std::optional<std::vector<char>> bytes = read_in(where, file, size);
+  if (!bytes) fail(where + ": " + file.string() + " is missing (incomplete checkpoint)");
   if (bytes->size() != size)
     fail(where + ": " + file.string() + " has " + std::to_string(bytes->size()) +
          " bytes, the manifest says " + std::to_string(size) + " (truncated or corrupt)");
@@ -100,7 +113,13 @@ std::optional<fs::path> find_resume_checkpoint(const fs::path& dir, std::vector<
     if (warnings) warnings->push_back(w);
   };
   fs::path tried;
-  if (const auto latest = read_bytes(dir / "latest")) {
+  std::optional<std::vector<char>> latest;
+  try {
+    latest = read_bytes(dir / "latest", 4096);
+  } catch (const Error& e) {
+    warn(std::string("ignoring latest: ") + e.what());
+  }
+  if (latest) {
     std::string name(latest->begin(), latest->end());
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
       name.pop_back();

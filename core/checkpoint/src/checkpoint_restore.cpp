@@ -10,6 +10,7 @@
 
 #include "ampkit/error.h"
 #include "checkpoint_files.h"
+#include "torch_unpickler.h"
 
 namespace ampkit {
 
@@ -55,14 +56,13 @@ void restore_tensors(const LoadedCheckpoint& checkpoint,
                      const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   const std::string where = "checkpoint " + checkpoint.folder.string();
   check_same_model(where, checkpoint.manifest.tensors, tensors);
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
-  try {
-    const c10::IValue value = torch::pickle_load(checkpoint.model_bytes);
-    dict = value.toGenericDict();
-  } catch (const c10::Error& e) {
-    fail(where + ": " + (checkpoint.folder / kModelFile).string() +
-         " cannot be read: " + e.what_without_backtrace());
-  }
+  // The bounded reader --init-from uses: a hostile model.pt (one with a matching checksum in a
+  // forged manifest) can neither nest without bound nor allocate more than its bytes.
+  const c10::IValue value = load_torch_bytes(checkpoint.model_bytes.data(), checkpoint.model_bytes.size(),
+                                             where + ": " + (checkpoint.folder / kModelFile).string());
+  if (!value.isGenericDict())
+    fail(where + ": " + (checkpoint.folder / kModelFile).string() + " does not hold a dict of tensors");
+  const c10::impl::GenericDict dict = value.toGenericDict();
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : tensors) {
     auto it = dict.find(name);

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 
+#include "ampkit/error.h"
 #include "ampkit/pytorch_state.h"
 #include "checkpoint_files.h"
 
@@ -72,14 +75,33 @@ void write_files(const fs::path& tmp, CheckpointManifest manifest,
   fsync_folder(tmp);
 }
 
+// Checkpoint folders this process wrote: known good, deleted by rotation without a second look.
+std::mutex g_written_mutex;
+std::set<fs::path> g_written;
+
+// A folder about to be deleted that this process did not write is read first: deleting a corrupt
+// one (found corrupt at resume, or damaged since) is said, never silent.
+void say_if_corrupt(const fs::path& folder, std::vector<std::string>* warnings) {
+  {
+    std::lock_guard<std::mutex> lock(g_written_mutex);
+    if (g_written.count(folder)) return;
+  }
+  try {
+    read_checkpoint(folder);
+  } catch (const Error& e) {
+    if (warnings)
+      warnings->push_back("deleting the corrupt checkpoint " + folder.string() + " (" + e.what() + ")");
+  }
+}
+
 // Deletes a checkpoint folder already renamed to `doomed`; a folder that will not go (a file in
 // it is immutable, a mount point, an I/O error) stays under that name, with a warning saying so.
 void delete_aside(const fs::path& original, const fs::path& doomed, std::vector<std::string>* warnings) {
   std::error_code ec;
   fs::remove_all(doomed, ec);
   if (ec && warnings)
-    warnings->push_back("could not delete the old checkpoint " + original.string() + " (left as " + doomed.string() +
-                        "): " + ec.message() + "; delete it by hand");
+    warnings->push_back("could not delete the old checkpoint " + original.string() + " (left as " +
+                        doomed.string() + "): " + ec.message() + "; delete it by hand");
 }
 
 // Puts the complete `tmp` in place as dir/name and points `latest` at it. A folder of the same
@@ -91,6 +113,7 @@ fs::path publish(const fs::path& dir, const fs::path& tmp, const std::string& na
   const fs::path final_path = dir / name;
   fs::path aside;
   if (fs::exists(final_path, ec)) {
+    say_if_corrupt(final_path, warnings);
     aside = dir / (".old-" + name + "-" + pid);
     fs::remove_all(aside, ec);
     rename_or_fail(final_path, aside);
@@ -114,6 +137,7 @@ void remove_oldest(const fs::path& dir, const fs::path& newest, int keep, const 
   const size_t excess = all.size() > static_cast<size_t>(keep) ? all.size() - static_cast<size_t>(keep) : 0;
   for (size_t i = 0; i < excess; ++i) {
     if (all[i].second == newest) continue;
+    say_if_corrupt(all[i].second, warnings);
     const fs::path doomed = dir / (".old-" + all[i].second.filename().string() + "-" + pid);
     if (::rename(all[i].second.c_str(), doomed.c_str()) == 0) delete_aside(all[i].second, doomed, warnings);
   }
@@ -135,8 +159,8 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 
 fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
                           const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                          torch::optim::Optimizer& optimizer, int keep, const std::vector<CheckpointFile>& extra,
-                          std::vector<std::string>* warnings) {
+                          torch::optim::Optimizer& optimizer, int keep,
+                          const std::vector<CheckpointFile>& extra, std::vector<std::string>* warnings) {
   if (keep < 1) fail("keep must be >= 1, got " + std::to_string(keep));
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -153,6 +177,8 @@ fs::path write_checkpoint(const fs::path& dir, CheckpointManifest manifest,
   try {
     write_files(tmp, std::move(manifest), tensors, optimizer, extra);
     final_path = publish(dir, tmp, name, pid, warnings);
+    std::lock_guard<std::mutex> lock(g_written_mutex);
+    g_written.insert(final_path);
   } catch (...) {
     fs::remove_all(tmp, ec);  // a failed write leaves nothing behind
     throw;

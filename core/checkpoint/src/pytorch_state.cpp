@@ -329,7 +329,7 @@ std::vector<std::pair<std::string, at::Tensor>> tensors_of(const c10::IValue& di
 PyTorchStart read_pytorch_file(const std::filesystem::path& file) {
   const std::string where = "--init-from " + file.string();
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) fail(where + ": not a readable file");
+  if (!std::filesystem::exists(file, ec)) fail(where + ": not a readable file");
   const c10::IValue top = checkpoint_files::load_torch_file(file, where);
   if (!top.isGenericDict()) fail(where + ": holds a " + top.tagKind() + ", not a dict");
   PyTorchStart out;
@@ -344,11 +344,14 @@ PyTorchStart read_pytorch_file(const std::filesystem::path& file) {
   if (optimizer) out.optimizer = *optimizer;
   if (const auto scaler = entry(top, "scaler"); scaler && !scaler->isNone())
     out.scaler = grad_scaler_state_from(*scaler, where + " ['scaler']");
+  // Training scripts save more beside the states (epoch, step, args, lr_scheduler...): those are
+  // named, not refused; what is loaded stays strict (keys and shapes).
   for (const auto& e : top.toGenericDict()) {
-    const std::string key = e.key().isString() ? e.key().toStringRef() : "?";
+    if (!e.key().isString()) fail(where + ": an entry whose key is a " + e.key().tagKind() + ", not a name");
+    const std::string& key = e.key().toStringRef();
     if (key != "model" && key != "model_state_dict" && key != "optimizer" && key != "optimizer_state_dict" &&
         key != "scaler")
-      fail(where + ": unexpected entry '" + key + "' (expected model, optimizer, scaler)");
+      out.ignored.push_back(key);
   }
   return out;
 }

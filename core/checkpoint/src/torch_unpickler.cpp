@@ -3,15 +3,17 @@
 #include "torch_unpickler.h"
 
 #include <ATen/ops/empty.h>
-#include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
-#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "ampkit/error.h"
+#include "pickle_bounds.h"
+#include "torch_archive.h"
 
 namespace ampkit::checkpoint_files {
 
@@ -33,7 +35,7 @@ at::ScalarType storage_dtype(const std::string& name) {
 
 class Machine {
  public:
-  Machine(caffe2::serialize::PyTorchStreamReader& reader, const char* data, size_t size, std::string where)
+  Machine(Archive& reader, const char* data, size_t size, std::string where)
       : reader_(reader),
         p_(reinterpret_cast<const uint8_t*>(data)),
         end_(p_ + size),
@@ -99,22 +101,32 @@ class Machine {
   void set(const c10::IValue& key, const c10::IValue& value) {
     if (!key.isString() && !key.isInt() && !key.isDouble() && !key.isBool())
       bad("a dict key of type " + key.tagKind());
-    top_dict().insert_or_assign(key, value);
+    c10::impl::GenericDict& dict = top_dict();
+    bounds_.contain(stack_.back(), value);
+    dict.insert_or_assign(key, value);
   }
   void append(const c10::IValue& value) {
     if (stack_.empty() || !stack_.back().isList()) bad("APPEND on a non-list");
+    bounds_.contain(stack_.back(), value);
     stack_.back().toList().push_back(value);
+  }
+  c10::IValue tuple(std::vector<c10::IValue> items) {
+    bounds_.count();
+    uint32_t depth = 1;
+    for (const auto& item : items) depth = std::max(depth, bounds_.seal(item) + 1);
+    c10::IValue t = c10::ivalue::Tuple::create(std::move(items));
+    bounds_.add(t, depth);
+    return t;
   }
   void memo_put(size_t index) {
     if (stack_.empty()) bad("PUT on an empty stack");
-    // Pickles number memo slots 0, 1, 2, ...: a far index is a damaged or hostile file.
-    if (index > memo_.size() + 1024) bad("memo index " + std::to_string(index));
-    if (memo_.size() <= index) memo_.resize(index + 1);
+    // Slots are kept by index, so memory follows the PUTs the file holds, not the indices it names.
     memo_[index] = stack_.back();
   }
   void memo_get(size_t index) {
-    if (index >= memo_.size()) bad("GET of an unknown memo entry");
-    stack_.push_back(memo_[index]);
+    const auto it = memo_.find(index);
+    if (it == memo_.end()) bad("GET of an unknown memo entry");
+    stack_.push_back(it->second);
   }
   static bool is_global(const c10::IValue& v) {
     return v.isString() && v.toStringRef().rfind(kGlobal, 0) == 0;
@@ -138,13 +150,14 @@ class Machine {
   c10::IValue reduce(const std::string& callable, const std::vector<c10::IValue>& args);
   c10::IValue storage(const c10::IValue& pid);
 
-  caffe2::serialize::PyTorchStreamReader& reader_;
+  Archive& reader_;
   const uint8_t* p_;
   const uint8_t* end_;
   std::string where_;
   std::vector<c10::IValue> stack_;
   std::vector<size_t> marks_;
-  std::vector<c10::IValue> memo_;
+  std::unordered_map<size_t, c10::IValue> memo_;
+  PickleBounds bounds_{[this](const std::string& what) { bad(what); }};
   std::map<std::string, at::Tensor> storages_;
   c10::impl::GenericDict dict_{c10::AnyType::get(), c10::AnyType::get()};
 };
@@ -159,13 +172,15 @@ bool Machine::value(uint8_t op) {
       little(8);
       return true;  // FRAME
     case '}':
+      bounds_.count();
       stack_.emplace_back(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
       return true;
     case ']':
+      bounds_.count();
       stack_.emplace_back(c10::impl::GenericList(c10::AnyType::get()));
       return true;
     case ')':
-      stack_.emplace_back(c10::ivalue::Tuple::create(std::vector<c10::IValue>{}));
+      stack_.push_back(tuple({}));
       return true;
     case '(':
       marks_.push_back(stack_.size());
@@ -222,14 +237,14 @@ bool Machine::value(uint8_t op) {
 bool Machine::container(uint8_t op) {
   switch (op) {
     case 't':
-      stack_.emplace_back(c10::ivalue::Tuple::create(pop_to_mark()));
+      stack_.push_back(tuple(pop_to_mark()));
       return true;
     case 0x85:
     case 0x86:
     case 0x87: {  // TUPLE1..3
       std::vector<c10::IValue> items(op - 0x84);
       for (size_t i = items.size(); i-- > 0;) items[i] = pop();
-      stack_.emplace_back(c10::ivalue::Tuple::create(std::move(items)));
+      stack_.push_back(tuple(std::move(items)));
       return true;
     }
     case 's': {
@@ -317,12 +332,16 @@ c10::IValue Machine::storage(const c10::IValue& pid) {
   if (const auto it = storages_.find(key); it != storages_.end()) return it->second;
   const int64_t numel = e[4].toInt();
   const std::string record = "data/" + key;
-  if (numel < 0 || !reader_.hasRecord(record)) bad("storage " + key + " is missing");
-  auto [data, size] = reader_.getRecord(record);
-  // Sized from the record before allocating: a forged element count must not allocate.
-  if (size % c10::elementSize(dtype) != 0 || static_cast<uint64_t>(numel) != size / c10::elementSize(dtype))
-    bad("storage " + key + " has " + std::to_string(size) + " bytes for " + std::to_string(numel) +
+  if (numel < 0 || !reader_.has(record)) bad("storage " + key + " is missing");
+  // Sized from the record's declared size before anything is read or allocated: a forged element
+  // count must not allocate, and the archive's budget bounds the record itself.
+  const size_t declared = reader_.declared_size(record);
+  if (declared % c10::elementSize(dtype) != 0 ||
+      static_cast<uint64_t>(numel) != declared / c10::elementSize(dtype))
+    bad("storage " + key + " has " + std::to_string(declared) + " bytes for " + std::to_string(numel) +
         " elements");
+  auto [data, size] = reader_.read(record);
+  if (size != declared) bad("storage " + key + " is shorter than its record says");
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
   if (size > 0) std::memcpy(t.data_ptr(), data.get(), size);
   storages_[key] = t;
@@ -330,8 +349,10 @@ c10::IValue Machine::storage(const c10::IValue& pid) {
 }
 
 c10::IValue Machine::reduce(const std::string& callable, const std::vector<c10::IValue>& args) {
-  if (callable == "collections.OrderedDict" && args.empty())
+  if (callable == "collections.OrderedDict" && args.empty()) {
+    bounds_.count();
     return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
+  }
   if ((callable == "torch._utils._rebuild_parameter" ||
        callable == "torch._utils._rebuild_parameter_with_state") &&
       !args.empty() && args[0].isTensor())
@@ -353,29 +374,27 @@ c10::IValue Machine::reduce(const std::string& callable, const std::vector<c10::
     if (sizes[i] > 0) last += (sizes[i] - 1) * strides[i];
   }
   if (elements > 0 && last >= storage.numel()) bad("a tensor that reaches past its storage");
+  // Overlapping views (a zero stride: an expanded tensor) would be materialized by the clone
+  // below into more memory than the file backs; state dicts hold no such tensors.
+  if (elements > storage.numel())
+    bad("a tensor of " + std::to_string(elements) + " elements over a storage of " +
+        std::to_string(storage.numel()) + " (an expanded view)");
   if (elements == 0) return at::empty(sizes, storage.options());
   return storage.as_strided(sizes, strides, offset).clone();
 }
 
 }  // namespace
 
-c10::IValue load_torch_file(const std::filesystem::path& file, const std::string& where) {
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(file.string());
-    if (reader.hasRecord("byteorder")) {
-      auto [order, n] = reader.getRecord("byteorder");
-      if (std::string(static_cast<const char*>(order.get()), n) != "little")
-        throw Error(ErrorCategory::checkpoint, where + ": written on a big-endian machine");
-    }
-    if (!reader.hasRecord("data.pkl"))
-      throw Error(ErrorCategory::checkpoint, where + ": no data.pkl in the archive");
-    auto [data, size] = reader.getRecord("data.pkl");
-    return Machine(reader, static_cast<const char*>(data.get()), size, where).run();
-  } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    throw Error(ErrorCategory::checkpoint,
-                where + ": not a file torch.save wrote (" + what.substr(0, what.find('\n')) + ")");
+c10::IValue unpickle(Archive& archive, const std::string& where) {
+  if (archive.has("byteorder")) {
+    auto [order, n] = archive.read("byteorder");
+    if (std::string(static_cast<const char*>(order.get()), n) != "little")
+      throw Error(ErrorCategory::checkpoint, where + ": written on a big-endian machine");
   }
+  if (!archive.has("data.pkl"))
+    throw Error(ErrorCategory::checkpoint, where + ": no data.pkl in the archive");
+  auto [data, size] = archive.read("data.pkl");
+  return Machine(archive, static_cast<const char*>(data.get()), size, where).run();
 }
 
 }  // namespace ampkit::checkpoint_files

@@ -58,6 +58,8 @@ struct PyTorchStart {
   std::vector<std::pair<std::string, at::Tensor>> model;
   std::optional<c10::IValue> optimizer;
   std::optional<GradScalerState> scaler;
+  // Other top-level entries of a {"model": ...} file (epoch, step, lr_scheduler...): not loaded.
+  std::vector<std::string> ignored;
 };
 PyTorchStart read_pytorch_file(const std::filesystem::path& file);
 

@@ -117,7 +117,10 @@ std::vector<HostOption> plugin_options() {
     const std::string help = capitalized(k.title) + " plugin: a name" +
                              (out.empty() ? " (see ampkit-plugins list) or a path to a .so." : " or a path.");
     const std::string kind = k.name;
-    out.push_back(text(k.flag, k.default_plugin, help,
+    // derive_defaults() picks the scaler fp16 needs.
+    const std::string help_kind =
+        kind == "scaler" ? help + " The default is dynamic for --precision fp16, none otherwise." : help;
+    out.push_back(text(k.flag, k.default_plugin, help_kind,
                        [kind](TrainConfig& cfg, const OptionValue& v) { cfg.plugins[kind] = v.text; }));
   }
   out.push_back(list("opt", "Plugin option KIND.OPTION=VALUE, e.g. scaler.scale=512 (repeatable).",
@@ -195,9 +198,9 @@ std::vector<HostOption> checkpoint_and_nan_options() {
               field(&TrainConfig::keep_checkpoints))
           .range(1, 1000000),
       text("resume", "",
-           "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; none: fresh "
-           "start) "
-           "| PATH of a step-N folder.",
+           "auto (the checkpoint named by latest in --checkpoint-dir, else the newest valid one; an empty "
+           "folder starts fresh, one whose checkpoints are all corrupt is an error) | none (start fresh) | "
+           "PATH of a step-N folder.",
            field(&TrainConfig::resume)),
       flag("weights-only",
            "With --resume: load only the parameters (another scaler/clipper/optimizer allowed); counters, "

@@ -220,6 +220,12 @@ void derive_defaults(TrainConfig& cfg) {
         "default (world size " + std::to_string(d.world_size) + " on " + cfg.device + ")"};
   }
   d.backend = cfg.plugins["comm"];
+  // fp16 needs a loss scale (its gradients underflow below 6e-8): fp16 defaults to the dynamic
+  // scaler, as torch.amp, Lightning's 16-mixed, Accelerate and DeepSpeed do; others need none.
+  if (cfg.precision == Precision::fp16 && setting(cfg, "scaler").source == "default") {
+    cfg.plugins["scaler"] = "dynamic";
+    setting(cfg, "scaler") = {"scaler", "dynamic", "default for fp16"};
+  }
   // A restarted job (torchrun, ampkit-launch --max-restarts) continues from its newest checkpoint.
   if (cfg.restart_count > 0 && cfg.resume.empty() && !cfg.checkpoint_dir.empty()) {
     cfg.resume = "auto";
@@ -275,8 +281,9 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
                                                   std::to_string(cfg.gpt_heads) + "), got " +
                                                   std::to_string(cfg.gpt_width));
   require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
-  require(!cfg.weights_only || !cfg.resume.empty(), "--weights-only needs --resume");
-  require(cfg.init_from.empty() || cfg.resume.empty() || cfg.resume == "auto",
+  require(!cfg.weights_only || (!cfg.resume.empty() && cfg.resume != "none"),
+          "--weights-only needs --resume");
+  require(cfg.init_from.empty() || cfg.resume.empty() || cfg.resume == "auto" || cfg.resume == "none",
           "--init-from and --resume PATH exclude each other (--resume auto with --init-from: resume if a "
           "checkpoint exists, else start from the file)");
 }

@@ -58,17 +58,42 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
   }
 }
 
-// The checkpoint --resume names: auto picks the newest valid one in --checkpoint-dir (none: a
-// fresh start, with a note); a path must be a step-N folder.
-std::optional<LoadedCheckpoint> checkpoint_to_resume(const TrainConfig& cfg) {
+// The checkpoint --resume names: auto picks the newest valid one in --checkpoint-dir, saying which
+// it skipped (`warnings`); an empty or absent folder is a fresh start, with a note, but a folder
+// whose checkpoints are all corrupt is an error: hours of training are never silently dropped
+// (--resume none starts fresh on purpose). A path must be a step-N folder.
+std::optional<LoadedCheckpoint> checkpoint_to_resume(const TrainConfig& cfg,
+                                                     std::vector<std::string>& warnings) {
+  if (cfg.resume == "none") return std::nullopt;
   if (cfg.resume == "auto") {
     std::vector<std::string> skipped;
     const auto folder = find_resume_checkpoint(cfg.checkpoint_dir, &skipped);
-    for (const auto& w : skipped) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
-    if (folder) return read_checkpoint(*folder);
-    std::fprintf(stderr, "ampkit-train: note: --resume auto: no valid checkpoint in %s; starting fresh\n",
-                 cfg.checkpoint_dir.c_str());
-    return std::nullopt;
+    if (folder) {
+      for (const auto& w : skipped) {
+        std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
+        warnings.push_back(w);
+      }
+      return read_checkpoint(*folder);
+    }
+    std::error_code ec;
+    const size_t found = std::filesystem::is_directory(cfg.checkpoint_dir, ec)
+                             ? list_checkpoints(cfg.checkpoint_dir).size()
+                             : 0;
+    if (skipped.empty() && found == 0) {
+      std::fprintf(stderr, "ampkit-train: note: --resume auto: no checkpoint in %s yet; starting fresh\n",
+                   cfg.checkpoint_dir.c_str());
+      return std::nullopt;
+    }
+    std::string newest = skipped.front();
+    if (found > 0) try {
+        read_checkpoint(list_checkpoints(cfg.checkpoint_dir).back().second);
+      } catch (const Error& e) {
+        newest = e.what();
+      }
+    throw Error(ErrorCategory::checkpoint,
+                "--resume auto: no usable checkpoint among the " + std::to_string(found) + " in " +
+                    cfg.checkpoint_dir + " (newest: " + newest +
+                    "); nothing was deleted: repair or move them, or pass --resume none to start fresh");
   }
   const std::filesystem::path given(cfg.resume);
   if (std::filesystem::exists(given / "latest") && !std::filesystem::exists(given / "manifest.json"))
@@ -102,9 +127,9 @@ void restore_run_state(RunParts& run, const LoadedCheckpoint& ckpt) {
 
 }  // namespace
 
-std::string resume(RunParts& run) {
+std::string resume(RunParts& run, std::vector<std::string>& warnings) {
   if (run.cfg.resume.empty()) return "";
-  const std::optional<LoadedCheckpoint> ckpt = checkpoint_to_resume(run.cfg);
+  const std::optional<LoadedCheckpoint> ckpt = checkpoint_to_resume(run.cfg, warnings);
   if (!ckpt) return "";
   if (!run.cfg.weights_only) check_resumable(*ckpt, run.cfg, run.strategies);
   restore_tensors(*ckpt, model_tensors(run.model));
@@ -145,7 +170,10 @@ void CheckpointKeeper::save() {
   last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.model), run_.optimizer,
                            run_.cfg.keep_checkpoints, pytorch_checkpoint_files(run_), &warnings)
               .string();
-  for (const auto& w : warnings) std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
+  for (const auto& w : warnings) {
+    std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
+    warnings_.push_back(w);
+  }
   last_saved_ = t.steps_attempted();
 }
 

@@ -20,8 +20,8 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(const ModelView& m
 // Loads the checkpoint --resume names (or, for auto, the newest valid one) into the run: the model
 // always; without --weights-only also the optimizer, plugin states, counters, host state and RNG,
 // after checking that the same plugins and optimizer are selected. Returns the folder resumed
-// from, or "" for a fresh start.
-std::string resume(RunParts& run);
+// from, or "" for a fresh start; the corrupt checkpoints auto skipped go into `warnings`.
+std::string resume(RunParts& run, std::vector<std::string>& warnings);
 
 // Writes checkpoints: periodically, at the end, and on demand (a rollback's first target).
 class CheckpointKeeper {
@@ -35,6 +35,8 @@ class CheckpointKeeper {
   // good ones), unless the last step was just saved.
   void at_end();
   const std::string& last() const { return last_; }
+  // What writing said (a checkpoint left undeleted, a corrupt one deleted), for the summary.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
   RunParts& run_;
@@ -42,6 +44,7 @@ class CheckpointKeeper {
   int64_t steps_per_epoch_;
   int64_t last_saved_;
   std::string last_;
+  std::vector<std::string> warnings_;
 };
 
 // Keeps what a rollback returns to: an in-memory snapshot every snapshot_every taken steps, or

@@ -85,6 +85,13 @@ void init_from_pytorch(RunParts& run) {
   if (start.scaler) load_scaler(run, *start.scaler, where + " ['scaler']");
   std::fprintf(stderr, "ampkit-train: initialised from %s (model%s%s)\n", run.cfg.init_from.c_str(),
                start.optimizer ? ", optimizer" : "", start.scaler ? ", scaler" : "");
+  if (!start.ignored.empty()) {
+    std::string names;
+    for (const auto& n : start.ignored) names += (names.empty() ? "" : ", ") + n;
+    std::fprintf(stderr,
+                 "ampkit-train: note: %s: not loaded: %s (ampkit-train loads model, optimizer and scaler)\n",
+                 where.c_str(), names.c_str());
+  }
 }
 
 }  // namespace ampkit::train

@@ -51,7 +51,11 @@ nlohmann::json Session::summary(double train_seconds) const {
   s["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count();
   s["param_sha256"] = parameter_sha256(params_);
   if (strategies_->comm().world_size() > 1) add_rank_summaries(strategies_->comm(), device_, s);
+  // After the gather: the report that located a fault leads, whichever rank wrote it.
+  order_nan_reports(s["nan_reports"]);
+  s["located_by"] = first_fault_located_by(s["nan_reports"]);
   s["warnings"] = warnings_;
+  for (const auto& w : checkpoints_->warnings()) s["warnings"].push_back(w);
   if (s["final_loss"].is_number_float() && !std::isfinite(s["final_loss"].get<double>()))
     s["final_loss"] = "nan";
   return s;

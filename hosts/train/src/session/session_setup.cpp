@@ -268,7 +268,7 @@ int Session::run() {
   rendezvous();     // 3
   build_trainer();  // 4
   const bool writes_checkpoints = !cfg_.checkpoint_dir.empty() && strategies_->comm().rank() == 0;
-  resumed_from_ = resume(*parts_);  // 5
+  resumed_from_ = resume(*parts_, warnings_);  // 5
   if (cfg_.restart_count > 0 && cfg_.checkpoint_dir.empty() && is_root_)
     std::fprintf(stderr,
                  "ampkit-train: warning: restart %d of the job without --checkpoint-dir: training starts "

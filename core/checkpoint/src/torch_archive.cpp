@@ -1,0 +1,103 @@
+// Opening torch.save archives: regular files without blocking, or bytes in memory; each record
+// read within the archive's own size.
+#include "torch_archive.h"
+
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ampkit/error.h"
+#include "torch_unpickler.h"
+
+namespace ampkit::checkpoint_files {
+
+// The archive's bytes, from an open regular file (pread) or from memory.
+class Source : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  Source(int fd, size_t size) : fd_(fd), size_(size) {}
+  Source(const char* data, size_t size) : data_(data), size_(size) {}
+  ~Source() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= size_) return 0;
+    n = std::min<uint64_t>(n, size_ - pos);
+    if (data_ != nullptr) {
+      std::memcpy(buf, data_ + pos, n);
+      return n;
+    }
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got =
+          ::pread(fd_, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(pos + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+
+ private:
+  int fd_ = -1;
+  const char* data_ = nullptr;
+  size_t size_;
+};
+
+Archive::Archive(std::shared_ptr<Source> source, std::string where)
+    : budget_(source->size()), reader_(source), where_(std::move(where)) {}
+
+std::tuple<at::DataPtr, size_t> Archive::read(const std::string& name) {
+  const size_t declared = reader_.getRecordSize(name);
+  if (declared > budget_)
+    throw Error(ErrorCategory::checkpoint, where_ + ": not a weights-only torch.save file (record " + name +
+                                               " declares " + std::to_string(declared) +
+                                               " bytes, more than the file holds)");
+  budget_ -= declared;
+  return reader_.getRecord(name);
+}
+
+namespace {
+
+c10::IValue load(std::shared_ptr<Source> source, const std::string& where) {
+  try {
+    Archive archive(std::move(source), where);
+    return unpickle(archive, where);
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    throw Error(ErrorCategory::checkpoint,
+                where + ": not a file torch.save wrote (" + what.substr(0, what.find('\n')) + ")");
+  } catch (const std::exception& e) {  // the reader's own parsing (a version record stoull rejects)
+    throw Error(ErrorCategory::checkpoint, where + ": not a file torch.save wrote (" + e.what() + ")");
+  }
+}
+
+}  // namespace
+
+c10::IValue load_torch_file(const std::filesystem::path& file, const std::string& where) {
+  // Regular files only, opened without blocking: a FIFO would block open() and read(), a device
+  // such as /dev/zero never ends.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    throw Error(ErrorCategory::checkpoint,
+                where + ": cannot open " + file.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(ErrorCategory::checkpoint, where + ": " + file.string() + " is not a regular file");
+  }
+  return load(std::make_shared<Source>(fd, static_cast<size_t>(st.st_size)), where);
+}
+
+c10::IValue load_torch_bytes(const void* data, size_t size, const std::string& where) {
+  return load(std::make_shared<Source>(static_cast<const char*>(data), size), where);
+}
+
+}  // namespace ampkit::checkpoint_files

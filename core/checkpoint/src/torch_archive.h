@@ -1,0 +1,39 @@
+// A torch.save zip archive read within its own bytes: regular files only, and no record read
+// beyond what the archive holds.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Allocator.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <tuple>
+
+namespace ampkit::checkpoint_files {
+
+class Source;
+
+// Records are read only after their declared (uncompressed) size fits what is left of the budget:
+// the archive's size. Together they may not declare more bytes than the archive has, so a
+// compressed record cannot inflate past what its file backs (torch.save stores records
+// uncompressed). Error(checkpoint) naming `where` otherwise.
+class Archive {
+ public:
+  Archive(std::shared_ptr<Source> source, std::string where);
+  bool has(const std::string& name) { return reader_.hasRecord(name); }
+  size_t declared_size(const std::string& name) { return reader_.getRecordSize(name); }
+  std::tuple<at::DataPtr, size_t> read(const std::string& name);
+
+ private:
+  size_t budget_;
+  caffe2::serialize::PyTorchStreamReader reader_;
+  std::string where_;
+};
+
+// The archive's object (torch_unpickler.cpp).
+c10::IValue unpickle(Archive& archive, const std::string& where);
+
+}  // namespace ampkit::checkpoint_files
