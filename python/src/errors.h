@@ -1,6 +1,7 @@
 // How a C++ failure reaches Python: its category, kept for the Python layer, and its message.
 #pragma once
 
+#include <ampkit/strategy.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -11,10 +12,9 @@
 
 namespace ampkit::python {
 
-// A NaN policy's abort decision, or a scaler that refused to go on: the run must stop.
-struct TrainingAborted : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// A NaN policy's abort decision, or a scaler that refused to go on: the run must stop (the SDK's
+// type, which strategies throw).
+using TrainingAborted = ampkit::TrainingAborted;
 
 // What the last failed call on this thread was; the Python layer reads it right after the
 // RuntimeError/ValueError torch raised to pick its own exception class (ampkit/_errors.py).

@@ -3,11 +3,13 @@
 #define BOOST_TEST_MODULE host
 #include <ampkit/device_support.h>
 #include <ampkit/version.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +34,9 @@ using ampkit::CpuCapabilities;
 using ampkit::Precision;
 using ampkit::test::Result;
 using ampkit::test::run;
+using ampkit::test::running;
+using ampkit::test::spawn;
+using ampkit::test::wait_exit_code;
 
 // ampkit-train's output without the note on a CPU that is slow in bf16 or fp16 (printed or not
 // depending on the machine; its own test checks it against the machine's flags).
@@ -527,6 +533,98 @@ BOOST_AUTO_TEST_CASE(fp16_defaults_to_the_dynamic_scaler_and_print_config_says_w
       BOOST_TEST(other.output.find("scaler                   " + scaler) != std::string::npos, other.output);
     }
   }
+}
+
+// Issue 33, items 2-4, 6, 15, 16: faults after construction used to end the host with exit 139 and
+// no word (save(), load(), a plugin's own thread, a static initializer only the host runs), hang
+// it forever (update(), decide(): --plugin-timeout covered construction only, by SIGALRM, which a
+// plugin could block), or give exit 1 or 5 for an exception. Every strategy call is now a plugin
+// call: one line naming the plugin and the call, exit 3, within --plugin-timeout + 30 s.
+BOOST_AUTO_TEST_CASE(plugin_faults_after_construction_name_the_plugin_and_exit_3) {
+  const std::string after = std::string(AMPKIT_TEST_BROKEN_DIR) + "/after/";
+  const auto scaler = [&](const std::string& name) {
+    return " --scaler " + after + name + "/libampkit-scaler-" + name + ".so";
+  };
+  TempDir tmp;
+  struct Case {
+    std::string args, message, steps = "3";  // threads crash after 0.3 s: a run that lasts
+  };
+  const std::vector<Case> cases = {
+      {scaler("save_segv") + " --checkpoint-dir " + (tmp.path / "save").string(),
+       "scaler 'save_segv' 0.1.0 (" + after +
+           "save_segv/libampkit-scaler-save_segv.so) crashed (SIGSEGV, "
+           "invalid memory access) in save(); the run stops"},
+      {scaler("update_throw"),
+       "scaler 'update_throw' 0.1.0 (" + after +
+           "update_throw/libampkit-scaler-update_throw.so) failed in update(): the faulty "
+           "scaler gave up"},
+      {scaler("update_throw_int"), "threw something that is not a std::exception in update()"},
+      // The probe child's "terminate called after throwing an instance of 'int'" stays out of the output.
+      {scaler("init_throw_int"),
+       "init_throw_int.so: threw something that is not a std::exception while being "
+       "loaded"},
+      {scaler("host_init_segv"),
+       "crashed (SIGSEGV, invalid memory access) in its static initializers (while being "
+       "loaded); the run stops"},
+      {" --plugin-timeout 2" + scaler("update_hang"), "did not return (time limit reached) in update()"},
+      {" --plugin-timeout 2 --nan-policy " + after + "decide_hang/libampkit-nan_policy-decide_hang.so",
+       "nan_policy 'decide_hang' 0.1.0 (" + after +
+           "decide_hang/libampkit-nan_policy-decide_hang.so) did not return (time limit reached) in "
+           "decide()"},
+      {scaler("thread_segv"),
+       "error: crashed (SIGSEGV, invalid memory access) outside any plugin call (in a plugin's own thread, "
+       "or "
+       "in ampkit itself); plugins loaded: scaler 'thread_segv' 0.1.0",
+       "1000000"},
+      {scaler("thread_exit"),
+       "error: exit() was called outside any plugin call (in a plugin's own thread, or in ampkit itself); "
+       "plugins loaded: scaler 'thread_exit' 0.1.0",
+       "1000000"},
+  };
+  for (const auto& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const Result r = run("timeout 120 " + synthetic + " --steps " + c.steps + c.args);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    BOOST_TEST_CONTEXT(c.args << " ->\n" << r.output) {
+      BOOST_TEST(r.code == 3);
+      BOOST_TEST(r.output.find(c.message) != std::string::npos);
+      BOOST_TEST(lines(r.output) == 1u);
+      BOOST_TEST(seconds < 32.0);
+    }
+  }
+  // load() crashes on resume, after a first run saved its state.
+  const std::string ckpt = " --checkpoint-dir " + (tmp.path / "load").string();
+  BOOST_REQUIRE(run(synthetic + " --steps 2" + scaler("load_segv") + ckpt).code == 0);
+  const Result load = run(synthetic + " --steps 4 --resume auto" + scaler("load_segv") + ckpt);
+  BOOST_TEST(load.code == 3, load.output);
+  BOOST_TEST(load.output.find("crashed (SIGSEGV, invalid memory access) in load(); the run stops") !=
+                 std::string::npos,
+             load.output);
+  BOOST_TEST(lines(load.output) == 1u, load.output);
+}
+
+// Issue 33, item 14: a second SIGTERM while a plugin call hangs used to end with exit 3 blaming the
+// plugin ("called _exit()"); the docs promise that a second signal exits 130 at once.
+BOOST_AUTO_TEST_CASE(a_second_signal_during_a_hanging_plugin_call_exits_130) {
+  TempDir tmp;
+  const std::string library =
+      std::string(AMPKIT_TEST_BROKEN_DIR) + "/after/update_hang/libampkit-scaler-update_hang.so";
+  std::vector<std::string> args = {train,        "--workload", "synthetic", "--threads", "1",
+                                   "--progress", "never",      "--steps",   "3",         "--plugin-timeout",
+                                   "600",        "--scaler",   library};
+  const pid_t pid = spawn(args, tmp.path / "log");
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // in update() of step 1 by now
+  BOOST_REQUIRE(running(pid));
+  ::kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGTERM);
+  const auto start = std::chrono::steady_clock::now();
+  const int code = wait_exit_code(pid);
+  BOOST_TEST(code == 130);
+  BOOST_TEST(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 5.0);
+  std::ifstream in(tmp.path / "log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BOOST_TEST(log.find("update_hang") == std::string::npos, log);
 }
 
 BOOST_AUTO_TEST_CASE(bf16_and_fp16_on_a_cpu_without_fast_matmuls_are_noted_once) {

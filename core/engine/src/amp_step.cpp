@@ -7,7 +7,6 @@
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
-#include "ampkit/plugin_call.h"
 
 namespace ampkit {
 
@@ -16,21 +15,15 @@ AmpStep::AmpStep(AmpStrategies strategies) : strategies_(strategies) {
     throw Error(ErrorCategory::internal, "AmpStep needs a scaler, a clipper and a NaN policy");
 }
 
+// Strategies from a StrategySet are guarded (guarded_strategies.h): each call below is a plugin
+// call, reported by name if it crashes, exits or hangs, and a plugin error if it throws.
 void AmpStep::start(const RunInfo& info) {
-  {
-    PluginCall call("scaler", "start()");
-    strategies_.scaler->start(info);
-  }
-  {
-    PluginCall call("clipper", "start()");
-    strategies_.clipper->start(info);
-  }
-  PluginCall call("nan_policy", "start()");
+  strategies_.scaler->start(info);
+  strategies_.clipper->start(info);
   strategies_.nan_policy->start(info);
 }
 
 double AmpStep::scale() const {
-  PluginCall call("scaler", "scale()");
   return strategies_.scaler->scale();
 }
 
@@ -61,10 +54,7 @@ void AmpStep::measure(const std::vector<at::Tensor>& grads, StepStats& stats, bo
 }
 
 NanAction AmpStep::decide(StepOutcome& out) const {
-  {
-    PluginCall call("nan_policy", "decide()");
-    out.decision = strategies_.nan_policy->decide(out.stats);
-  }
+  out.decision = strategies_.nan_policy->decide(out.stats);
   const NanAction said = out.decision.action;
   if ((said == NanAction::proceed || said == NanAction::clip) && out.stats.found_inf)
     out.decision = {NanAction::skip, std::string("non-finite gradients (the policy said ") + to_string(said) +
@@ -80,13 +70,10 @@ NanAction AmpStep::decide(StepOutcome& out) const {
 double AmpStep::unscale_and_clip(const std::vector<at::Tensor>& parameters,
                                  const std::vector<at::Tensor>& grads, StepOutcome& out, bool fold) {
   const StepStats& stats = out.stats;
-  ClipResult clip;
-  {
-    PluginCall call("clipper", "clip()");
-    clip = strategies_.clipper->clip(stats);
-  }
+  const ClipResult clip = strategies_.clipper->clip(stats);
   if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
-    throw Error(ErrorCategory::internal, "clipper returned coefficient " + std::to_string(clip.coefficient));
+    throw Error(ErrorCategory::plugin, "clipper returned clip coefficient " +
+                                           std::to_string(clip.coefficient) + "; it must be finite and > 0");
   out.clip_coefficient = std::min(clip.coefficient, 1.0);
   out.clip_threshold = clip.threshold;
   // A spike the NaN policy lets through clipped: its norm cap wins where it is tighter.
@@ -98,11 +85,7 @@ double AmpStep::unscale_and_clip(const std::vector<at::Tensor>& parameters,
     }
   }
   out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
-  bool elementwise = false;
-  {
-    PluginCall call("clipper", "clips_elementwise()");
-    elementwise = strategies_.clipper->clips_elementwise();
-  }
+  const bool elementwise = strategies_.clipper->clips_elementwise();
   const double factor = out.clip_coefficient / stats.scale;
   if (fold && !elementwise) return factor;  // the fused optimizer's grad_scale: no pass here
   scale_grads_(grads, factor);
@@ -112,26 +95,35 @@ double AmpStep::unscale_and_clip(const std::vector<at::Tensor>& parameters,
   std::vector<at::Tensor> weights;
   weights.reserve(parameters.size());
   for (const auto& p : parameters) weights.push_back(p.detach());
-  PluginCall call("clipper", "clip_unscaled_gradients()");
   out.clip_coefficient *= strategies_.clipper->clip_unscaled_gradients(weights, grads);
   out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
   return 1.0;
 }
 
+// A scaler stops the run on purpose with TrainingAborted (the dynamic scaler asked to back off at
+// its minimum scale), in backoff() or in update(); any other exception is a plugin error and
+// propagates.
 void AmpStep::back_off() {
-  PluginCall call("scaler", "backoff()");
-  strategies_.scaler->backoff();
+  try {
+    strategies_.scaler->backoff();
+  } catch (const TrainingAborted& e) {
+    aborted_in_backoff_ = e.what();
+  }
 }
 
 void AmpStep::update_scaler(StepOutcome& out, NanAction action) {
-  PluginCall call("scaler", "update()");
-  try {
-    strategies_.scaler->update(out.stats);
-  } catch (const std::exception& e) {
+  std::string aborted = std::move(aborted_in_backoff_);
+  aborted_in_backoff_.clear();
+  if (aborted.empty()) try {
+      strategies_.scaler->update(out.stats);
+    } catch (const TrainingAborted& e) {
+      aborted = e.what();
+    }
+  if (!aborted.empty()) {
     action = NanAction::abort;
     out.aborted_by_scaler = true;
     out.decision.reason =
-        (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + e.what();
+        (out.decision.reason.empty() ? "" : out.decision.reason + "; ") + "loss scaler: " + aborted;
   }
   out.scale_next = strategies_.scaler->scale();
   out.decision.action = action;

@@ -17,7 +17,6 @@
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
-#include "ampkit/plugin_call.h"
 
 namespace ampkit {
 
@@ -74,10 +73,7 @@ void Trainer::start(const RunInfo& extra) {
   info.accumulation_steps = accumulation_steps_;
   info.parameter_names = names_;
   info.cuda = !parameters_.empty() && parameters_.front().is_cuda();
-  {
-    PluginCall call("comm", "start()");
-    strategies_.comm->start(info);
-  }
+  strategies_.comm->start(info);
   amp_.start(info);
   started_ = true;
 }
@@ -148,7 +144,6 @@ double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, 
   const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
   if (reducer_ && data_parallel_.broadcast_buffers && !data_parallel_.buffers.empty()) {
     at::NoGradGuard no_grad;
-    PluginCall call("comm", "broadcast()");
     strategies_.comm->broadcast(data_parallel_.buffers, 0);
   }
   zero_grad();

@@ -2,13 +2,17 @@
 // handlers that report a crash, an exit() or a hang inside it.
 #include "ampkit/plugin_call.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "ampkit/kinds.h"
 
@@ -25,9 +29,18 @@ bool g_time_limits = true;
 // The handlers in place before ours (SIG_DFL in a program; Python's faulthandler, say, in an
 // interpreter): outside plugin code a fatal signal goes to them as if we were not here.
 struct sigaction g_previous[NSIG];
-unsigned g_timeout = 0;
+// The deadline of the active time-limited call (steady clock, ns; 0: none), watched by a thread.
+std::atomic<int64_t> g_deadline{0};
 volatile sig_atomic_t g_kind = -1;  // index into kKinds of the plugin being called, -1: none
 const char* volatile g_call = nullptr;
+pthread_t g_call_thread{};  // the thread that made the call: a fault on another is not the call's
+volatile sig_atomic_t g_run_in_progress = 0;  // set_run_in_progress()
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 int kind_index(const char* kind) {
   for (size_t i = 0; i < kKindCount; ++i)
@@ -69,8 +82,31 @@ const char* signal_text(int sig) {
   }
 }
 
+// "<program>: error: <what> outside any plugin call (a plugin's own thread, or ampkit itself);
+// plugins loaded: <each>; the run stops\n": while a run is in progress, a plugin's thread that
+// crashes or calls exit() is not in a plugin call, but is most likely the plugins' doing.
+void report_outside(const char* what) {
+  put(g_program);
+  put(": error: ");
+  put(what);
+  put(" outside any plugin call (in a plugin's own thread, or in ampkit itself); plugins loaded: ");
+  bool first = true;
+  for (size_t i = 0; i < kKindCount; ++i) {
+    if (g_names[i][0] == '\0') continue;
+    if (!first) put(", ");
+    put(g_names[i]);
+    first = false;
+  }
+  put("; the run stops\n");
+}
+
 extern "C" void on_fatal_signal(int sig) {
-  if (g_kind < 0) {  // not in plugin code: behave as if we were not here
+  const bool in_call = g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+  if (!in_call && g_run_in_progress) {
+    report_outside(signal_text(sig));
+    end_process(g_exit_code);
+  }
+  if (!in_call) {  // not in plugin code: behave as if we were not here
     ::sigaction(sig, &g_previous[sig], nullptr);
     ::raise(sig);
     return;
@@ -79,16 +115,22 @@ extern "C" void on_fatal_signal(int sig) {
   end_process(g_exit_code);
 }
 
-extern "C" void on_alarm(int) {
-  if (g_kind < 0) return;
-  report("did not return (time limit reached)");
-  end_process(g_exit_code);
+extern "C" void on_exit_call() {
+  report_exit_call();
 }
 
-extern "C" void on_exit_call() {
-  if (g_kind < 0) return;
-  report("called exit()");
-  end_process(g_exit_code);
+// A thread, not SIGALRM: a plugin that blocks or handles SIGALRM cannot defeat it, and every time
+// limited call is watched, not only the first. It wakes ten times a second; a call that has not
+// returned by its deadline is reported and the process ends.
+void watch_deadlines() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int64_t deadline = g_deadline.load(std::memory_order_acquire);
+    if (deadline != 0 && now_ns() > deadline && g_kind >= 0) {
+      report("did not return (time limit reached)");
+      end_process(g_exit_code);
+    }
+  }
 }
 
 }  // namespace
@@ -110,13 +152,20 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
   sa.sa_flags = SA_ONSTACK | SA_NODEFER;
   ::sigemptyset(&sa.sa_mask);
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, &g_previous[sig]);
-  if (time_limits) {
-    struct sigaction alarm {};
-    alarm.sa_handler = on_alarm;
-    ::sigemptyset(&alarm.sa_mask);
-    ::sigaction(SIGALRM, &alarm, nullptr);
-  }
+  if (time_limits) std::thread(watch_deadlines).detach();
   std::atexit(on_exit_call);
+}
+
+void report_exit_call() noexcept {
+  if (!g_installed) return;
+  const bool in_call = g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+  if (!in_call && g_run_in_progress) {
+    report_outside("exit() was called");
+    end_process(g_exit_code);
+  }
+  if (!in_call) return;
+  report("called exit()");
+  end_process(g_exit_code);
 }
 
 int report_plugin_exit(int status) noexcept {
@@ -129,6 +178,10 @@ void end_process(int status) noexcept {
   for (;;) ::syscall(SYS_exit_group, status);
 }
 
+void set_run_in_progress(bool in_progress) noexcept {
+  g_run_in_progress = in_progress ? 1 : 0;
+}
+
 void name_plugin(const std::string& kind, const std::string& description) {
   const int i = kind_index(kind.c_str());
   if (i >= 0) std::snprintf(g_names[i], kNameLength, "%s", description.c_str());
@@ -138,18 +191,17 @@ PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seco
     : previous_kind_(g_kind), previous_call_(g_call) {
   g_kind = kind_index(kind);
   g_call = call;
-  if (timeout_seconds > 0 && g_installed && g_time_limits && g_timeout == 0) {
-    g_timeout = timeout_seconds;
-    ::alarm(timeout_seconds);
+  g_call_thread = pthread_self();
+  if (timeout_seconds > 0 && g_installed && g_time_limits &&
+      g_deadline.load(std::memory_order_relaxed) == 0) {
+    g_deadline.store(now_ns() + static_cast<int64_t>(timeout_seconds) * 1000000000LL,
+                     std::memory_order_release);
     armed_ = true;
   }
 }
 
 PluginCall::~PluginCall() {
-  if (armed_) {
-    ::alarm(0);
-    g_timeout = 0;
-  }
+  if (armed_) g_deadline.store(0, std::memory_order_release);
   g_kind = previous_kind_;
   g_call = previous_call_;
 }

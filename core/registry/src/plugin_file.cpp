@@ -210,17 +210,18 @@ std::map<std::string, std::string> layout_lines(const std::string& record) {
 void check_layout(const PluginInfo& info) {
   const std::string file = "plugin file " + info.path.string();
   if (info.layout.empty())
-    throw Error(ErrorCategory::plugin, file + " has no '" AMPKIT_PLUGIN_LAYOUT_SECTION
-                                              "' layout record; it was not built with AMPKIT_PLUGIN of this SDK");
+    throw Error(ErrorCategory::plugin,
+                file + " has no '" AMPKIT_PLUGIN_LAYOUT_SECTION
+                       "' layout record; it was not built with AMPKIT_PLUGIN of this SDK");
   const auto theirs = layout_lines(info.layout);
   for (const auto& [type, line] : layout_lines(host_layout(info.kind))) {
     const auto it = theirs.find(type);
     if (it == theirs.end() || it->second != line)
-      throw Error(ErrorCategory::plugin,
-                  file + " was built with another layout of " + type + " (plugin: '" +
-                      (it == theirs.end() ? "absent" : it->second) + "', host: '" + line +
-                      "') under the same ABI " + std::to_string(AMPKIT_ABI_VERSION) +
-                      "; rebuild the plugin against this ampkit SDK");
+      throw Error(ErrorCategory::plugin, file + " was built with another layout of " + type + " (plugin: '" +
+                                             (it == theirs.end() ? "absent" : it->second) + "', host: '" +
+                                             line + "') under the same ABI " +
+                                             std::to_string(AMPKIT_ABI_VERSION) +
+                                             "; rebuild the plugin against this ampkit SDK");
   }
 }
 

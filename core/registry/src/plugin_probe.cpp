@@ -1,5 +1,6 @@
 // Probing plugins in a child process: a plugin that crashes, hangs or throws while it loads (or
 // while its strategy is created) is reported with a clear line, and the host lives on.
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -29,13 +30,20 @@ namespace {
   // The child inherits the host's signal handlers and mask (a crash reporter, Boost.Test's
   // execution monitor). A crash while loading must kill the child, so the parent sees it.
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) ::signal(sig, SIG_DFL);
+  // What the plugin's code prints here ("terminate called after throwing ...", a what(): line)
+  // would come before the host's one-line verdict: the verdict says what happened.
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null >= 0) {
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(null, STDERR_FILENO);
+  }
   sigset_t all;
   ::sigfillset(&all);
   ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
   for (const PluginInfo* info : infos) {
     std::string message;
     try {
-      const ampkit_plugin_descriptor* d = detail::load_descriptor(*info);
+      const ampkit_plugin_descriptor* d = detail::load_descriptor(*info, /*report_faults=*/false);
       if (create) {
         (void)!::write(out_fd, "L", 1);  // loaded; what follows is the plugin's own code
         OptionInputs defaults;
@@ -50,7 +58,8 @@ namespace {
     } catch (const std::exception& e) {
       message = e.what();
     } catch (...) {
-      message = "plugin file " + info->path.string() + ": unknown exception";
+      message = "plugin file " + info->path.string() + ": threw something that is not a std::exception " +
+                (create ? "while loading or creating it" : "while being loaded");
     }
     if (!message.empty()) {
       message.insert(0, "!");
@@ -101,15 +110,16 @@ ProbeResult probe_verdict(const std::vector<const PluginInfo*>& infos, const std
   const std::string path = infos[std::min(passed, infos.size() - 1)]->path.string();
   ProbeResult result;
   if (timed_out) {
-    result.message = "plugin file " + path + (creating ? " hung while creating its strategy" : " hung while loading") +
-                     " (killed after " +
-                     std::to_string(static_cast<int>(timeout_seconds)) + " s)";
+    result.message = "plugin file " + path +
+                     (creating ? " hung while creating its strategy" : " hung while loading") +
+                     " (killed after " + std::to_string(static_cast<int>(timeout_seconds)) + " s)";
   } else if (WIFSIGNALED(status)) {
     result.crashed = true;
-    result.message = "plugin file " + path + (creating ? " crashed while creating its strategy (signal "
-                                                       : " crashed while loading (signal ") +
-                     std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
-                     (creating ? "), in its factory or constructor" : "), probably in a static initializer");
+    result.message =
+        "plugin file " + path +
+        (creating ? " crashed while creating its strategy (signal " : " crashed while loading (signal ") +
+        std::to_string(WTERMSIG(status)) + ", " + strsignal(WTERMSIG(status)) +
+        (creating ? "), in its factory or constructor" : "), probably in a static initializer");
   } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && passed == infos.size()) {
     result.ok = true;
   } else {
@@ -117,7 +127,7 @@ ProbeResult probe_verdict(const std::vector<const PluginInfo*>& infos, const std
     result.message = !error.empty() ? error
                      : creating     ? "plugin file " + path + " ended the process (exit " + code +
                                       ") while creating its strategy: it calls exit()"
-                                    : "plugin file " + path + " failed to load (exit " + code + ")";
+                                : "plugin file " + path + " failed to load (exit " + code + ")";
   }
   return result;
 }

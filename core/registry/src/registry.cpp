@@ -14,6 +14,7 @@
 #include <cstring>
 #include <set>
 
+#include "ampkit/plugin_call.h"
 #include "ampkit/plugin_options.h"
 #include "registry_internal.h"
 
@@ -66,7 +67,8 @@ void validate_descriptor(const PluginInfo& info, const ampkit_plugin_descriptor*
   for (uint32_t i = 0; i < d->option_count; ++i)
     if (d->options[i].name == nullptr || d->options[i].help == nullptr || d->options[i].name[0] == '\0' ||
         d->options[i].help[0] == '\0')
-      throw Error(ErrorCategory::plugin, file + ": option " + std::to_string(i) + " has no name or an empty help text");
+      throw Error(ErrorCategory::plugin,
+                  file + ": option " + std::to_string(i) + " has no name or an empty help text");
 }
 
 PluginInfo static_info(const ampkit_plugin_descriptor* d) {
@@ -94,7 +96,13 @@ std::string describe(const PluginInfo& p) {
 namespace detail {
 
 // Loads the library (kept for the life of the process) and checks its descriptor.
-const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info) {
+const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info, bool report_faults) {
+  // Its static initializers and its entry run here, in this process: one that crashes or exits
+  // only here (not in the probe's child) is reported naming the plugin (plugin_call.h).
+  if (report_faults)
+    name_plugin(info.kind,
+                info.kind + " '" + info.name + "' " + info.version + " (" + info.path.string() + ")");
+  PluginCall call(report_faults ? info.kind.c_str() : "", "its static initializers (while being loaded)");
   boost::dll::shared_library lib;
   try {
     lib.load(info.load_from.empty() ? info.path : info.load_from,
@@ -277,7 +285,8 @@ std::string load_key(const PluginInfo& info) {
 PluginInfo Registry::pin(const PluginInfo& info) {
   const int fd = ::open(info.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() + " cannot be opened: " + std::strerror(errno));
+    throw Error(ErrorCategory::plugin,
+                "plugin file " + info.path.string() + " cannot be opened: " + std::strerror(errno));
   // A file refused below is closed again; one fit to load stays open (pinned_fds_) until loaded.
   struct CloseUnlessKept {
     int fd;
@@ -291,8 +300,8 @@ PluginInfo Registry::pin(const PluginInfo& info) {
   PluginInfo now = inspect_plugin_file(opened);
   if (now.entry != info.entry || now.kind != info.kind || now.name != info.name)
     throw Error(ErrorCategory::plugin, "plugin file " + info.path.string() +
-                                           " changed between inspection and loading (it now holds " + now.kind +
-                                           " '" + now.name + "'); refusing it");
+                                           " changed between inspection and loading (it now holds " +
+                                           now.kind + " '" + now.name + "'); refusing it");
   now.path = info.path;
   now.load_from = opened;
   check_compatible(now);
@@ -326,7 +335,8 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
   try {
     for (const auto& info : infos) {
       if (info.is_static || loaded_.count(load_key(info))) continue;
-      if (std::none_of(pinned.begin(), pinned.end(), [&](const PluginInfo& p) { return p.path == info.path; }))
+      if (std::none_of(pinned.begin(), pinned.end(),
+                       [&](const PluginInfo& p) { return p.path == info.path; }))
         pinned.push_back(pin(info));
     }
     for (const auto& info : pinned) to_probe.push_back(&info);
@@ -356,7 +366,8 @@ std::vector<const LoadedPlugin*> Registry::load_pinned(const std::vector<PluginI
         validate_descriptor(info, descriptor);
         it = loaded_.emplace(key, std::make_unique<LoadedPlugin>(info, descriptor)).first;
       } else {
-        const auto p = std::find_if(pinned.begin(), pinned.end(), [&](const PluginInfo& x) { return x.path == info.path; });
+        const auto p = std::find_if(pinned.begin(), pinned.end(),
+                                    [&](const PluginInfo& x) { return x.path == info.path; });
         descriptor = detail::load_descriptor(*p);
         it = loaded_.emplace(key, std::make_unique<LoadedPlugin>(*p, descriptor)).first;
       }

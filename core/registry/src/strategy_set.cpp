@@ -3,6 +3,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/plugin_call.h"
+#include "guarded_strategies.h"
 
 namespace ampkit {
 
@@ -27,8 +28,9 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
     s.plugin = loaded[i];
     s.options = resolve_options(s.plugin->descriptor(), chosen[i].options);
     const PluginInfo& info = s.plugin->info();
-    name_plugin(s.kind, s.kind + " '" + info.name + "' " + info.version + " (" +
-                            (info.is_static ? std::string("linked into this program") : info.path.string()) + ")");
+    s.description = s.kind + " '" + info.name + "' " + info.version + " (" +
+                    (info.is_static ? std::string("linked into this program") : info.path.string()) + ")";
+    name_plugin(s.kind, s.description);
     set->selected_.push_back(std::move(s));
   }
   return set;
@@ -36,8 +38,12 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
 
 void StrategySet::create(unsigned timeout_seconds) {
   for (auto& s : selected_) {
-    PluginCall call(s.kind.c_str(), "its constructor", timeout_seconds);
-    s.strategy = s.plugin->create(s.options.values);
+    std::unique_ptr<Strategy> created;
+    {
+      PluginCall call(s.kind.c_str(), "its constructor", timeout_seconds);
+      created = s.plugin->create(s.options.values);
+    }
+    s.strategy = guard_strategy(s.kind, std::move(created), s.description, timeout_seconds);
   }
 }
 

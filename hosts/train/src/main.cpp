@@ -2,6 +2,7 @@
 // Parse -> run the session -> map the outcome to an exit code (docs/configuration.md, "Exit
 // codes"); this is the only place that catches errors. The run itself is session/.
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <cstdio>
@@ -62,6 +63,14 @@ int run(int argc, const char* const argv[]) {
 // the run with its own status and not a word. These definitions are exported from the
 // executable (-Wl,--export-dynamic-symbol, hosts/train/CMakeLists.txt), so a plugin's call binds
 // to them before libc's: inside a plugin call they report it and exit 3; otherwise they are libc's.
+// exit() too: a plugin's thread that calls it is reported before any atexit hook or static
+// destructor runs under the threads still training; anyone else's exit() is libc's.
+extern "C" [[noreturn]] void exit(int status) noexcept {
+  ampkit::report_exit_call();
+  static const auto libc_exit = reinterpret_cast<void (*)(int)>(::dlsym(RTLD_NEXT, "exit"));
+  libc_exit(status);
+  __builtin_unreachable();
+}
 extern "C" [[noreturn]] void _exit(int status) {
   ampkit::end_process(ampkit::report_plugin_exit(status));
 }

@@ -128,7 +128,7 @@ class DynamicLossScaler final : public ampkit::LossScaler {
   // already there means even scale min_scale overflows, which scaling cannot fix.
   void back_off() {
     if (scale_ <= min_scale_ && error_at_min_) {
-      throw std::runtime_error(
+      throw ampkit::TrainingAborted(
           "scaler 'dynamic': gradients overflow at the minimum loss scale " + format_number(min_scale_) +
           " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
           "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");

@@ -162,7 +162,7 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
   // min_scale means even the smallest allowed scale overflows.
   void back_off() {
     if (scale_ <= min_scale_ && error_at_min_)
-      throw std::runtime_error(
+      throw ampkit::TrainingAborted(
           "scaler 'predictive': gradients overflow at the minimum loss scale " + format_number(min_scale_) +
           " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
           "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");

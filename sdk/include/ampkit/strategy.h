@@ -4,6 +4,8 @@
 #include <ampkit/state.h>
 #include <ampkit/step.h>
 
+#include <stdexcept>
+
 #if defined(__GNUC__)
 #define AMPKIT_INTERFACE __attribute__((visibility("default")))
 #else
@@ -11,6 +13,15 @@
 #endif
 
 namespace ampkit {
+
+// Thrown by a strategy to stop training on purpose: the run ends as aborted (ampkit-train exit 5,
+// "training aborted by <kind> '<name>'", the last good parameters checkpointed), as the dynamic
+// scaler does when gradients overflow at its minimum scale. Any other exception that leaves a
+// strategy call is a plugin error (exit 3) naming the plugin and the call.
+class AMPKIT_INTERFACE TrainingAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class AMPKIT_INTERFACE Strategy {
  public:

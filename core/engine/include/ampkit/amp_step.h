@@ -7,6 +7,7 @@
 #include <ampkit/nan_policy.h>
 #include <ampkit/step.h>
 
+#include <string>
 #include <vector>
 
 namespace ampkit {
@@ -34,8 +35,9 @@ struct AmpStrategies {
 // model: the scale (2), the statistics (4), the NaN policy's decision (5), unscale and clip in one
 // multiply or folded into a fused optimizer (6), the scaler's update (8). The caller runs forward,
 // backward and the gradients' averaging before, and its own optimizer between 6 and 8. Trainer is
-// built on it; so is the Python GradScaler (python/), whose optimizer is a Python one. Every
-// strategy call is made inside a PluginCall, so a fault there is reported by plugin name.
+// built on it; so is the Python GradScaler (python/), whose optimizer is a Python one. The
+// strategies of a StrategySet are guarded (core/registry/src/guarded_strategies.h): every call
+// into them is a plugin call, so a fault there is reported by plugin name.
 class AmpStep {
  public:
   // The strategies must outlive the step.
@@ -79,6 +81,7 @@ class AmpStep {
 
  private:
   AmpStrategies strategies_;
+  std::string aborted_in_backoff_;  // a backoff() that stopped the run: update_scaler() says so
 };
 
 // Where the statistics pass runs by default: the CPU fast path for fp32 CPU parameters, the

@@ -7,11 +7,16 @@
 //   * a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes one line naming the plugin,
 //     its file and the call, and ends the process with the host's exit code for plugin errors;
 //   * exit() called by the plugin is reported the same way (an atexit hook);
-//   * a call with a time limit that has not returned when it expires (SIGALRM) likewise.
-// Outside plugin calls the process keeps the default behaviour (a crash is a crash). The active
+//   * a call with a time limit that has not returned when it expires likewise (a watchdog thread
+//     checks ten times a second; a plugin that blocks SIGALRM cannot defeat it).
+// Outside plugin calls the process keeps the default behaviour (a crash is a crash), except while
+// a host says its run is in progress (set_run_in_progress): then a fatal signal or exit() outside
+// plugin calls (a plugin's own thread) is reported in one line naming the loaded plugins, with the
+// same exit code. The active
 // call costs two stores; the handlers use only async-signal-safe functions. _exit() runs no atexit
 // hook: a host that wants it reported defines its own _exit/_Exit, exported so that a plugin's
-// call binds to it, and asks report_plugin_exit() first (ampkit-train: hosts/train/src/main.cpp).
+// call binds to it, and asks report_plugin_exit() first (ampkit-train: hosts/train/src/main.cpp;
+// it does the same for exit(), with report_exit_call()).
 #pragma once
 
 #include <string>
@@ -20,9 +25,17 @@ namespace ampkit {
 
 // Installs the handlers (an alternate signal stack included); `program` starts the line
 // ("ampkit-train: error: ..."), `exit_code` ends the process. Idempotent. Outside plugin calls a
-// fatal signal goes to the handler that was there before. Without `time_limits` SIGALRM is left
-// alone and PluginCall arms no alarm (a host such as Python may use SIGALRM itself).
+// fatal signal goes to the handler that was there before. Without `time_limits` no watchdog
+// thread starts and PluginCall sets no deadline (an interpreter the user may pause in a debugger).
 void install_plugin_fault_reporter(const char* program, int exit_code, bool time_limits = true);
+// Between the strategies' creation and the run's end: a fatal signal or exit() outside plugin
+// calls is then reported (see above). Async-signal-safe.
+void set_run_in_progress(bool in_progress) noexcept;
+// exit() was called: when a plugin call is active on this thread, or (run in progress) outside
+// any, writes the line and ends the process; otherwise returns, and the caller exits as asked. An
+// atexit hook calls it; a host that wants it to come first (before other atexit hooks and static
+// destructors run while the run's threads still work) defines its own exit() that calls it.
+void report_exit_call() noexcept;
 // When a plugin call is active: writes "... called _exit() in <call>; the run stops" and returns
 // the host's exit code for plugin errors. Otherwise returns `status`. Async-signal-safe.
 int report_plugin_exit(int status) noexcept;

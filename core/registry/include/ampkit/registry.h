@@ -40,7 +40,8 @@ void check_compatible(const PluginInfo& info);
 std::string check_trusted(const std::filesystem::path& file, bool allow_untrusted);
 // The same for a file already open for loading: judges `opened` (/proc/self/fd/N: the open file
 // itself and its real folder), names `file` in messages.
-std::string check_trusted(const std::filesystem::path& file, const std::filesystem::path& opened, bool allow_untrusted);
+std::string check_trusted(const std::filesystem::path& file, const std::filesystem::path& opened,
+                          bool allow_untrusted);
 // Why the file would not be trusted, or "" (what check_trusted judges, without acting on it).
 std::string untrusted_reason(const std::filesystem::path& file);
 
@@ -64,7 +65,7 @@ struct RegistryOptions {
   bool use_environment = true;                     // AMPKIT_PLUGIN_PATH
   bool use_default_dirs = true;                    // <program>/../lib/ampkit/plugins, install prefix
   bool allow_untrusted = false;                    // --allow-untrusted-plugins
-  bool probe = true;  // load each plugin in a child process first, so a crash is reported
+  bool probe = true;                    // load each plugin in a child process first, so a crash is reported
   double probe_timeout_seconds = 30.0;  // a probe child that has not finished by then is killed
 };
 
@@ -105,7 +106,8 @@ class Registry {
                                                const std::vector<PluginInfo>& pinned);
   void release_unloaded(const std::vector<PluginInfo>& pinned);
   std::map<std::string, std::unique_ptr<LoadedPlugin>> loaded_;  // by path or static key
-  std::vector<int> pinned_fds_;  // of loaded plugins, kept open: the libraries stay loaded for the process's life
+  std::vector<int>
+      pinned_fds_;  // of loaded plugins, kept open: the libraries stay loaded for the process's life
   std::vector<std::string> warnings_;
 };
 

@@ -27,7 +27,10 @@ struct SelectedStrategy {
   std::string kind;
   const LoadedPlugin* plugin = nullptr;
   ResolvedOptions options;
+  // Every call into it is a plugin call (guarded_strategies.h): reported by name when it crashes,
+  // exits or hangs, a plugin error naming the call when it throws.
   std::unique_ptr<Strategy> strategy;
+  std::string description;  // "scaler 'dynamic' 0.1.0 (/x/libampkit-scaler-dynamic.so)"
 };
 
 // The four strategies of a run (loss scaler, gradient clipper, NaN policy, comm backend), loaded
@@ -46,6 +49,7 @@ class StrategySet {
   // Creates the strategies from the resolved options (the plugins' factories run here), each
   // inside a PluginCall (plugin_call.h) limited to `timeout_seconds`: a constructor that crashes,
   // calls exit() or does not return is reported by name where a host installed the reporter.
+  // Every later call into a scaler, clipper or NaN policy has the same limit.
   void create(unsigned timeout_seconds = 30);
 
   LossScaler& scaler() const;

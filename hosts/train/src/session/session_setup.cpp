@@ -24,6 +24,7 @@
 #include "ampkit/device_support.h"
 #include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
+#include "ampkit/plugin_call.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
@@ -263,6 +264,12 @@ int Session::run() {
   }
   validate(cfg_.dist, torch::cuda::is_available());
   strategies_->create(static_cast<unsigned>(cfg_.plugin_timeout));
+  // From here a crash or exit() in a plugin's own thread is reported too (plugin_call.h); the
+  // guard ends it however run() ends, so the host's own exit is never taken for a plugin's.
+  struct RunInProgress {
+    RunInProgress() { set_run_in_progress(true); }
+    ~RunInProgress() { set_run_in_progress(false); }
+  } in_progress;
   set_threads_and_device();  // 2
   build_workload();
   rendezvous();     // 3

@@ -7,6 +7,7 @@
 #include <csignal>
 
 #include "ampkit/exit_codes.h"
+#include "ampkit/plugin_call.h"
 
 namespace ampkit::train {
 
@@ -14,8 +15,10 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_in_rendezvous = 0;
 
+// A second signal ends the process at once with 130, even inside a plugin call that hangs:
+// end_process, not _exit, which ampkit-train interposes to report a plugin's own _exit().
 void on_stop_signal(int signal_number) {
-  if (g_stop_signal != 0 || g_in_rendezvous != 0) ::_exit(exit_status(ExitCode::interrupted));
+  if (g_stop_signal != 0 || g_in_rendezvous != 0) end_process(exit_status(ExitCode::interrupted));
   g_stop_signal = signal_number;
 }
 }  // namespace
@@ -37,7 +40,7 @@ void adopt_stop_signal(int signal_number) {
 }
 
 void set_in_rendezvous(bool waiting) {
-  if (waiting && g_stop_signal != 0) ::_exit(exit_status(ExitCode::interrupted));
+  if (waiting && g_stop_signal != 0) end_process(exit_status(ExitCode::interrupted));
   g_in_rendezvous = waiting ? 1 : 0;
 }
 
