@@ -9,8 +9,8 @@
 #     tracker continue (the scale doubles after 3 steps: tracker 7 of interval 10).
 #  3. Files that do not fit: one error line each, exit 6; a training script's extras (epoch, step,
 #     lr_scheduler) are named in a note and not loaded.
-#  4. Hostile files (issue 33), to --init-from and as a checkpoint's model.pt under a consistent
-#     manifest: deep nesting, memo PUTs, a version record past 64 bits, a zero-stride view, a
+#  4. Hostile files (issue 33), to --init-from and as a checkpoint's model.pt or optimizer.pt under
+#     a consistent manifest: deep nesting, memo PUTs, a version record past 64 bits, a zero-stride view, a
 #     compressed storage, a FIFO, /dev/zero: exit 6 and one line, each in under 5 s, and none
 #     allocates more than the file's bytes back (peak RSS within 150 MB of a run that fails at once).
 # Usage: test_pytorch_interop.sh BIN_DIR PYTHON SOURCE_DIR
@@ -170,20 +170,29 @@ for name, (_, expected) in files.items():
     check(f"--init-from {name}", train + ["--steps", "1", "--init-from", f"{d}/{name}.pt"], expected)
 
 # The same pickles as a checkpoint's model.pt, under a manifest that vouches for them.
-checkpoint_errors = {"memo": "does not hold a dict of tensors"}
-for name in ("deep_tuple", "deep_dict", "deep_dict_shallow", "memo", "zero_stride", "compressed"):
-    ck = f"{d}/hck_{name}"
-    shutil.copytree(f"{d}/hck", ck)
-    step = f"{ck}/step-2"
-    shutil.copy(f"{d}/{name}.pt", f"{step}/model.pt")
-    m = json.load(open(f"{step}/manifest.json"))
-    data = open(f"{step}/model.pt", "rb").read()
-    m["files"]["model.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    text = json.dumps(m, indent=1) + "\n"
-    open(f"{step}/manifest.json", "w").write(text)
-    open(f"{step}/manifest.sha256", "w").write(hashlib.sha256(text.encode()).hexdigest() + "  manifest.json\n")
-    check(f"--resume model.pt {name}", train + ["--steps", "3", "--resume", step],
-          checkpoint_errors.get(name, files[name][1]))
+# The same pickles as a checkpoint's model.pt or optimizer.pt (LibTorch's own reader reads that
+# one: it is scanned against the same bounds first), under a manifest that vouches for them.
+checkpoint_errors = {("model.pt", "memo"): "does not hold a dict of tensors",
+                     ("optimizer.pt", "memo"): "memo index",
+                     ("optimizer.pt", "deep_list"): "more than 262144 lists, dicts, tuples and objects",
+                     ("optimizer.pt", "compressed"): "its records declare more bytes than the file holds"}
+for target, names in (("model.pt", ("deep_tuple", "deep_dict", "deep_dict_shallow", "memo", "zero_stride",
+                                    "compressed")),
+                      ("optimizer.pt", ("deep_tuple", "deep_list", "deep_dict_shallow", "cycle", "memo",
+                                        "compressed"))):
+    for name in names:
+        ck = f"{d}/hck_{target}_{name}"
+        shutil.copytree(f"{d}/hck", ck)
+        step = f"{ck}/step-2"
+        shutil.copy(f"{d}/{name}.pt", f"{step}/{target}")
+        m = json.load(open(f"{step}/manifest.json"))
+        data = open(f"{step}/{target}", "rb").read()
+        m["files"][target] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        text = json.dumps(m, indent=1) + "\n"
+        open(f"{step}/manifest.json", "w").write(text)
+        open(f"{step}/manifest.sha256", "w").write(hashlib.sha256(text.encode()).hexdigest() + "  manifest.json\n")
+        check(f"--resume {target} {name}", train + ["--steps", "3", "--resume", step],
+              checkpoint_errors.get((target, name), files[name][1]))
 sys.exit(f"failed: {failures}" if failures else 0)
 PY
 echo "PASS"

@@ -10,6 +10,7 @@
 
 #include "ampkit/error.h"
 #include "checkpoint_files.h"
+#include "pickle_scan.h"
 #include "torch_unpickler.h"
 
 namespace ampkit {
@@ -79,6 +80,11 @@ void restore_tensors(const LoadedCheckpoint& checkpoint,
 }
 
 void restore_optimizer(const LoadedCheckpoint& checkpoint, torch::optim::Optimizer& optimizer) {
+  // LibTorch's reader builds its pickle recursively and sizes its memo by the file's indices: the
+  // archive is checked against our bounds first (a hostile file under a manifest that vouches for it).
+  check_torch_archive(
+      checkpoint.optimizer_bytes.data(), checkpoint.optimizer_bytes.size(),
+      "checkpoint " + checkpoint.folder.string() + ": " + (checkpoint.folder / kOptimizerFile).string());
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(checkpoint.optimizer_bytes.data(), checkpoint.optimizer_bytes.size());

@@ -96,6 +96,10 @@ c10::IValue load_torch_file(const std::filesystem::path& file, const std::string
   return load(std::make_shared<Source>(fd, static_cast<size_t>(st.st_size)), where);
 }
 
+std::shared_ptr<Source> source_in_memory(const void* data, size_t size) {
+  return std::make_shared<Source>(static_cast<const char*>(data), size);
+}
+
 c10::IValue load_torch_bytes(const void* data, size_t size, const std::string& where) {
   return load(std::make_shared<Source>(static_cast<const char*>(data), size), where);
 }

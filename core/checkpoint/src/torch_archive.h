@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace ampkit::checkpoint_files {
 
@@ -25,6 +26,7 @@ class Archive {
   Archive(std::shared_ptr<Source> source, std::string where);
   bool has(const std::string& name) { return reader_.hasRecord(name); }
   size_t declared_size(const std::string& name) { return reader_.getRecordSize(name); }
+  std::vector<std::string> records() { return reader_.getAllRecords(); }
   std::tuple<at::DataPtr, size_t> read(const std::string& name);
 
  private:
@@ -32,6 +34,9 @@ class Archive {
   caffe2::serialize::PyTorchStreamReader reader_;
   std::string where_;
 };
+
+// An archive in memory (the bytes must outlive the source).
+std::shared_ptr<Source> source_in_memory(const void* data, size_t size);
 
 // The archive's object (torch_unpickler.cpp).
 c10::IValue unpickle(Archive& archive, const std::string& where);

@@ -4,6 +4,11 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <c10/util/Logging.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +30,45 @@ namespace {
 std::string first_line(const std::string& text) {
   const auto end = text.find('\n');
   return end == std::string::npos ? text : text.substr(0, end);
+}
+
+// Whether something accepts TCP connections at host:port before `deadline`, trying every 100 ms.
+// c10d's own connect retries for two rounds of its timeout, growing with it (373 s against a
+// --dist-timeout of 300); this wait is the rendezvous's bound for a port nobody serves. An address
+// that does not resolve is left to c10d, whose message names it.
+bool listener_before(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr)
+    return true;
+  bool accepted = false;
+  while (!accepted && std::chrono::steady_clock::now() < deadline) {
+    for (const addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        accepted = true;
+      } else if (errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        int error = 0;
+        socklen_t length = sizeof error;
+        accepted = ::poll(&p, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 &&
+                   error == 0;
+      }
+      ::close(fd);
+    }
+    if (!accepted) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::freeaddrinfo(found);
+  return accepted;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
 }
 
 std::string heartbeat_key(int rank) {
@@ -106,6 +150,11 @@ c10::intrusive_ptr<c10d::Store> C10dCommBackend::make_store() {
   // timeout applies to every store call after it.
   options.timeout = options.isServer ? timeout() : timeout() / 2;
   try {
+    if (!options.isServer &&
+        !listener_before(config_.master_addr, config_.master_port, std::chrono::steady_clock::now() + timeout()))
+      throw std::runtime_error("nothing accepted a connection there within --dist-timeout " +
+                               seconds_text(config_.timeout_seconds) +
+                               " s (MASTER_ADDR and MASTER_PORT must name rank 0's store on every rank)");
     auto store = c10::make_intrusive<c10d::TCPStore>(config_.master_addr, options);
     store->setTimeout(timeout());
     if (!agent_store_) return store;

@@ -1,0 +1,308 @@
+// Checking an archive LibTorch's own reader will load (a checkpoint's optimizer.pt, read by
+// torch::serialize::InputArchive): its pickles are scanned, not built, against the bounds of
+// pickle_bounds.h, and its records against the archive's size, before LibTorch sees them.
+#include "pickle_scan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ampkit/error.h"
+#include "pickle_bounds.h"
+#include "torch_archive.h"
+
+namespace ampkit::checkpoint_files {
+
+namespace {
+
+[[noreturn]] void bad_archive(const std::string& where, const std::string& what) {
+  throw Error(ErrorCategory::checkpoint, where + ": not a file LibTorch wrote (" + what + ")");
+}
+
+// A value on the scanner's stack: how deep it nests and, for a container or an object, its entry
+// in `shapes` (-1: a leaf).
+struct Item {
+  uint32_t depth = 0;
+  int64_t shape = -1;
+};
+
+class Scanner {
+ public:
+  Scanner(const char* data, size_t size, std::string where)
+      : p_(reinterpret_cast<const uint8_t*>(data)), end_(p_ + size), where_(std::move(where)) {}
+
+  void run() {
+    for (;;) {
+      const uint8_t op = byte();
+      if (op == '.') return;
+      step(op);
+    }
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& what) const {
+    throw Error(ErrorCategory::checkpoint, where_ + ": not a file LibTorch wrote (" + what + ")");
+  }
+  uint8_t byte() {
+    if (p_ >= end_) bad("truncated pickle");
+    return *p_++;
+  }
+  uint64_t little(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) bad("truncated pickle");
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p_[i]) << (8 * i);
+    p_ += n;
+    return v;
+  }
+  void skip(uint64_t n) {
+    if (static_cast<uint64_t>(end_ - p_) < n) bad("truncated pickle");
+    p_ += n;
+  }
+  void line() {
+    while (byte() != '\n') {
+    }
+  }
+  Item pop() {
+    if (stack_.empty()) bad("stack underflow");
+    const Item v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  std::vector<Item> pop_to_mark() {
+    if (marks_.empty() || marks_.back() > stack_.size()) bad("MARK missing");
+    std::vector<Item> out(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back()), stack_.end());
+    stack_.resize(marks_.back());
+    marks_.pop_back();
+    return out;
+  }
+  Item& top() {
+    if (stack_.empty()) bad("stack underflow");
+    return stack_.back();
+  }
+  // A new container (or object) made of `items`, each now inside it.
+  Item make(const std::vector<Item>& items) {
+    if (++containers_ > kMaxContainers) bad("more than " + std::to_string(kMaxContainers) + " lists, dicts, tuples and objects");
+    uint32_t depth = 1;
+    for (const Item& i : items) depth = std::max(depth, seal(i) + 1);
+    if (depth > kMaxDepth) bad("nested deeper than " + std::to_string(kMaxDepth));
+    shapes_.push_back({depth, false});
+    return {depth, static_cast<int64_t>(shapes_.size()) - 1};
+  }
+  uint32_t seal(const Item& i) {
+    if (i.shape >= 0) shapes_[static_cast<size_t>(i.shape)].sealed = true;
+    return i.shape >= 0 ? shapes_[static_cast<size_t>(i.shape)].depth : i.depth;
+  }
+  // `child` goes into the container on top of the stack, below `below` more items.
+  void contain(Item& parent, const Item& child) {
+    if (parent.shape < 0) bad("an item added to something that is not a container");
+    if (child.shape == parent.shape) bad("a container inside itself");
+    Shape& s = shapes_[static_cast<size_t>(parent.shape)];
+    if (s.sealed) bad("a container changed after it was placed in another");
+    s.depth = std::max(s.depth, seal(child) + 1);
+    if (s.depth > kMaxDepth) bad("nested deeper than " + std::to_string(kMaxDepth));
+    parent.depth = s.depth;
+  }
+  void put(uint64_t index) {
+    if (stack_.empty()) bad("PUT on an empty stack");
+    // Pickles number memo slots 0, 1, 2, ...: LibTorch's reader sizes its memo by the index.
+    if (index > puts_ + 1024) bad("memo index " + std::to_string(index));
+    ++puts_;
+    memo_[index] = stack_.back();
+  }
+  void get(uint64_t index) {
+    const auto it = memo_.find(index);
+    if (it == memo_.end()) bad("GET of an unknown memo entry");
+    stack_.push_back(it->second);
+  }
+  void step(uint8_t op);
+
+  struct Shape {
+    uint32_t depth;
+    bool sealed;
+  };
+  const uint8_t* p_;
+  const uint8_t* end_;
+  std::string where_;
+  std::vector<Item> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Item> memo_;
+  std::vector<Shape> shapes_;
+  size_t containers_ = 0;
+  uint64_t puts_ = 0;
+};
+
+void Scanner::step(uint8_t op) {
+  switch (op) {
+    case 0x80:
+      byte();
+      return;  // PROTO
+    case 0x95:
+      little(8);
+      return;  // FRAME
+    case '(':
+      marks_.push_back(stack_.size());
+      return;  // MARK
+    case 'N':
+    case 0x88:
+    case 0x89:
+      stack_.push_back({});
+      return;
+    case 'K':
+      little(1);
+      stack_.push_back({});
+      return;
+    case 'M':
+      little(2);
+      stack_.push_back({});
+      return;
+    case 'J':
+      little(4);
+      stack_.push_back({});
+      return;
+    case 'G':
+      little(8);
+      stack_.push_back({});
+      return;
+    case 0x8a:
+      skip(byte());
+      stack_.push_back({});
+      return;  // LONG1
+    case 'X':
+      skip(little(4));
+      stack_.push_back({});
+      return;  // BINUNICODE
+    case 0x8c:
+      skip(little(1));
+      stack_.push_back({});
+      return;  // SHORT_BINUNICODE
+    case 0x8d:
+      skip(little(8));
+      stack_.push_back({});
+      return;  // BINUNICODE8
+    case 'B':
+      skip(little(4));
+      stack_.push_back({});
+      return;  // BINBYTES
+    case 'C':
+      skip(little(1));
+      stack_.push_back({});
+      return;  // SHORT_BINBYTES
+    case 'c':
+      line();
+      line();
+      stack_.push_back({});
+      return;  // GLOBAL
+    case 0x93:
+      pop();
+      pop();
+      stack_.push_back({});
+      return;  // STACK_GLOBAL
+    case '}':
+    case ']':
+    case ')':
+      stack_.push_back(make({}));
+      return;  // EMPTY_DICT/LIST/TUPLE
+    case 't':
+      stack_.push_back(make(pop_to_mark()));
+      return;  // TUPLE
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
+      std::vector<Item> items(op - 0x84);
+      for (size_t i = items.size(); i-- > 0;) items[i] = pop();
+      stack_.push_back(make(items));
+      return;
+    }
+    case 'a': {
+      const Item v = pop();
+      contain(top(), v);
+      return;
+    }            // APPEND
+    case 'e': {  // APPENDS
+      const std::vector<Item> items = pop_to_mark();
+      for (const Item& v : items) contain(top(), v);
+      return;
+    }
+    case 's': {
+      const Item v = pop(), k = pop();
+      contain(top(), k);
+      contain(top(), v);
+      return;
+    }
+    case 'u': {  // SETITEMS
+      const std::vector<Item> items = pop_to_mark();
+      for (const Item& v : items) contain(top(), v);
+      return;
+    }
+    case 'b': {
+      const Item state = pop();
+      contain(top(), state);
+      return;
+    }  // BUILD
+    case 'R':
+    case 0x81: {
+      const Item args = pop();
+      pop();
+      stack_.push_back(make({args}));
+      return;
+    }
+    case 'Q': {
+      const Item pid = pop();
+      stack_.push_back(make({pid}));
+      return;
+    }  // BINPERSID
+    case 'q':
+      put(little(1));
+      return;
+    case 'r':
+      put(little(4));
+      return;
+    case 0x94:
+      put(puts_);
+      return;  // MEMOIZE
+    case 'h':
+      get(little(1));
+      return;
+    case 'j':
+      get(little(4));
+      return;
+    case '0':
+      pop();
+      return;  // POP
+    case '2':
+      stack_.push_back(top());
+      return;  // DUP
+    default: {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", op);
+      bad(std::string("pickle opcode ") + hex + " not expected in a checkpoint");
+    }
+  }
+}
+
+}  // namespace
+
+void check_torch_archive(const void* data, size_t size, const std::string& where) {
+  try {
+    Archive archive(source_in_memory(data, size), where);
+    size_t declared = 0;
+    for (const std::string& name : archive.records()) {
+      declared += archive.declared_size(name);
+      if (declared > size) bad_archive(where, "its records declare more bytes than the file holds");
+      if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".pkl") == 0) {
+        auto [bytes, n] = archive.read(name);
+        Scanner(static_cast<const char*>(bytes.get()), n, where + " (" + name + ")").run();
+      }
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad_archive(where, e.what());
+  }
+}
+
+}  // namespace ampkit::checkpoint_files
