@@ -3,6 +3,7 @@
 #define BOOST_TEST_MODULE host
 #include <ampkit/device_support.h>
 #include <ampkit/version.h>
+#include <elf.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -305,6 +306,41 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
 
 // check flags a file whose name disagrees with what it holds; list marks a plugin built against
 // an edited StepStats (same ABI number) incompatible, in the table and in --json.
+// Issue 33, item 5: a plugin file whose GNU_RELRO range was raised past its LOAD segment passed
+// `ampkit-plugins check` as ok (the short-lived probe child survived the stray mprotect) and then
+// crashed the host. The program headers are checked before any load, alike for both.
+BOOST_AUTO_TEST_CASE(a_segment_outside_its_mapping_is_refused_by_check_and_by_the_host) {
+  TempDir tmp;
+  const fs::path file = tmp.path / "libampkit-scaler-relro.so";
+  fs::copy_file(fs::path(AMPKIT_TEST_PLUGIN_DIR) / "libampkit-scaler-static.so", file);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    Elf64_Ehdr eh{};
+    f.read(reinterpret_cast<char*>(&eh), sizeof eh);
+    bool patched = false;
+    for (int i = 0; i < eh.e_phnum; ++i) {
+      const auto at = static_cast<std::streamoff>(eh.e_phoff + static_cast<uint64_t>(i) * eh.e_phentsize);
+      Elf64_Phdr ph{};
+      f.seekg(at);
+      f.read(reinterpret_cast<char*>(&ph), sizeof ph);
+      if (ph.p_type != PT_GNU_RELRO) continue;
+      ph.p_memsz += 0x7c00;  // the reported file: 0x338 raised to 0x7f38
+      f.seekp(at);
+      f.write(reinterpret_cast<const char*>(&ph), sizeof ph);
+      patched = true;
+    }
+    BOOST_REQUIRE(patched);
+  }
+  const std::string why = "has an ELF GNU_RELRO segment that reaches outside its LOAD segment";
+  const Result check = run(plugins + " check --plugin-dir " + tmp.path.string());
+  BOOST_TEST(check.code != 0, check.output);
+  BOOST_TEST(check.output.find(file.string() + ": " + why) != std::string::npos, check.output);
+  const Result train_run = run(synthetic + " --steps 2 --scaler " + file.string());
+  BOOST_TEST(train_run.code == 3, train_run.output);
+  BOOST_TEST(train_run.output.find(why) != std::string::npos, train_run.output);
+  BOOST_TEST(lines(train_run.output) == 1u, train_run.output);
+}
+
 BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   TempDir tmp;
   fs::copy_file(fs::path(AMPKIT_TEST_BROKEN_DIR) / "wrong_kind" / "libampkit-scaler-wrong_kind.so",

@@ -40,6 +40,7 @@ class ElfFile {
     sections_.resize(eh.e_shnum);
     read_at(eh.e_shoff, sections_.data(), sizeof(Elf64_Shdr) * eh.e_shnum);
     names_ = content(sections_[eh.e_shstrndx], "section-name table", 1u << 20);
+    check_segments(eh);
   }
 
   // Index of the section called `wanted`, or 0 (SHN_UNDEF) when there is none.
@@ -83,6 +84,43 @@ class ElfFile {
     if (offset >= table.size()) return "";
     const char* start = table.data() + offset;
     return std::string(start, strnlen(start, table.size() - offset));
+  }
+
+  // The program headers the dynamic loader maps and protects, checked before it sees them: the
+  // probe's child and the host must load a file alike, and a segment that reaches past its
+  // mapping (a GNU_RELRO range larger than its LOAD segment makes mprotect hit what follows) can
+  // pass in a short-lived child and crash the host long after the load.
+  void check_segments(const Elf64_Ehdr& eh) {
+    if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phnum > 256)
+      fail(file_, "has a malformed ELF program header table");
+    std::vector<Elf64_Phdr> segments(eh.e_phnum);
+    read_at(eh.e_phoff, segments.data(), sizeof(Elf64_Phdr) * eh.e_phnum);
+    std::vector<const Elf64_Phdr*> loads;
+    for (const Elf64_Phdr& s : segments) {
+      if (s.p_type != PT_LOAD) continue;
+      if (s.p_filesz > s.p_memsz || s.p_offset > size_ || s.p_filesz > size_ - s.p_offset ||
+          s.p_memsz > (uint64_t{1} << 40) || (s.p_align > 1 && (s.p_align & (s.p_align - 1)) != 0) ||
+          (s.p_align > 1 && (s.p_vaddr - s.p_offset) % s.p_align != 0))
+        fail(file_, "has a malformed ELF LOAD segment (offset, sizes or alignment)");
+      if (!loads.empty() && s.p_vaddr < loads.back()->p_vaddr + loads.back()->p_memsz)
+        fail(file_, "has ELF LOAD segments that overlap or are out of order");
+      loads.push_back(&s);
+    }
+    if (loads.empty()) fail(file_, "has no ELF LOAD segment");
+    const auto inside_a_load = [&](const Elf64_Phdr& s) {
+      return std::any_of(loads.begin(), loads.end(), [&](const Elf64_Phdr* l) {
+        return s.p_vaddr >= l->p_vaddr && s.p_memsz <= l->p_memsz &&
+               s.p_vaddr - l->p_vaddr <= l->p_memsz - s.p_memsz;
+      });
+    };
+    for (const Elf64_Phdr& s : segments) {
+      // (TLS is not checked: its .tbss part lies beside its LOAD segment by design.)
+      const char* name = s.p_type == PT_GNU_RELRO ? "GNU_RELRO"
+                         : s.p_type == PT_DYNAMIC ? "DYNAMIC"
+                                                  : nullptr;
+      if (name != nullptr && !inside_a_load(s))
+        fail(file_, std::string("has an ELF ") + name + " segment that reaches outside its LOAD segment");
+    }
   }
 
   void read_at(uint64_t offset, void* out, uint64_t n) {
