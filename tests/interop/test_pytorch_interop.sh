@@ -12,7 +12,8 @@
 #  4. Hostile files (issue 33), to --init-from and as a checkpoint's model.pt or optimizer.pt under
 #     a consistent manifest: deep nesting, memo PUTs, a version record past 64 bits, a zero-stride view, a
 #     compressed storage, a FIFO, /dev/zero: exit 6 and one line, each in under 5 s, and none
-#     allocates more than the file's bytes back (peak RSS within 150 MB of a run that fails at once).
+#     allocates more than the file's bytes back (peak RSS within 150 MB of a run that fails at once;
+#     600 MB under AddressSanitizer).
 # Usage: test_pytorch_interop.sh BIN_DIR PYTHON SOURCE_DIR
 set -euo pipefail
 bin=$1 python=$2 src=$3
@@ -157,11 +158,13 @@ def peak_rss_mb(cmd):
     return os.waitstatus_to_exitcode(status), out.decode(), time.monotonic() - start, usage.ru_maxrss / 1024
 
 _, _, _, base = peak_rss_mb(train + ["--steps", "1", "--init-from", f"{d}/missing.pt"])
+# AddressSanitizer's redzones and quarantine inflate every allocation in the instrumented suite.
+slack = 600 if "ASAN_OPTIONS" in os.environ else 150
 failures = []
 def check(label, cmd, expected):
     code, out, secs, rss = peak_rss_mb(cmd)
     lines = out.strip().splitlines()
-    ok = code == 6 and len(lines) == 1 and expected in out and secs < 5 and rss - base < 150
+    ok = code == 6 and len(lines) == 1 and expected in out and secs < 5 and rss - base < slack
     print(f"  {label:32s} exit {code}  {secs:4.2f} s  +{rss - base:5.0f} MB  {lines[-1] if lines else ''}")
     if not ok:
         failures.append(label)
