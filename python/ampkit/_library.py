@@ -22,8 +22,7 @@ def _load() -> None:
 
 
 def plugin_folders(dirs) -> list:
-    """``plugin_dirs`` as paths, each checked to be a folder: ValueError naming the argument (the
-    registry's own message names ampkit-train's --plugin-dir)."""
+    """``plugin_dirs`` as paths, each checked to be a folder: ValueError naming the argument."""
     out = [os.fspath(d) for d in (dirs or [])]
     for d in out:
         if not os.path.isdir(d):

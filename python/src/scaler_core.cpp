@@ -47,6 +47,8 @@ RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allo
   RegistryOptions o;
   for (const auto& d : dirs) o.plugin_dirs.emplace_back(d);
   o.allow_untrusted = allow_untrusted;
+  o.plugin_dirs_name = "plugin_dirs folder";
+  o.allow_untrusted_name = "allow_untrusted_plugins=True";
   o.use_default_dirs = false;  // the Python package names its own plugin folder in `dirs`
   // The crash probe forks; a fork of a threaded process (Python with torch's thread pools) may
   // only run async-signal-safe code until exec, which dlopen and static initializers are not.

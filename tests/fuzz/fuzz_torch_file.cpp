@@ -18,6 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     file = ampkit::fuzz::write_file("file.pt", data, size);
   }
-  ampkit::fuzz::refuse_only_with_error([&] { (void)ampkit::read_pytorch_file(file); });
+  ampkit::fuzz::refuse_only_with_error(
+      [&] { (void)ampkit::read_pytorch_file(file, "--init-from " + file.string()); });
   return 0;
 }

@@ -27,6 +27,7 @@
 #include <regex>
 #include <set>
 
+#include "config/fault_spec.h"
 #include "config/option_table.h"
 #include "config/train_config.h"
 #include "session/nan_reports.h"
@@ -36,6 +37,8 @@
 
 namespace ampkit::test {
 namespace {
+
+using train::parse_fault;
 
 namespace fs = std::filesystem;
 

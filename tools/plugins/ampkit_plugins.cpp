@@ -26,7 +26,8 @@ const std::string kUsage =
     "\n";
 // What a usage error prints after its one error line: two lines in all (the fuzz-style CLI test,
 // tools/cli_fuzz.py, holds usage errors to at most three).
-const std::string kShortUsage = "usage: ampkit-plugins list|check [--json] | show NAME [--kind KIND] [--json] (--help for more)";
+const std::string kShortUsage =
+    "usage: ampkit-plugins list|check [--json] | show NAME [--kind KIND] [--json] (--help for more)";
 
 ordered_json info_json(const PluginInfo& p) {
   ordered_json j;
@@ -54,7 +55,8 @@ std::vector<std::string> clashes(const PluginInfo& p, const ScanResult& scan) {
   std::vector<std::string> out;
   if (p.is_static) return out;
   for (const auto& s : scan.plugins)
-    if (!s.is_static && s.kind == p.kind && s.name == p.name && s.path != p.path) out.push_back(s.path.string());
+    if (!s.is_static && s.kind == p.kind && s.name == p.name && s.path != p.path)
+      out.push_back(s.path.string());
   return out;
 }
 
@@ -177,7 +179,8 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
       "%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
       i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
       i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
-      i.compiler.c_str(), find_kind(i.kind) != nullptr ? find_kind(i.kind)->flag : i.kind.c_str(), i.name.c_str());
+      i.compiler.c_str(), find_kind(i.kind) != nullptr ? find_kind(i.kind)->flag : i.kind.c_str(),
+      i.name.c_str());
   std::printf("  options:  --opt %s.NAME=VALUE or environment %s\n%s", i.kind.c_str(),
               option_environment_name(i.kind, "NAME").c_str(),
               format_option_table(options.settings, false).c_str());
@@ -207,7 +210,7 @@ int check(const Registry& registry, bool json) {
       continue;
     }
     try {
-      check_trusted(p.path, registry.options().allow_untrusted);
+      check_trusted(p.path, registry.options().allow_untrusted, registry.options().allow_untrusted_name);
       check_compatible(p);
     } catch (const Error& e) {
       report(p.path.string(), what, false, false, e.what());
@@ -232,7 +235,9 @@ int check(const Registry& registry, bool json) {
   }
   for (const auto& [file, why] : scan.problems) report(file.string(), "(not a plugin)", false, false, why);
   if (json)
-    std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", ordered_json{{"results", results}, {"failures", failures}}
+                            .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                            .c_str());
   else
     std::printf("\n%zu checked, %d failed\n", results.size(), failures);
   return failures ? ampkit::exit_status(ExitCode::check_failed) : 0;
@@ -272,6 +277,8 @@ int run(int argc, char** argv) {
   if (vm.count("plugin-dir"))
     for (const auto& d : vm["plugin-dir"].as<std::vector<std::string>>()) ro.plugin_dirs.emplace_back(d);
   ro.allow_untrusted = vm["allow-untrusted-plugins"].as<bool>();
+  ro.plugin_dirs_name = "--plugin-dir";
+  ro.allow_untrusted_name = "--allow-untrusted-plugins";
   Registry registry(ro);
   const bool json = vm["json"].as<bool>();
   const std::string kind = vm["kind"].as<std::string>();

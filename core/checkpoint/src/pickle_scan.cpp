@@ -85,7 +85,8 @@ class Scanner {
   }
   // A new container (or object) made of `items`, each now inside it.
   Item make(const std::vector<Item>& items) {
-    if (++containers_ > kMaxContainers) bad("more than " + std::to_string(kMaxContainers) + " lists, dicts, tuples and objects");
+    if (++containers_ > kMaxContainers)
+      bad("more than " + std::to_string(kMaxContainers) + " lists, dicts, tuples and objects");
     uint32_t depth = 1;
     for (const Item& i : items) depth = std::max(depth, seal(i) + 1);
     if (depth > kMaxDepth) bad("nested deeper than " + std::to_string(kMaxDepth));
@@ -118,6 +119,8 @@ class Scanner {
     if (it == memo_.end()) bad("GET of an unknown memo entry");
     stack_.push_back(it->second);
   }
+  bool leaf(uint8_t op);
+  bool memo_or_stack(uint8_t op);
   void step(uint8_t op);
 
   struct Shape {
@@ -135,72 +138,111 @@ class Scanner {
   uint64_t puts_ = 0;
 };
 
-void Scanner::step(uint8_t op) {
+// Framing, marks, numbers, strings and globals. False: none of these.
+bool Scanner::leaf(uint8_t op) {
   switch (op) {
     case 0x80:
       byte();
-      return;  // PROTO
+      return true;  // PROTO
     case 0x95:
       little(8);
-      return;  // FRAME
+      return true;  // FRAME
     case '(':
       marks_.push_back(stack_.size());
-      return;  // MARK
+      return true;  // MARK
     case 'N':
     case 0x88:
     case 0x89:
       stack_.push_back({});
-      return;
+      return true;
     case 'K':
       little(1);
       stack_.push_back({});
-      return;
+      return true;
     case 'M':
       little(2);
       stack_.push_back({});
-      return;
+      return true;
     case 'J':
       little(4);
       stack_.push_back({});
-      return;
+      return true;
     case 'G':
       little(8);
       stack_.push_back({});
-      return;
+      return true;
     case 0x8a:
       skip(byte());
       stack_.push_back({});
-      return;  // LONG1
+      return true;  // LONG1
     case 'X':
       skip(little(4));
       stack_.push_back({});
-      return;  // BINUNICODE
+      return true;  // BINUNICODE
     case 0x8c:
       skip(little(1));
       stack_.push_back({});
-      return;  // SHORT_BINUNICODE
+      return true;  // SHORT_BINUNICODE
     case 0x8d:
       skip(little(8));
       stack_.push_back({});
-      return;  // BINUNICODE8
+      return true;  // BINUNICODE8
     case 'B':
       skip(little(4));
       stack_.push_back({});
-      return;  // BINBYTES
+      return true;  // BINBYTES
     case 'C':
       skip(little(1));
       stack_.push_back({});
-      return;  // SHORT_BINBYTES
+      return true;  // SHORT_BINBYTES
     case 'c':
       line();
       line();
       stack_.push_back({});
-      return;  // GLOBAL
+      return true;  // GLOBAL
     case 0x93:
       pop();
       pop();
       stack_.push_back({});
-      return;  // STACK_GLOBAL
+      return true;  // STACK_GLOBAL
+    default:
+      return false;
+  }
+}
+
+// The memo and the stack. False: neither.
+bool Scanner::memo_or_stack(uint8_t op) {
+  switch (op) {
+    case 'q':
+      put(little(1));
+      return true;
+    case 'r':
+      put(little(4));
+      return true;
+    case 0x94:
+      put(puts_);
+      return true;  // MEMOIZE
+    case 'h':
+      get(little(1));
+      return true;
+    case 'j':
+      get(little(4));
+      return true;
+    case '0':
+      pop();
+      return true;  // POP
+    case '2':
+      stack_.push_back(top());
+      return true;  // DUP
+    default:
+      return false;
+  }
+}
+
+// Containers and objects, after leaf() and memo_or_stack(); anything else is refused.
+void Scanner::step(uint8_t op) {
+  if (leaf(op) || memo_or_stack(op)) return;
+  switch (op) {
     case '}':
     case ']':
     case ')':
@@ -255,27 +297,6 @@ void Scanner::step(uint8_t op) {
       stack_.push_back(make({pid}));
       return;
     }  // BINPERSID
-    case 'q':
-      put(little(1));
-      return;
-    case 'r':
-      put(little(4));
-      return;
-    case 0x94:
-      put(puts_);
-      return;  // MEMOIZE
-    case 'h':
-      get(little(1));
-      return;
-    case 'j':
-      get(little(4));
-      return;
-    case '0':
-      pop();
-      return;  // POP
-    case '2':
-      stack_.push_back(top());
-      return;  // DUP
     default: {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", op);

@@ -326,8 +326,7 @@ std::vector<std::pair<std::string, at::Tensor>> tensors_of(const c10::IValue& di
 
 }  // namespace
 
-PyTorchStart read_pytorch_file(const std::filesystem::path& file) {
-  const std::string where = "--init-from " + file.string();
+PyTorchStart read_pytorch_file(const std::filesystem::path& file, const std::string& where) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) fail(where + ": not a readable file");
   const c10::IValue top = checkpoint_files::load_torch_file(file, where);

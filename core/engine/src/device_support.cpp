@@ -23,9 +23,8 @@ std::optional<std::pair<int, int>> cuda_compute_capability(int index) {
 
 std::string cuda_precision_problem(Precision precision, std::pair<int, int> capability) {
   if (precision != Precision::bf16 || capability.first >= 8) return "";
-  return "--precision bf16 needs a GPU of compute capability 8.0 (Ampere) or newer; this one is " +
-         std::to_string(capability.first) + "." + std::to_string(capability.second) +
-         ": use --precision fp16 with --scaler dynamic";
+  return "bf16 needs a GPU of compute capability 8.0 (Ampere) or newer; this one is " +
+         std::to_string(capability.first) + "." + std::to_string(capability.second);
 }
 
 CpuCapabilities cpu_capabilities() {
@@ -55,7 +54,7 @@ std::string cpu_precision_note(Precision precision, const CpuCapabilities& cpu) 
   return "note: this CPU" + (cpu.name.empty() ? std::string() : " (" + cpu.name + ")") + " has no " + needs +
          ", so LibTorch runs " + name +
          " matmuls without oneDNN, some over 100x slower than fp32: a step on CPU "
-         "usually takes several times as long as with --precision fp32 (docs/benchmarks.md)";
+         "usually takes several times as long as in fp32 (docs/benchmarks.md)";
 }
 
 }  // namespace ampkit

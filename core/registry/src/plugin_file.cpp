@@ -328,18 +328,19 @@ std::string untrusted_reason(const fs::path& file) {
   return why;
 }
 
-std::string check_trusted(const fs::path& file, bool allow_untrusted) {
-  return check_trusted(file, file, allow_untrusted);
+std::string check_trusted(const fs::path& file, bool allow_untrusted, const std::string& override_name) {
+  return check_trusted(file, file, allow_untrusted, override_name);
 }
 
-std::string check_trusted(const fs::path& file, const fs::path& opened, bool allow_untrusted) {
+std::string check_trusted(const fs::path& file, const fs::path& opened, bool allow_untrusted,
+                          const std::string& override_name) {
   const std::string why = untrusted_reason(opened);
   if (why.empty()) return "";
   if (!allow_untrusted)
-    throw Error(ErrorCategory::plugin, "refusing untrusted plugin " + file.string() + ": " + why +
-                                           "; --allow-untrusted-plugins overrides");
+    throw Error(ErrorCategory::plugin, "refusing untrusted plugin " + file.string() + ": " + why + "; " +
+                                           override_name + " overrides");
   const std::string warning =
-      "loading untrusted plugin " + file.string() + ": " + why + " (allowed by --allow-untrusted-plugins)";
+      "loading untrusted plugin " + file.string() + ": " + why + " (allowed by " + override_name + ")";
   std::cerr << "ampkit: WARNING: " << warning << "\n";
   return warning;
 }

@@ -166,7 +166,7 @@ void require_folder(const fs::path& d, const std::string& who) {
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
   std::vector<fs::path> dirs;
   for (const auto& d : options_.plugin_dirs) {
-    require_folder(d, "--plugin-dir");
+    require_folder(d, options_.plugin_dirs_name);
     dirs.push_back(d);
   }
   if (options_.use_environment) {
@@ -295,7 +295,9 @@ PluginInfo Registry::pin(const PluginInfo& info) {
     }
   } guard{fd};
   const fs::path opened = "/proc/self/fd/" + std::to_string(fd);
-  if (std::string warning = check_trusted(info.path, opened, options_.allow_untrusted); !warning.empty())
+  if (std::string warning =
+          check_trusted(info.path, opened, options_.allow_untrusted, options_.allow_untrusted_name);
+      !warning.empty())
     warnings_.push_back(std::move(warning));
   PluginInfo now = inspect_plugin_file(opened);
   if (now.entry != info.entry || now.kind != info.kind || now.name != info.name)

@@ -15,8 +15,8 @@ class NormGradClipper final : public ampkit::GradClipper {
     // without the run's precision (and no explicit value) gets here without one.
     if (!options.has("max_norm"))
       throw std::invalid_argument(
-          "clipper 'norm' needs max_norm: give --opt clipper.max_norm=X, or resolve its options with the "
-          "run's precision (OptionInputs::precision) to get the per-precision default");
+          "clipper 'norm' needs max_norm: set its option max_norm, or resolve its options with the run's "
+          "precision (OptionInputs::precision) to get the per-precision default");
   }
 
   ampkit::ClipResult clip(const ampkit::StepStats& stats) override {
@@ -39,7 +39,7 @@ AMPKIT_PLUGIN(clipper, norm, NormGradClipper,
               // differ by precision (see docs/gradient-clipping.md).
               ampkit::OptionSpec::Float("max_norm", "fp16=1;bf16=5;fp32=10",
                                         "Largest allowed total norm of the unscaled gradients; "
-                                        "the default depends on --precision.")
+                                        "the default depends on the run's precision.")
                   .per_precision()
                   .min(0.0, true),
               ampkit::OptionSpec::Choice("norm_type", "2", "2|inf",

@@ -11,7 +11,7 @@ class LocalCommBackend final : public ampkit::CommBackend {
   void init(const ampkit::DistributedConfig& config) override {
     if (config.world_size != 1)
       throw std::runtime_error("comm 'local' runs one process but world_size is " +
-                               std::to_string(config.world_size) + "; use --comm gloo or nccl");
+                               std::to_string(config.world_size) + "; use comm 'gloo' or 'nccl'");
   }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }

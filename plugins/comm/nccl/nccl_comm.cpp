@@ -16,7 +16,7 @@ class NcclCommBackend final : public ampkit::comm::C10dCommBackend {
   void init(const ampkit::DistributedConfig& config) override {
     const int devices = static_cast<int>(c10::cuda::device_count());
     if (devices == 0)
-      throw std::runtime_error("comm 'nccl' needs a CUDA device and none is visible; use --comm gloo on CPU");
+      throw std::runtime_error("comm 'nccl' needs a CUDA device and none is visible; use comm 'gloo' on CPU");
     const int device = config.device_ids.empty() ? config.local_rank : config.device_ids.front();
     if (device < 0 || device >= devices)
       throw std::runtime_error("comm 'nccl': rank " + std::to_string(config.rank) + " wants CUDA device " +

@@ -61,7 +61,8 @@ struct PyTorchStart {
   // Other top-level entries of a {"model": ...} file (epoch, step, lr_scheduler...): not loaded.
   std::vector<std::string> ignored;
 };
-PyTorchStart read_pytorch_file(const std::filesystem::path& file);
+// `where` starts every error message (the host names its own option and the file).
+PyTorchStart read_pytorch_file(const std::filesystem::path& file, const std::string& where);
 
 // The object in a file python's torch.save wrote, read as torch.load(weights_only=True) reads it
 // (dicts, lists, tuples, str, numbers, None and tensors; never pickled code). Error(checkpoint)

@@ -1,5 +1,6 @@
-// Fault injection for tests and demos: `--inject KIND@step=N[,layer=NAME][,rank=R]...` plants
-// a NaN, an inf or a spike in one module's output or gradient at one optimizer step.
+// Fault injection for tests and demos: a NaN, an inf or a spike planted in one module's output or
+// gradient, or in the loss, at one optimizer step (ampkit-train spells them --inject, in
+// hosts/train/src/config/fault_spec.h).
 #pragma once
 
 #include <ampkit/probe.h>
@@ -20,20 +21,8 @@ struct Fault {
   int rank = -1;      // -1: every rank
   Target target = Target::output;
   double factor = 1000;  // spike: multiplier of the output or gradient
-  std::string spec;      // as given, for messages
+  std::string spec;      // as the user gave it, for messages
 };
-
-// The grammar, for help texts and error messages.
-constexpr const char* kFaultSpecGrammar =
-    "KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X] with KIND nan, inf or spike";
-
-// Parses one --inject value; throws Error(usage) naming what is wrong.
-Fault parse_fault(const std::string& spec);
-
-// Checks faults against the model: `layer` must be one of `hook_points` (the model's leaf
-// modules), `rank` below `world_size`. Throws Error(usage) with a "did you mean".
-void validate_faults(const std::vector<Fault>& faults, const std::vector<std::string>& hook_points,
-                     int world_size);
 
 // Applies the faults planted at one step on one rank: arm() before the step's forward passes,
 // with a ProbeScope around each, and apply_to_loss() to each micro-batch's loss.

@@ -37,11 +37,13 @@ void check_compatible(const PluginInfo& info);
 // user other than us or root (as ld.so and sudo refuse), unless `allow_untrusted`: then it prints
 // a warning and returns it ("loading untrusted plugin F: why (allowed by ...)"). Returns "" for a
 // trusted file.
-std::string check_trusted(const std::filesystem::path& file, bool allow_untrusted);
+// `override_name` is how the caller spells allow_untrusted (RegistryOptions::allow_untrusted_name).
+std::string check_trusted(const std::filesystem::path& file, bool allow_untrusted,
+                          const std::string& override_name = "allow_untrusted");
 // The same for a file already open for loading: judges `opened` (/proc/self/fd/N: the open file
 // itself and its real folder), names `file` in messages.
 std::string check_trusted(const std::filesystem::path& file, const std::filesystem::path& opened,
-                          bool allow_untrusted);
+                          bool allow_untrusted, const std::string& override_name = "allow_untrusted");
 // Why the file would not be trusted, or "" (what check_trusted judges, without acting on it).
 std::string untrusted_reason(const std::filesystem::path& file);
 
@@ -61,10 +63,14 @@ class LoadedPlugin {
 };
 
 struct RegistryOptions {
-  std::vector<std::filesystem::path> plugin_dirs;  // --plugin-dir, searched first
+  std::vector<std::filesystem::path> plugin_dirs;  // searched first
   bool use_environment = true;                     // AMPKIT_PLUGIN_PATH
   bool use_default_dirs = true;                    // <program>/../lib/ampkit/plugins, install prefix
-  bool allow_untrusted = false;                    // --allow-untrusted-plugins
+  bool allow_untrusted = false;                    // load plugins that fail the trust check, with a warning
+  // How the host spells these two settings in messages (ampkit-train: its own option names); the
+  // library's words otherwise.
+  std::string plugin_dirs_name = "plugin folder";
+  std::string allow_untrusted_name = "allow_untrusted";
   bool probe = true;                    // load each plugin in a child process first, so a crash is reported
   double probe_timeout_seconds = 30.0;  // a probe child that has not finished by then is killed
 };

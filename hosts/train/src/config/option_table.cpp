@@ -7,7 +7,7 @@
 #include <cctype>
 
 #include "ampkit/error.h"
-#include "ampkit/fault_injection.h"
+#include "config/fault_spec.h"
 #include "config/option_builders.h"
 #include "workloads/registry.h"
 
@@ -215,7 +215,7 @@ std::vector<HostOption> checkpoint_and_nan_options() {
            "KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) "
            "(repeatable; docs/troubleshooting-nan.md).",
            [](TrainConfig& cfg, const OptionValue& v) {
-             for (const auto& spec : v.list) parse_fault(spec);  // throws with the spec's problem
+             for (const auto& spec : v.list) train::parse_fault(spec);  // throws with the spec's problem
              cfg.inject = v.list;
            }),
       integer("nan-locate", "5",

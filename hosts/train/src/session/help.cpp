@@ -20,6 +20,8 @@ RegistryOptions registry_options(const TrainConfig& cfg) {
   RegistryOptions options;
   for (const auto& d : cfg.plugin_dirs) options.plugin_dirs.emplace_back(d);
   options.allow_untrusted = cfg.allow_untrusted_plugins;
+  options.plugin_dirs_name = "--plugin-dir";
+  options.allow_untrusted_name = "--allow-untrusted-plugins";
   options.probe_timeout_seconds = static_cast<double>(cfg.plugin_timeout);
   return options;
 }

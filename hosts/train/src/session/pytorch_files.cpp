@@ -79,7 +79,7 @@ std::vector<CheckpointFile> pytorch_checkpoint_files(RunParts& run) {
 
 void init_from_pytorch(RunParts& run) {
   const std::string where = "--init-from " + run.cfg.init_from;
-  const PyTorchStart start = read_pytorch_file(run.cfg.init_from);
+  const PyTorchStart start = read_pytorch_file(run.cfg.init_from, where);
   load_state_dict_into(start.model, model_tensors(run.model), where);
   if (start.optimizer) load_optimizer_state_dict(*start.optimizer, run.optimizer, where + " ['optimizer']");
   if (start.scaler) load_scaler(run, *start.scaler, where + " ['scaler']");

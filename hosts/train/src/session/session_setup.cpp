@@ -25,6 +25,7 @@
 #include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
 #include "ampkit/plugin_call.h"
+#include "config/fault_spec.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
@@ -116,7 +117,8 @@ void Session::set_threads_and_device() {
   if (cfg_.device == "cuda")
     if (const auto capability = cuda_compute_capability(0))
       if (const std::string problem = cuda_precision_problem(cfg_.precision, *capability); !problem.empty())
-        throw Error(ErrorCategory::usage, problem);
+        throw Error(ErrorCategory::usage,
+                    "--precision " + problem + ": use --precision fp16 with --scaler dynamic");
   device_ = at::Device(cfg_.device == "cuda" ? at::kCUDA : at::kCPU);
 }
 
