@@ -13,6 +13,7 @@
 
 #include "ampkit/error.h"
 #include "pickle_bounds.h"
+#include "pickle_stream.h"
 #include "torch_archive.h"
 
 namespace ampkit::checkpoint_files {
@@ -30,10 +31,10 @@ struct Item {
   int64_t shape = -1;
 };
 
-class Scanner {
+class Scanner : PickleStream<Item> {
  public:
   Scanner(const char* data, size_t size, std::string where)
-      : p_(reinterpret_cast<const uint8_t*>(data)), end_(p_ + size), where_(std::move(where)) {}
+      : PickleStream(data, size, std::move(where), "file LibTorch wrote") {}
 
   void run() {
     for (;;) {
@@ -44,41 +45,6 @@ class Scanner {
   }
 
  private:
-  [[noreturn]] void bad(const std::string& what) const {
-    throw Error(ErrorCategory::checkpoint, where_ + ": not a file LibTorch wrote (" + what + ")");
-  }
-  uint8_t byte() {
-    if (p_ >= end_) bad("truncated pickle");
-    return *p_++;
-  }
-  uint64_t little(size_t n) {
-    if (static_cast<size_t>(end_ - p_) < n) bad("truncated pickle");
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p_[i]) << (8 * i);
-    p_ += n;
-    return v;
-  }
-  void skip(uint64_t n) {
-    if (static_cast<uint64_t>(end_ - p_) < n) bad("truncated pickle");
-    p_ += n;
-  }
-  void line() {
-    while (byte() != '\n') {
-    }
-  }
-  Item pop() {
-    if (stack_.empty()) bad("stack underflow");
-    const Item v = stack_.back();
-    stack_.pop_back();
-    return v;
-  }
-  std::vector<Item> pop_to_mark() {
-    if (marks_.empty() || marks_.back() > stack_.size()) bad("MARK missing");
-    std::vector<Item> out(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back()), stack_.end());
-    stack_.resize(marks_.back());
-    marks_.pop_back();
-    return out;
-  }
   Item& top() {
     if (stack_.empty()) bad("stack underflow");
     return stack_.back();
@@ -127,11 +93,6 @@ class Scanner {
     uint32_t depth;
     bool sealed;
   };
-  const uint8_t* p_;
-  const uint8_t* end_;
-  std::string where_;
-  std::vector<Item> stack_;
-  std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Item> memo_;
   std::vector<Shape> shapes_;
   size_t containers_ = 0;

@@ -13,6 +13,7 @@
 
 #include "ampkit/error.h"
 #include "pickle_bounds.h"
+#include "pickle_stream.h"
 #include "torch_archive.h"
 
 namespace ampkit::checkpoint_files {
@@ -33,13 +34,10 @@ at::ScalarType storage_dtype(const std::string& name) {
   return it == types.end() ? at::ScalarType::Undefined : it->second;
 }
 
-class Machine {
+class Machine : PickleStream<c10::IValue> {
  public:
   Machine(Archive& reader, const char* data, size_t size, std::string where)
-      : reader_(reader),
-        p_(reinterpret_cast<const uint8_t*>(data)),
-        end_(p_ + size),
-        where_(std::move(where)) {}
+      : PickleStream(data, size, std::move(where), "weights-only torch.save file"), reader_(reader) {}
 
   c10::IValue run() {
     while (true) {
@@ -53,46 +51,6 @@ class Machine {
   }
 
  private:
-  [[noreturn]] void bad(const std::string& what) const {
-    throw Error(ErrorCategory::checkpoint, where_ + ": not a weights-only torch.save file (" + what + ")");
-  }
-  uint8_t byte() {
-    if (p_ >= end_) bad("truncated pickle");
-    return *p_++;
-  }
-  uint64_t little(size_t n) {
-    if (static_cast<size_t>(end_ - p_) < n) bad("truncated pickle");
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p_[i]) << (8 * i);
-    p_ += n;
-    return v;
-  }
-  std::string text(size_t n) {
-    if (static_cast<size_t>(end_ - p_) < n) bad("truncated pickle");
-    std::string s(reinterpret_cast<const char*>(p_), n);
-    p_ += n;
-    return s;
-  }
-  std::string line() {
-    std::string s;
-    for (uint8_t c = byte(); c != '\n'; c = byte()) s.push_back(static_cast<char>(c));
-    return s;
-  }
-  c10::IValue pop() {
-    if (stack_.empty()) bad("stack underflow");
-    c10::IValue v = std::move(stack_.back());
-    stack_.pop_back();
-    return v;
-  }
-  std::vector<c10::IValue> pop_to_mark() {
-    if (marks_.empty() || marks_.back() > stack_.size()) bad("MARK missing");
-    std::vector<c10::IValue> out(
-        std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back())),
-        std::make_move_iterator(stack_.end()));
-    stack_.resize(marks_.back());
-    marks_.pop_back();
-    return out;
-  }
   c10::impl::GenericDict& top_dict() {
     if (stack_.empty() || !stack_.back().isGenericDict()) bad("SETITEM on a non-dict");
     dict_ = stack_.back().toGenericDict();
@@ -151,11 +109,6 @@ class Machine {
   c10::IValue storage(const c10::IValue& pid);
 
   Archive& reader_;
-  const uint8_t* p_;
-  const uint8_t* end_;
-  std::string where_;
-  std::vector<c10::IValue> stack_;
-  std::vector<size_t> marks_;
   std::unordered_map<size_t, c10::IValue> memo_;
   PickleBounds bounds_{[this](const std::string& what) { bad(what); }};
   std::map<std::string, at::Tensor> storages_;
