@@ -602,13 +602,14 @@ BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeou
 BOOST_AUTO_TEST_CASE(rendezvous_nobody_joins_exits_7) {
   for (const int timeout : {2, 30}) {
     const auto start = std::chrono::steady_clock::now();
-    const Result r = run("RANK=1 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(next_port()) + " " + train + " " +
-                         tiny_args + " --steps 1 --dist-timeout " + std::to_string(timeout));
+    const Result r = run("RANK=1 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(next_port()) + " " + train +
+                         " " + tiny_args + " --steps 1 --dist-timeout " + std::to_string(timeout));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     BOOST_TEST_CONTEXT("--dist-timeout " << timeout << ": " << seconds << " s") {
       BOOST_TEST(r.code == 7, r.output);
-      BOOST_TEST(r.output.find("ampkit-train: error: comm 'gloo': rendezvous at 127.0.0.1:") != std::string::npos,
-                 r.output);
+      BOOST_TEST(
+          r.output.find("ampkit-train: error: comm 'gloo': rendezvous at 127.0.0.1:") != std::string::npos,
+          r.output);
       BOOST_TEST(r.output.find("nothing accepted a connection there within --dist-timeout " +
                                std::to_string(timeout) + " s") != std::string::npos,
                  r.output);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <cerrno>
 #include <cstddef>
@@ -17,7 +18,6 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -387,7 +387,8 @@ BOOST_AUTO_TEST_CASE(plugin_built_against_an_edited_struct_is_refused_naming_it)
   BOOST_TEST(info.layout.rfind("StepStats 128 8,16,24,", 0) == 0u, info.layout);
   const Caught e = catch_error([&] { ampkit::check_compatible(info); });
   AMPKIT_REQUIRE_ERROR(e, ErrorCategory::plugin);
-  AMPKIT_CHECK_CONTAINS(e.message, "plugin file " + info.path.string() + " was built with another layout of StepStats");
+  AMPKIT_CHECK_CONTAINS(e.message,
+                        "plugin file " + info.path.string() + " was built with another layout of StepStats");
   AMPKIT_CHECK_CONTAINS(e.message, "under the same ABI " + std::to_string(AMPKIT_ABI_VERSION));
   const Caught load = catch_error([&] { registry.load(info); });
   AMPKIT_REQUIRE_ERROR(load, ErrorCategory::plugin);
@@ -471,7 +472,8 @@ BOOST_AUTO_TEST_CASE(crash_in_static_initializer_is_reported_not_shared) {
 
 namespace {
 size_t open_descriptors() {
-  return static_cast<size_t>(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
+  return static_cast<size_t>(
+      std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
 }
 }  // namespace
 

@@ -150,8 +150,8 @@ c10::intrusive_ptr<c10d::Store> C10dCommBackend::make_store() {
   // timeout applies to every store call after it.
   options.timeout = options.isServer ? timeout() : timeout() / 2;
   try {
-    if (!options.isServer &&
-        !listener_before(config_.master_addr, config_.master_port, std::chrono::steady_clock::now() + timeout()))
+    if (!options.isServer && !listener_before(config_.master_addr, config_.master_port,
+                                              std::chrono::steady_clock::now() + timeout()))
       throw std::runtime_error("nothing accepted a connection there within --dist-timeout " +
                                seconds_text(config_.timeout_seconds) +
                                " s (MASTER_ADDR and MASTER_PORT must name rank 0's store on every rank)");

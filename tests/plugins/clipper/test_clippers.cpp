@@ -214,7 +214,8 @@ BOOST_AUTO_TEST_CASE(agc_equals_timm_adaptive_clip_grad) {
 BOOST_AUTO_TEST_CASE(agc_skip_last_leaves_the_trailing_parameters_alone) {
   Plugins plugins;
   const std::vector<at::Tensor> grads = golden_grads();
-  auto clipper = plugins.clipper("agc", {{"clip_factor", "0.01"}, {"skip_last", "2"}});  // timm's 0.01, eps 1e-3
+  auto clipper =
+      plugins.clipper("agc", {{"clip_factor", "0.01"}, {"skip_last", "2"}});  // timm's 0.01, eps 1e-3
   std::vector<at::Tensor> ours = clone_all(grads);
   as_clipper(clipper)->clip_unscaled_gradients(detach_all(golden_params()), ours);
   const std::vector<at::Tensor> expected = tensors(goldens()["agc"][0]["grads"], at::kDouble);
