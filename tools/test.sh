@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: set up if needed, build into build/, run the test suite.
-# Extra arguments go to ctest (e.g. tools/test.sh -L fast, tools/test.sh -R registry).
+# Extra arguments go to ctest (e.g. tools/test.sh -L unit, tools/test.sh -R registry).
 #
 #   tools/test.sh --instrumented [ctest arguments]
 # builds into build-instrumented/ with AddressSanitizer + UndefinedBehaviorSanitizer + gcc coverage
