@@ -317,16 +317,22 @@ BOOST_AUTO_TEST_CASE(a_segment_outside_its_mapping_is_refused_by_check_and_by_th
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     Elf64_Ehdr eh{};
     f.read(reinterpret_cast<char*>(&eh), sizeof eh);
+    std::vector<Elf64_Phdr> headers(eh.e_phnum);
+    f.seekg(static_cast<std::streamoff>(eh.e_phoff));
+    f.read(reinterpret_cast<char*>(headers.data()),
+           static_cast<std::streamsize>(sizeof(Elf64_Phdr) * eh.e_phnum));
     bool patched = false;
-    for (int i = 0; i < eh.e_phnum; ++i) {
-      const auto at = static_cast<std::streamoff>(eh.e_phoff + static_cast<uint64_t>(i) * eh.e_phentsize);
-      Elf64_Phdr ph{};
-      f.seekg(at);
-      f.read(reinterpret_cast<char*>(&ph), sizeof ph);
-      if (ph.p_type != PT_GNU_RELRO) continue;
-      ph.p_memsz += 0x7c00;  // the reported file: 0x338 raised to 0x7f38
-      f.seekp(at);
-      f.write(reinterpret_cast<const char*>(&ph), sizeof ph);
+    for (size_t i = 0; i < headers.size(); ++i) {
+      Elf64_Phdr& relro = headers[i];
+      if (relro.p_type != PT_GNU_RELRO) continue;
+      // As the reported file (memsz 0x338 raised to 0x7f38), but always past the end of the LOAD
+      // segment that holds it, whatever this build's segment sizes are.
+      for (const Elf64_Phdr& load : headers)
+        if (load.p_type == PT_LOAD && relro.p_vaddr >= load.p_vaddr &&
+            relro.p_vaddr < load.p_vaddr + load.p_memsz)
+          relro.p_memsz = load.p_vaddr + load.p_memsz - relro.p_vaddr + 0x7c00;
+      f.seekp(static_cast<std::streamoff>(eh.e_phoff + i * sizeof(Elf64_Phdr)));
+      f.write(reinterpret_cast<const char*>(&relro), sizeof relro);
       patched = true;
     }
     BOOST_REQUIRE(patched);
