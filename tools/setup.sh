@@ -11,6 +11,7 @@ DEBIAN_PACKAGES=(
   dataset-fashion-mnist fortunes
   libgloo-dev  # gloo headers that the torch wheel leaves out; c10d/ProcessGroupGloo.hpp includes them
   iproute2  # ip netns: tests/dist/test_two_nodes.sh runs two nodes in two network namespaces
+  jq  # the docs' recipes on metrics files, run by tests/interop/test_docs_recipes.sh
 )
 
 say() { echo "[setup] $*"; }

@@ -1,86 +1,99 @@
 #!/usr/bin/env python3
-"""Loss-scaler comparison (a benchmark, not a test): none / static / dynamic / predictive on fp16
-workloads over several seeds; prints a table of skipped steps, non-finite events, underflow
-(fraction of gradient elements exactly zero) and final loss, and writes a CSV.
+"""Loss scalers at their defaults on long fp16 runs (a benchmark, not a test): `dynamic` against
+`predictive` (and any other scaler named), each with every option at its default, on runs long
+enough for dynamic's growth_interval (2000) to act many times: 20,000 steps by default, 10 growth
+intervals. Two workloads:
 
-    tools/bench/scaler_comparison.py [--build build] [--seeds 3] [--steps 300] [--csv out.csv]
+  contrastive  tools/models/contrastive.py (CLIP-style, temperature 0.01), whose fp16 gradients
+               overflow for real at torch's default scale, by ampkit-train --workload torchscript
+  synthetic    ampkit-train's MLP (width 256, depth 4)
+
+Prints a Markdown table per workload: non-finite (skipped) steps, where they fell, the mean log2
+of the scale used, the fraction of gradient elements that were exactly zero (underflow), final
+and test loss; writes a CSV of the per-run rows.
+
+    tools/bench/scaler_comparison.py [--build build] [--seeds 3] [--steps 20000] [--csv out.csv]
 """
 import argparse
 import csv
-import json
+import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-WORKLOADS = {
-    # An aggressive learning rate makes fp16 overflow for real.
-    "char-gpt": ["--workload", "char-gpt", "--gpt-width", "64", "--gpt-layers", "2", "--gpt-heads", "4",
-                 "--gpt-context", "32", "--batch-size", "16", "--lr", "3e-3"],
-    "synthetic": ["--workload", "synthetic", "--synthetic-width", "256", "--synthetic-depth", "4",
-                  "--batch-size", "64", "--lr", "3e-3"],
-}
-SCALERS = {
-    "none": [],
-    "static": ["--opt", "scaler.scale=65536"],
-    "dynamic": ["--opt", "scaler.growth_interval=100"],
-    "predictive": [],
-}
+from fp16_overflow import export_workload, run, torchscript_args
+
+SYNTHETIC = ["--workload", "synthetic", "--synthetic-width", "256", "--synthetic-depth", "4", "--batch-size", "64",
+             "--lr", "1e-3"]
 
 
-def run(binary, workload, scaler, seed, steps, tmp):
-    summary = os.path.join(tmp, f"{workload}-{scaler}-{seed}.json")
-    metrics = os.path.join(tmp, f"{workload}-{scaler}-{seed}.jsonl")
-    cmd = [binary, *WORKLOADS[workload], "--precision", "fp16", "--steps", str(steps), "--seed", str(seed),
-           "--scaler", scaler, *SCALERS[scaler], "--opt", "nan_policy.max_consecutive=0", "--progress", "never",
-           "--eval-batches", "4", "--summary", summary, "--metrics", metrics]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"crashed": True, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    s = json.load(open(summary))
-    zeros = [json.loads(line)["zero_fraction"] for line in open(metrics)]
-    zeros = [z for z in zeros if isinstance(z, float)]
-    loss = s["final_loss"]
-    return {"crashed": False, "skipped": s["skipped_steps"], "nan_events": s["nan_events"],
-            "underflow": statistics.mean(zeros) if zeros else float("nan"),
-            "final_loss": loss if isinstance(loss, float) else float("nan"),
-            "seconds": s["wall_seconds"]}
+def workload_args(name, folder, seed, steps):
+    if name == "contrastive":
+        return torchscript_args(folder, seed, steps, 64, 3e-3)
+    return [*SYNTHETIC, "--steps", str(steps), "--seed", str(seed)]
+
+
+def fmt(values, digits=4):
+    ok = [v for v in values if math.isfinite(v)]
+    return f"{statistics.median(ok):.{digits}f}" if ok else "-"
+
+
+def where(steps, total):
+    """The non-finite steps by tenth of the run, e.g. 5,0,1,0,... (the first tenth holds the settling)."""
+    tenths = [0] * 10
+    for s in steps:
+        tenths[min(9, s * 10 // total)] += 1
+    return " ".join(str(t) for t in tenths)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build", help="build folder holding bin/ampkit-train")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration")
-    ap.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
-    ap.add_argument("--workloads", default="synthetic,char-gpt", help="comma-separated")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per scaler and workload (default 3)")
+    ap.add_argument("--steps", type=int, default=20000, help="optimizer steps per run (default 20000)")
+    ap.add_argument("--scalers", default="dynamic,predictive", help="comma-separated, each at its defaults")
+    ap.add_argument("--workloads", default="contrastive,synthetic", help="comma-separated: contrastive, synthetic")
+    ap.add_argument("--work", default="", help="folder for the exported models and run files (default: temporary)")
     ap.add_argument("--csv", default="", help="also write the per-run rows here")
     args = ap.parse_args()
     binary = os.path.join(args.build, "bin", "ampkit-train")
     if not os.access(binary, os.X_OK):
-        sys.exit(f"scaler_comparison: {binary} not found; build first (tools/test.sh or tools/run.sh)")
+        sys.exit(f"scaler_comparison.py: {binary} not found: build first (tools/test.sh or cmake --build build)")
+    workloads = args.workloads.split(",")
+    scalers = args.scalers.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for workload in args.workloads.split(","):
-            for scaler in SCALERS:
-                for seed in range(args.seeds):
-                    r = run(binary, workload, scaler, seed, args.steps, tmp)
-                    rows.append({"workload": workload, "scaler": scaler, "seed": seed, **r})
-                    print(f"  {workload:9s} {scaler:10s} seed {seed}: {r}", file=sys.stderr, flush=True)
-    print(f"\nfp16, {args.steps} steps, seeds 0..{args.seeds - 1}; mean over seeds (crashed runs excluded)\n")
-    print(f"| workload | scaler | crashed | skipped steps | non-finite events | underflow (zero grads) | final loss |")
-    print(f"|---|---|---|---|---|---|---|")
-    for workload in args.workloads.split(","):
-        for scaler in SCALERS:
+        folder = args.work or tmp
+        if "contrastive" in workloads:
+            export_workload(folder, args.seeds, 0.01, 6000, 1000)
+        for seed in range(args.seeds):
+            for workload in workloads:
+                for scaler in scalers:
+                    r = run(binary, [*workload_args(workload, folder, seed, args.steps), "--precision", "fp16",
+                                     "--scaler", scaler, "--nan-policy", "skip"], folder, f"{workload}-{scaler}-{seed}")
+                    r.update(workload=workload, scaler=scaler, seed=seed)
+                    rows.append(r)
+                    print(f"  seed {seed} {workload} {scaler:10s} exit {r['code']} non-finite {r['nonfinite']} "
+                          f"log2 scale {r['mean_log2_scale']:.2f} test loss {r['test_loss']:.4f} {r['error'][:80]}",
+                          file=sys.stderr)
+    print(f"\nfp16, every scaler option at its default, {args.steps} steps, {args.seeds} seeds, nan_policy skip; "
+          "medians over seeds except the sums")
+    for workload in workloads:
+        print(f"\n{workload}:\n")
+        print("| scaler | non-finite steps (sum) | per run | by tenth of the run (sum) | mean log2 scale | zero gradient "
+              "elements | final loss | test loss | failed runs |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for scaler in scalers:
             rs = [r for r in rows if r["workload"] == workload and r["scaler"] == scaler]
-            ok = [r for r in rs if not r["crashed"]]
-            mean = lambda k: statistics.mean(r[k] for r in ok) if ok else float("nan")
-            print(f"| {workload} | {scaler} | {len(rs) - len(ok)}/{len(rs)} | {mean('skipped'):.1f} | "
-                  f"{mean('nan_events'):.1f} | {100 * mean('underflow'):.2f}% | {mean('final_loss'):.4f} |")
+            steps = [s for r in rs for s in r["nonfinite_steps"]]
+            print(f"| {scaler} | {sum(r['nonfinite'] for r in rs)} | {' '.join(str(r['nonfinite']) for r in rs)} | "
+                  f"{where(steps, args.steps)} | {fmt([r['mean_log2_scale'] for r in rs], 2)} | "
+                  f"{fmt([r['zero_fraction'] for r in rs])} | {fmt([r['final_loss'] for r in rs])} | "
+                  f"{fmt([r['test_loss'] for r in rs])} | {sum(r['code'] != 0 for r in rs)}/{len(rs)} |")
     if args.csv:
-        keys = ["workload", "scaler", "seed", "crashed", "skipped", "nan_events", "underflow", "final_loss", "seconds", "error"]
         with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "nonfinite_steps"], extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
 

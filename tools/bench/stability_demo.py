@@ -1,113 +1,120 @@
 #!/usr/bin/env python3
-"""NaN-recovery stability demo (a benchmark, not a test): the same fp16 workload over several
-seeds, each seed with the same faults planted (a NaN in one layer's output, a x1000 spike in
-another's, at seed-dependent steps, through ampkit-train --inject), trained three ways:
+"""fp16 stability study (a benchmark, not a test): how many steps overflow for real, and how many
+runs fail, per loss-scaling configuration, with the recovery policy held fixed.
 
-  static/abort      static loss scale 65536, no recovery (abort at the first bad step)
-  dynamic/skip      dynamic loss scaler, skip bad steps (spike detection on)
-  dynamic/rollback  dynamic loss scaler, roll back to an in-memory snapshot (spike detection on)
+The workload is tools/models/contrastive.py (a CLIP-style image-text model whose logits are cosine
+similarities over a learnable temperature starting at 0.01, pretrained CLIP's logit scale of 100),
+trained by `ampkit-train --workload torchscript` in fp16; nothing is planted. Each seed has its own
+initial weights and data order. Six scaling configurations, each under two NaN policies:
 
-A run failed when it crashed (exit code != 0) or diverged (test loss not finite or more than
-twice the fault-free fp32 run's test loss for the same seed). Prints a table and the
-reduction in failures of each recovery configuration against static/abort.
+  skip   skip a step whose loss or gradients are not finite (the run aborts after 50 in a row)
+  abort  stop the run at the first non-finite step (tolerate_overflow=false: what a loop with a
+         fixed scale and no skipping does)
 
-    tools/bench/stability_demo.py [--build build] [--seeds 8] [--steps 200] [--csv out.csv]
+so that the effect of scaling (rows) and of recovery (columns) show apart. A run failed when it
+exited non-zero or its test loss is not finite. Occurrences are non-finite steps, read from the
+metrics file of every run (an aborted run's included). The hand-tuned static scale is found the
+way a user would: the largest power of two <= 65536 under which seed 0 trains `--tune-steps`
+steps without one overflow (with abort), unless --static-tuned gives it.
+
+    tools/bench/stability_demo.py [--build build] [--seeds 10] [--steps 1000] [--csv out.csv]
 """
 import argparse
 import csv
-import json
 import math
 import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 
-WORKLOAD = ["--workload", "synthetic", "--synthetic-width", "64", "--synthetic-depth", "3",
-            "--batch-size", "64", "--lr", "3e-3", "--threads", "1", "--progress", "never", "--eval-batches", "2"]
-LAYERS = ["layers.0", "layers.1", "layers.2", "layers.3"]
-SPIKES = ["--opt", "nan_policy.spike_zscore=6"]
-CONFIGS = {
-    "static/abort": ["--scaler", "static", "--opt", "scaler.scale=65536", "--nan-policy", "abort",
-                     "--opt", "nan_policy.tolerate_overflow=false"],
-    "dynamic/skip": ["--scaler", "dynamic", "--nan-policy", "skip", *SPIKES],
-    "dynamic/rollback": ["--scaler", "dynamic", "--nan-policy", "rollback", "--opt", "nan_policy.snapshot_every=20",
-                         "--opt", "nan_policy.skip_batches=2", *SPIKES],
+from fp16_overflow import export_workload, train
+
+POLICIES = {
+    "skip": ["--nan-policy", "skip"],
+    "abort": ["--nan-policy", "abort", "--opt", "nan_policy.tolerate_overflow=false"],
 }
 
 
-def faults(seed, steps):
-    rng = random.Random(seed)
-    nan_step, spike_step = rng.sample(range(steps // 4, steps - 10), 2)
-    return ["--inject", f"nan@step={nan_step},layer={rng.choice(LAYERS)}",
-            "--inject", f"spike@step={spike_step},layer={rng.choice(LAYERS)}"]
+def configs(tuned: float) -> dict:
+    return {
+        "none": ["--scaler", "none"],
+        "static 65536": ["--scaler", "static", "--opt", "scaler.scale=65536"],
+        f"static {tuned:g} (tuned)": ["--scaler", "static", "--opt", f"scaler.scale={tuned:g}"],
+        "dynamic": ["--scaler", "dynamic"],
+        "predictive": ["--scaler", "predictive"],
+        "dynamic, hysteresis 2": ["--scaler", "dynamic", "--opt", "scaler.hysteresis=2"],
+    }
 
 
-def train(binary, args, tmp, name):
-    summary = os.path.join(tmp, name + ".json")
-    done = subprocess.run([binary, *args, "--summary", summary, "--nan-report-dir", tmp],
-                          capture_output=True, text=True)
-    out = {"code": done.returncode}
-    if os.path.exists(summary):
-        with open(summary) as f:
-            out.update(json.load(f))
-    if done.returncode != 0:
-        out["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
-    return out
+def tune_static(binary, folder, args) -> float:
+    scale = 65536.0
+    while scale >= 1:
+        r = train(binary, folder, 0, args.tune_steps, args.batch_size, args.lr,
+                  ["--precision", "fp16", "--scaler", "static", "--opt", f"scaler.scale={scale:g}", *POLICIES["abort"]],
+                  "tune")
+        print(f"  tuning: static {scale:g} on seed 0, {args.tune_steps} steps: exit {r['code']}, "
+              f"{r['nonfinite']} non-finite", file=sys.stderr)
+        if r["code"] == 0 and r["nonfinite"] == 0:
+            return scale
+        scale /= 2
+    return 1.0
 
 
-def test_loss(s):
-    v = s.get("test_loss")
-    return v if isinstance(v, (int, float)) else math.nan
+def mean(values) -> str:
+    ok = [v for v in values if math.isfinite(v)]
+    return f"{statistics.mean(ok):.4f}" if ok else "-"
+
+
+def table(rows, names, args, tuned):
+    print(f"\nfp16 CLIP-style contrastive model (tools/models/contrastive.py, temperature 0.01), {args.steps} steps, "
+          f"batch {args.batch_size}, lr {args.lr:g}, {args.seeds} seeds; hand-tuned static scale {tuned:g}")
+    print("| scaling | policy | non-finite steps (all runs) | runs with any | failed runs | test loss | test accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        for policy in POLICIES:
+            rs = [r for r in rows if r["config"] == name and r["policy"] == policy]
+            failed = [r for r in rs if r["failed"]]
+            ok = [r for r in rs if not r["failed"]]
+            print(f"| {name} | {policy} | {sum(r['nonfinite'] for r in rs)} | {sum(r['nonfinite'] > 0 for r in rs)}/{len(rs)}"
+                  f" | {len(failed)}/{len(rs)} | {mean([r['test_loss'] for r in ok])} | {mean([r['test_accuracy'] for r in ok])} |")
+    print("(test loss and accuracy: mean over the runs that did not fail)")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--seeds", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--csv", default="")
-    a = ap.parse_args()
-    binary = os.path.join(a.build, "bin", "ampkit-train")
-    rows = []
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build", help="build folder holding bin/ampkit-train")
+    ap.add_argument("--seeds", type=int, default=10, help="seeds per configuration (default 10)")
+    ap.add_argument("--steps", type=int, default=1000, help="optimizer steps per run (default 1000)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--tune-steps", type=int, default=200, help="steps of the run that tunes the static scale")
+    ap.add_argument("--static-tuned", type=float, default=0, help="hand-tuned static scale; 0 tunes it (default)")
+    ap.add_argument("--work", default="", help="folder for the exported models and run files (default: temporary)")
+    ap.add_argument("--csv", default="", help="also write the per-run rows here")
+    args = ap.parse_args()
+    binary = os.path.join(args.build, "bin", "ampkit-train")
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"stability_demo.py: {binary} not found: build first (tools/test.sh or cmake --build build)")
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(a.seeds):
-            common = [*WORKLOAD, "--steps", str(a.steps), "--seed", str(seed)]
-            clean = train(binary, [*common, "--precision", "fp32"], tmp, f"clean-{seed}")
-            reference = test_loss(clean)
-            for name, extra in CONFIGS.items():
-                s = train(binary, [*common, "--precision", "fp16", *extra, *faults(seed, a.steps)], tmp,
-                          f"{name.replace('/', '-')}-{seed}")
-                loss = test_loss(s)
-                crashed = s["code"] != 0
-                diverged = not crashed and (not math.isfinite(loss) or loss > 2 * reference)
-                rows.append({"config": name, "seed": seed, "crashed": crashed, "diverged": diverged,
-                             "nan_events": s.get("nan_events", 0), "skipped": s.get("skipped_steps", 0),
-                             "rollbacks": s.get("rollbacks", 0), "test_loss": loss, "reference_loss": reference,
-                             "error": s.get("error", "")})
-                print(f"  seed {seed} {name:17s} exit {s['code']} test loss {loss:.4g} (fp32 clean {reference:.4g})",
-                      file=sys.stderr)
-
-    print(f"\nfp16 synthetic MLP, {a.steps} steps, {a.seeds} seeds; faults per seed: 1 NaN + 1 x1000 spike")
-    print(f"{'config':18s} {'crashed':>8s} {'diverged':>9s} {'failed':>7s} {'NaN events':>11s} {'skipped':>8s}"
-          f" {'rollbacks':>10s} {'test loss (ok runs)':>20s}")
-    failed = {}
-    for name in CONFIGS:
-        rs = [r for r in rows if r["config"] == name]
-        ok = [r["test_loss"] for r in rs if not r["crashed"] and not r["diverged"]]
-        failed[name] = sum(r["crashed"] or r["diverged"] for r in rs)
-        loss = f"{statistics.mean(ok):.4f}" if ok else "-"
-        print(f"{name:18s} {sum(r['crashed'] for r in rs):8d} {sum(r['diverged'] for r in rs):9d}"
-              f" {failed[name]:7d} {sum(r['nan_events'] for r in rs):11d} {sum(r['skipped'] for r in rs):8d}"
-              f" {sum(r['rollbacks'] for r in rs):10d} {loss:>20s}")
-    base = failed["static/abort"]
-    for name in list(CONFIGS)[1:]:
-        if base:
-            print(f"failures {name} vs static/abort: {base} -> {failed[name]} "
-                  f"({100.0 * (base - failed[name]) / base:.0f}% fewer)")
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
+        folder = args.work or tmp
+        export_workload(folder, args.seeds, 0.01, 6000, 1000)
+        tuned = args.static_tuned or tune_static(binary, folder, args)
+        cfgs = configs(tuned)
+        rows = []
+        for seed in range(args.seeds):
+            for name, scaling in cfgs.items():
+                for policy, recovery in POLICIES.items():
+                    tag = f"{name}-{policy}".replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
+                    r = train(binary, folder, seed, args.steps, args.batch_size, args.lr,
+                              ["--precision", "fp16", *scaling, *recovery], tag)
+                    r.update(config=name, policy=policy, seed=seed)
+                    r["failed"] = r["code"] != 0 or not math.isfinite(r["test_loss"])
+                    rows.append(r)
+                    print(f"  seed {seed} {name:24s} {policy:5s} exit {r['code']} non-finite {r['nonfinite']:3d} "
+                          f"test loss {r['test_loss']:.4f} acc {r['test_accuracy']:.3f} {r['error'][:80]}", file=sys.stderr)
+    table(rows, list(cfgs), args, tuned)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)

@@ -15,7 +15,7 @@ AmpStep::AmpStep(AmpStrategies strategies) : strategies_(strategies) {
     throw Error(ErrorCategory::internal, "AmpStep needs a scaler, a clipper and a NaN policy");
 }
 
-// Strategies from a StrategySet are guarded (guarded_strategies.h): each call below is a plugin
+// The strategies a StrategySet created are guarded (guarded_strategies.h): each call below is a plugin
 // call, reported by name if it crashes, exits or hangs, and a plugin error if it throws.
 void AmpStep::start(const RunInfo& info) {
   strategies_.scaler->start(info);
@@ -43,8 +43,10 @@ void AmpStep::measure(const std::vector<at::Tensor>& grads, StepStats& stats, bo
   stats.loss_finite = std::isfinite(stats.loss);
   stats.grad_norm_scaled = std::sqrt(g.sum_squares);
   stats.grad_norm = stats.grad_norm_scaled / scale;
-  stats.grad_max_abs_scaled = g.max_abs;
-  stats.grad_max_abs = g.max_abs / scale;
+  // A maximum does not see NaN elements (every comparison with NaN is false): where the sum of
+  // squares is NaN the largest |gradient| is reported as NaN too, never as the finite rest's.
+  stats.grad_max_abs_scaled = std::isnan(g.sum_squares) ? std::nan("") : g.max_abs;
+  stats.grad_max_abs = stats.grad_max_abs_scaled / scale;
   stats.grad_elements = g.elements;
   stats.zero_fraction = g.elements ? static_cast<double>(g.zeros) / static_cast<double>(g.elements) : 0.0;
   stats.found_inf = !stats.loss_finite || !g.finite();
