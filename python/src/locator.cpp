@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "ampkit/probe.h"
+#include "ampkit/forward_hook.h"
 #include "errors.h"
 
 namespace ampkit::python {

@@ -6,10 +6,10 @@
 #include <ampkit/checkpoint.h>
 #include <ampkit/error.h>
 #include <ampkit/fault_injection.h>
+#include <ampkit/forward_hook.h>
 #include <ampkit/kinds.h>
 #include <ampkit/metrics.h>
 #include <ampkit/nan_locator.h>
-#include <ampkit/probe.h>
 #include <ampkit/tensorboard.h>
 #include <ampkit/utf8.h>
 #include <sys/stat.h>
@@ -173,9 +173,9 @@ BOOST_AUTO_TEST_CASE(ranges_print_in_their_shortest_form) {
   BOOST_TEST(range_text(host_option("eval-batches")) == ">= 0");
   BOOST_TEST(range_text(host_option("bucket-cap-mb")) == "(0, 65536]");
   BOOST_TEST(range_text(host_option("workload")) == "");
-  const OptionValue lr = parse_option_value(host_option("lr"), "1e-3", "x");
+  const HostOptionValue lr = parse_option_value(host_option("lr"), "1e-3", "x");
   BOOST_TEST(canonical_text(host_option("lr"), lr) == "0.001");
-  const OptionValue steps = parse_option_value(host_option("steps"), "007", "x");
+  const HostOptionValue steps = parse_option_value(host_option("steps"), "007", "x");
   BOOST_TEST(canonical_text(host_option("steps"), steps) == "7");
 }
 
@@ -323,8 +323,8 @@ BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
              }).empty());  // a regular file (read-only: fails at open)
 }
 
-// JSON holds only UTF-8: bytes that are not are refused where they enter (issue 21: they used to
-// fail the first checkpoint with an internal error, after training).
+// JSON holds only UTF-8: bytes that are not are refused where they enter, not at the first
+// checkpoint after training.
 BOOST_AUTO_TEST_CASE(text_that_is_not_utf8_is_refused_where_it_enters) {
   BOOST_TEST(!invalid_utf8_at("h\xc3\xa9llo \xe2\x82\xac \xf0\x9d\x84\x9e"));  // é, €, a 4-byte one
   BOOST_TEST(invalid_utf8_at("ab\xff").value() == 2u);
@@ -351,7 +351,7 @@ BOOST_AUTO_TEST_CASE(text_that_is_not_utf8_is_refused_where_it_enters) {
                  std::string::npos,
              e);
   BOOST_TEST(!fs::exists(dir.path / "ckpt" / "step-0"));
-  // A failed write leaves no temporary folder behind (retries on a full disk used to pile them up).
+  // A failed write leaves no temporary folder behind (retries on a full disk would pile them up).
   size_t left = 0;
   for (const auto& entry : fs::directory_iterator(dir.path / "ckpt"))
     left += entry.path().filename().string().rfind(".tmp-", 0) == 0;
@@ -526,7 +526,7 @@ BOOST_AUTO_TEST_CASE(a_recording_names_the_first_bad_gradient_in_backward_order)
   BOOST_TEST(loc.phase == "backward");
   BOOST_TEST(loc.observation.value.nonfinite > 0);
   BOOST_TEST(loc.forward.size() == 2u);
-  BOOST_TEST(!tap("l3", at::Tensor(), x).is_same(at::Tensor()));  // no probe left active
+  BOOST_TEST(!tap("l3", at::Tensor(), x).is_same(at::Tensor()));  // no hook left active
   BOOST_TEST(error_of([&] { recording.finish(0.0); }).find("already finished") != std::string::npos);
   LocatorRecording healthy;
   const at::Tensor y = call("l1", l1, x).sum();

@@ -49,7 +49,7 @@ struct BuiltinPlugins {
     return set;
   }
   // The Trainer's view of a set.
-  static Strategies of(const StrategySet& s) {
+  static TrainerStrategies of(const StrategySet& s) {
     return {&s.scaler(), &s.clipper(), &s.nan_policy(), &s.comm()};
   }
 };

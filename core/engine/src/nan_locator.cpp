@@ -16,7 +16,7 @@
 #include <mutex>
 
 #include "ampkit/error.h"
-#include "ampkit/probe.h"
+#include "ampkit/forward_hook.h"
 #include "ampkit/trainer.h"
 
 namespace ampkit {
@@ -47,7 +47,7 @@ ModuleObservation observe(const std::string& module, const std::string& phase, c
 }
 
 // Records every tapped output and, through a hook, the gradient of each output.
-class RecordingProbe final : public Probe {
+class RecordingHook final : public ForwardHook {
  public:
   at::Tensor on_output(const std::string& module, const at::Tensor& input, at::Tensor output) override {
     forward.push_back(observe(module, "forward", output, input));
@@ -104,12 +104,12 @@ class ParameterGradients {
 
 Run run_once(const std::function<at::Tensor()>& loss_fn, const LocatorInputs& in,
              const std::vector<at::Tensor>& parameters) {
-  RecordingProbe probe;
+  RecordingHook hook;
   ParameterGradients parameter_gradients(parameters, in.parameter_names);
   at::Tensor loss;
   const c10::DeviceType device = parameters.empty() ? c10::kCPU : parameters.front().device().type();
   {
-    ProbeScope scope(&probe);
+    ForwardHookScope scope(&hook);
     AutocastGuard autocast(in.precision, device);
     loss = loss_fn();
   }
@@ -120,8 +120,8 @@ Run run_once(const std::function<at::Tensor()>& loss_fn, const LocatorInputs& in
   r.loss = loss.item<double>();
   if (loss.requires_grad()) (loss * (in.scale / in.accumulation_steps)).backward();
   for (const auto& p : parameters) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
-  r.forward = std::move(probe.forward);
-  r.backward = std::move(probe.backward);
+  r.forward = std::move(hook.forward);
+  r.backward = std::move(hook.backward);
   r.parameters = std::move(parameter_gradients.seen);
   return r;
 }
@@ -294,12 +294,12 @@ void nothing_found(NanLocation& loc, double spike_ratio) {
 }  // namespace
 
 struct LocatorRecording::Recording {
-  RecordingProbe probe;
-  std::unique_ptr<ProbeScope> scope;
+  RecordingHook hook;
+  std::unique_ptr<ForwardHookScope> scope;
 };
 
 LocatorRecording::LocatorRecording() : recording_(std::make_unique<Recording>()) {
-  recording_->scope = std::make_unique<ProbeScope>(&recording_->probe);
+  recording_->scope = std::make_unique<ForwardHookScope>(&recording_->hook);
 }
 
 LocatorRecording::~LocatorRecording() = default;
@@ -309,8 +309,8 @@ NanLocation LocatorRecording::finish(double loss) {
   recording_->scope.reset();
   Run r;
   r.loss = loss;
-  r.forward = std::move(recording_->probe.forward);
-  r.backward = std::move(recording_->probe.backward);
+  r.forward = std::move(recording_->hook.forward);
+  r.backward = std::move(recording_->hook.backward);
   const LocatorInputs no_reference;
   NanLocation loc = first_nonfinite_in(r, 0, no_reference, {});
   if (!loc.found) {

@@ -21,7 +21,7 @@
 namespace ampkit {
 
 namespace {
-AmpStrategies amp_strategies(const Strategies& s) {
+AmpStrategies amp_strategies(const TrainerStrategies& s) {
   if (!s.scaler || !s.clipper || !s.nan_policy || !s.comm)
     throw Error(ErrorCategory::internal,
                 "Trainer needs a scaler, a clipper, a NaN policy and a comm backend");
@@ -42,8 +42,8 @@ double LrSchedule::at(int64_t k, int64_t steps_lost) const {
 }
 
 Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Tensor> parameters,
-                 std::vector<std::string> names, torch::optim::Optimizer& optimizer, Strategies strategies,
-                 LrSchedule schedule)
+                 std::vector<std::string> names, torch::optim::Optimizer& optimizer,
+                 TrainerStrategies strategies, LrSchedule schedule)
     : precision_(precision),
       accumulation_steps_(accumulation_steps),
       parameters_(std::move(parameters)),

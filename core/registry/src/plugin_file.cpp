@@ -226,10 +226,10 @@ void read_metadata(const fs::path& file, const std::string& meta, PluginInfo& in
 // The layout record this host expects from a plugin of `kind` (ampkit/layout.h).
 std::string host_layout(const std::string& kind) {
   detail::LayoutText t{};
-  if (kind == "scaler") t = detail::plugin_layout<Kind_scaler>();
-  if (kind == "clipper") t = detail::plugin_layout<Kind_clipper>();
-  if (kind == "nan_policy") t = detail::plugin_layout<Kind_nan_policy>();
-  if (kind == "comm") t = detail::plugin_layout<Kind_comm>();
+  if (kind == "scaler") t = detail::plugin_layout<interface_of::scaler>();
+  if (kind == "clipper") t = detail::plugin_layout<interface_of::clipper>();
+  if (kind == "nan_policy") t = detail::plugin_layout<interface_of::nan_policy>();
+  if (kind == "comm") t = detail::plugin_layout<interface_of::comm>();
   return std::string(t.text, t.size);
 }
 

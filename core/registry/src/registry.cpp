@@ -124,7 +124,7 @@ const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info, bool rep
 }  // namespace detail
 
 namespace {
-void detail_copy(char* out, size_t size, const std::string& text) {
+void copy_into_error_buffer(char* out, size_t size, const std::string& text) {
   std::snprintf(out, size, "%s", text.c_str());
 }
 }  // namespace
@@ -141,9 +141,9 @@ std::unique_ptr<Strategy> LoadedPlugin::create(const OptionValues& values) const
   try {
     object = descriptor_->create(&values, error, sizeof error);
   } catch (const std::exception& e) {
-    detail_copy(error, sizeof error, std::string("its factory threw: ") + e.what());
+    copy_into_error_buffer(error, sizeof error, std::string("its factory threw: ") + e.what());
   } catch (...) {
-    detail_copy(error, sizeof error, "its factory threw a non-standard exception");
+    copy_into_error_buffer(error, sizeof error, "its factory threw a non-standard exception");
   }
   if (object == nullptr)
     throw Error(ErrorCategory::plugin,

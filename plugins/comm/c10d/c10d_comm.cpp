@@ -76,7 +76,7 @@ std::string heartbeat_key(int rank) {
 }
 
 // c10d logs each failed store call and socket error as a warning with a C++ stack trace (a lost
-// rank 0 used to write 592 of them, 1 MB, to every survivor's stderr); what matters is in the one
+// rank 0 makes hundreds of them, about 1 MB, on every survivor's stderr); what matters is in the one
 // line ampkit-train prints. Unless the user asked for LibTorch's log (TORCH_CPP_LOG_LEVEL), only
 // fatal messages are printed.
 void quiet_c10d_log() {

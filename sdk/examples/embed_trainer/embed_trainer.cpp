@@ -100,7 +100,7 @@ int run(int argc, char** argv) {
   }
   torch::optim::SGD optimizer(parameters, torch::optim::SGDOptions(0.01).momentum(0.9));
 
-  // Strategies by name. The installed built-in plugins are searched besides AMPKIT_PLUGIN_PATH;
+  // The strategies, by name. The installed built-in plugins are searched besides AMPKIT_PLUGIN_PATH;
   // with a static ampkit these could be linked in instead (ampkit_link_static_plugins).
   ampkit::RegistryOptions registry_options;
   registry_options.plugin_dirs.emplace_back(AMPKIT_EXAMPLE_PLUGIN_DIR);
@@ -120,8 +120,8 @@ int run(int argc, char** argv) {
                       {"version", s.plugin->info().version},
                       {"options", s.options.values.all()}};
   strategies->comm().init(ampkit::DistributedConfig{});
-  const ampkit::Strategies s{&strategies->scaler(), &strategies->clipper(), &strategies->nan_policy(),
-                             &strategies->comm()};
+  const ampkit::TrainerStrategies s{&strategies->scaler(), &strategies->clipper(), &strategies->nan_policy(),
+                                    &strategies->comm()};
   ampkit::LrSchedule schedule;
   schedule.base_lr = 0.01;
   ampkit::Trainer trainer(precision, /*accumulation_steps=*/1, parameters, names, optimizer, s, schedule);

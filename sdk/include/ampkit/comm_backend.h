@@ -28,7 +28,7 @@ struct DistributedConfig {
   int nnodes = 1;
   int node_rank = 0;
   int nproc_per_node = 1;
-  std::vector<int> device_ids;  // CUDA device of this rank; empty: local_rank
+  std::vector<int> device_ids;     // CUDA device of this rank; empty: local_rank
   std::string store = "tcp";       // "tcp" (TCPStore at master_addr:master_port) | "file:PATH"
   double timeout_seconds = 300.0;  // rendezvous and every collective
 };
@@ -55,8 +55,10 @@ class AMPKIT_INTERFACE CommBackend : public Strategy {
   // where the backend can tell (heartbeats in the rendezvous store); `what` otherwise.
   virtual std::string explain_failure(const std::string& what) { return what; }
 };
-// AMPKIT_PLUGIN(comm, ...) implements this interface.
-using Kind_comm = CommBackend;
+// AMPKIT_PLUGIN(comm, ...) implements this interface; the macro finds it by the kind's name.
+namespace interface_of {
+using comm = CommBackend;
+}
 
 namespace detail {
 template <>
@@ -66,7 +68,8 @@ struct KindLayout<CommBackend> {
     t.type("DistributedConfig", sizeof(D),
            {offsetof(D, world_size), offsetof(D, rank), offsetof(D, local_rank), offsetof(D, backend),
             offsetof(D, master_addr), offsetof(D, master_port), offsetof(D, nnodes), offsetof(D, node_rank),
-            offsetof(D, nproc_per_node), offsetof(D, device_ids), offsetof(D, store), offsetof(D, timeout_seconds)});
+            offsetof(D, nproc_per_node), offsetof(D, device_ids), offsetof(D, store),
+            offsetof(D, timeout_seconds)});
     t.type("Tensor", sizeof(at::Tensor), {});
   }
 };

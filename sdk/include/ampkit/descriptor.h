@@ -4,12 +4,12 @@
 // no Boost: a scaler or NaN-policy plugin compiles and links without touching torch.
 //
 // A plugin library exports exactly one entry, `ampkit_v<ABI>_<kind>_<name>`: a pointer to its
-// entry function in the ELF section "ampkit" (the layout of BOOST_DLL_ALIAS_SECTIONED, which the
-// host reads with Boost.DLL), plus two read-only records the host reads from the file without
-// running plugin code: "ampkitmd" (abi, kind, name, version, summary, torch version, compiler)
-// and "ampkitly" (the layout of every type that crosses the boundary, see ampkit/layout.h). The
-// host checks the ABI, torch and C++ ABI, the kind and the layouts, and only then loads the
-// library and calls the entry.
+// entry function in the ELF section "ampkit" (the layout of BOOST_DLL_ALIAS_SECTIONED; the host
+// finds it with its own ELF reader and resolves it with Boost.DLL's get_alias), plus two
+// read-only records the host reads from the file without running plugin code: "ampkitmd" (abi,
+// kind, name, version, summary, torch version, compiler) and "ampkitly" (the layout of every type
+// that crosses the boundary, see ampkit/layout.h). The host checks the ABI, torch and C++ ABI,
+// the kind and the layouts, and only then loads the library and calls the entry.
 #pragma once
 
 #include <ampkit/layout.h>
@@ -133,13 +133,15 @@ namespace ampkit::detail {
 
 // One argument of AMPKIT_PLUGIN after the class: the summary first, then option specs.
 struct PluginArgument {
-  constexpr PluginArgument(const char* summary_text) : summary(summary_text), spec{} {}  // NOLINT
+  constexpr PluginArgument(const char* summary_text) : summary(summary_text), spec{} {}           // NOLINT
   constexpr PluginArgument(const ampkit_option_spec& option) : summary(nullptr), spec(option) {}  // NOLINT
   const char* summary;
   ampkit_option_spec spec;
 };
 
-constexpr bool is_empty_text(const char* s) { return s == nullptr || s[0] == '\0'; }
+constexpr bool is_empty_text(const char* s) {
+  return s == nullptr || s[0] == '\0';
+}
 
 // The option specs of AMPKIT_PLUGIN's arguments, after an empty first entry (so a plugin without
 // options still has an array). A misplaced summary or an empty help text stops the build.
@@ -161,7 +163,6 @@ constexpr bool same_text(const char* a, const char* b) {
   while (*a != '\0' && *a == *b) ++a, ++b;
   return *a == *b;
 }
-
 
 inline void write_error(char* error, size_t error_size, const char* message) noexcept {
   if (error == nullptr || error_size == 0) return;
@@ -197,22 +198,22 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 #define AMPKIT_PLUGIN_ENTRY_NAME_X(abi, kind, name) AMPKIT_PLUGIN_ENTRY_NAME_(abi, kind, name)
 #define AMPKIT_PLUGIN_ENTRY_NAME(kind, name) AMPKIT_PLUGIN_ENTRY_NAME_X(AMPKIT_ABI_VERSION, kind, name)
 // The exported alias, laid out as BOOST_DLL_ALIAS_SECTIONED lays it out (a weak, default-visible
-// `const void*` in the section), so the host's boost::dll::library_info/get_alias read it as before.
-#define AMPKIT_PLUGIN_ALIAS_(entry, alias)                                                       \
-  namespace _autoaliases {                                                                       \
-  extern "C" __attribute__((visibility("default"))) const void* alias;                           \
-  __attribute__((section("ampkit"), weak, visibility("default"))) const void* alias =            \
-      reinterpret_cast<const void*>(reinterpret_cast<intptr_t>(&entry));                         \
+// `const void*` in the section): the host's ELF reader lists it and Boost.DLL's get_alias resolves it.
+#define AMPKIT_PLUGIN_ALIAS_(entry, alias)                                            \
+  namespace _autoaliases {                                                            \
+  extern "C" __attribute__((visibility("default"))) const void* alias;                \
+  __attribute__((section("ampkit"), weak, visibility("default"))) const void* alias = \
+      reinterpret_cast<const void*>(reinterpret_cast<intptr_t>(&entry));              \
   }
 #define AMPKIT_PLUGIN_ALIAS(entry, alias) AMPKIT_PLUGIN_ALIAS_(entry, alias)
 #define AMPKIT_PLUGIN_FIRST_(first, ...) first
 
 // ampkit_add_plugin(KIND k NAME n) defines these; AMPKIT_PLUGIN must say the same.
 #if defined(AMPKIT_BUILD_KIND) && defined(AMPKIT_BUILD_NAME)
-#define AMPKIT_PLUGIN_CHECK_BUILD_(kind, name)                                                            \
-  static_assert(::ampkit::detail::same_text(#kind, AMPKIT_BUILD_KIND),                                    \
-                "AMPKIT_PLUGIN(" #kind ", ...) disagrees with ampkit_add_plugin(KIND ...) in CMake");     \
-  static_assert(::ampkit::detail::same_text(#name, AMPKIT_BUILD_NAME),                                    \
+#define AMPKIT_PLUGIN_CHECK_BUILD_(kind, name)                                                        \
+  static_assert(::ampkit::detail::same_text(#kind, AMPKIT_BUILD_KIND),                                \
+                "AMPKIT_PLUGIN(" #kind ", ...) disagrees with ampkit_add_plugin(KIND ...) in CMake"); \
+  static_assert(::ampkit::detail::same_text(#name, AMPKIT_BUILD_NAME),                                \
                 "AMPKIT_PLUGIN(..., " #name ", ...) disagrees with ampkit_add_plugin(NAME ...) in CMake");
 #else
 #define AMPKIT_PLUGIN_CHECK_BUILD_(kind, name)
@@ -227,37 +228,39 @@ void* create_strategy(const void* option_values, char* error, size_t error_size)
 // (Through AMPKIT_PLUGIN_IMPL_, so a kind or name given as a macro is expanded once, the same way
 // for the descriptor, the records and the build check.)
 #define AMPKIT_PLUGIN(kind, name, ...) AMPKIT_PLUGIN_IMPL_(kind, name, __VA_ARGS__)
-#define AMPKIT_PLUGIN_IMPL_(kind, name, Class, ...)                                                          \
-  AMPKIT_PLUGIN_CHECK_BUILD_(kind, name)                                                                     \
-  namespace {                                                                                                \
-  constexpr ::ampkit::detail::PluginArgument ampkit_plugin_arguments_[] = {__VA_ARGS__};                     \
-  constexpr auto ampkit_plugin_options_ = ::ampkit::detail::option_table(ampkit_plugin_arguments_);          \
-  void* ampkit_plugin_create_(const void* values, char* error, size_t error_size) {                          \
-    return ::ampkit::detail::create_strategy<Class, ::ampkit::Kind_##kind>(values, error, error_size);       \
-  }                                                                                                          \
-  const ampkit_plugin_descriptor ampkit_plugin_descriptor_ = {                                               \
-      AMPKIT_ABI_VERSION,                                                                                    \
-      sizeof(ampkit_plugin_descriptor),                                                                      \
-      #kind,                                                                                                 \
-      #name,                                                                                                 \
-      AMPKIT_PLUGIN_VERSION,                                                                                 \
-      AMPKIT_PLUGIN_FIRST_(__VA_ARGS__, ~),                                                                  \
-      AMPKIT_TORCH_VERSION,                                                                                  \
-      AMPKIT_COMPILER,                                                                                       \
-      AMPKIT_CXX11_ABI,                                                                                      \
-      static_cast<uint32_t>(ampkit_plugin_options_.size() - 1),                                              \
-      ampkit_plugin_options_.data() + 1,                                                                     \
-      &ampkit_plugin_create_};                                                                               \
-  const ampkit_plugin_descriptor* ampkit_plugin_entry_() {                                                   \
-    return &ampkit_plugin_descriptor_;                                                                       \
-  }                                                                                                          \
-  __attribute__((section(AMPKIT_PLUGIN_META_SECTION), used))                                                 \
-  const char ampkit_plugin_meta_[] = "ampkit-plugin\nabi=" AMPKIT_STRINGIFY(                                 \
-      AMPKIT_ABI_VERSION) "\nkind=" #kind "\nname=" #name "\nversion=" AMPKIT_PLUGIN_VERSION                 \
-      "\nsummary=" AMPKIT_PLUGIN_FIRST_(__VA_ARGS__, ~) "\ntorch=" AMPKIT_TORCH_VERSION                      \
-      "\ncompiler=" AMPKIT_COMPILER "\ncxx11_abi=" AMPKIT_STRINGIFY(AMPKIT_CXX11_ABI) "\n";                 \
-  __attribute__((section(AMPKIT_PLUGIN_LAYOUT_SECTION), used))                                               \
-  constexpr ::ampkit::detail::LayoutText ampkit_plugin_layout_ =                                             \
-      ::ampkit::detail::plugin_layout<::ampkit::Kind_##kind>();                                              \
-  }                                                                                                          \
+#define AMPKIT_PLUGIN_IMPL_(kind, name, Class, ...)                                                         \
+  AMPKIT_PLUGIN_CHECK_BUILD_(kind, name)                                                                    \
+  namespace {                                                                                               \
+  constexpr ::ampkit::detail::PluginArgument ampkit_plugin_arguments_[] = {__VA_ARGS__};                    \
+  constexpr auto ampkit_plugin_options_ = ::ampkit::detail::option_table(ampkit_plugin_arguments_);         \
+  void* ampkit_plugin_create_(const void* values, char* error, size_t error_size) {                         \
+    return ::ampkit::detail::create_strategy<Class, ::ampkit::interface_of::kind>(values, error,            \
+                                                                                  error_size);              \
+  }                                                                                                         \
+  const ampkit_plugin_descriptor ampkit_plugin_descriptor_ = {                                              \
+      AMPKIT_ABI_VERSION,                                                                                   \
+      sizeof(ampkit_plugin_descriptor),                                                                     \
+      #kind,                                                                                                \
+      #name,                                                                                                \
+      AMPKIT_PLUGIN_VERSION,                                                                                \
+      AMPKIT_PLUGIN_FIRST_(__VA_ARGS__, ~),                                                                 \
+      AMPKIT_TORCH_VERSION,                                                                                 \
+      AMPKIT_COMPILER,                                                                                      \
+      AMPKIT_CXX11_ABI,                                                                                     \
+      static_cast<uint32_t>(ampkit_plugin_options_.size() - 1),                                             \
+      ampkit_plugin_options_.data() + 1,                                                                    \
+      &ampkit_plugin_create_};                                                                              \
+  const ampkit_plugin_descriptor* ampkit_plugin_entry_() {                                                  \
+    return &ampkit_plugin_descriptor_;                                                                      \
+  }                                                                                                         \
+  __attribute__((section(AMPKIT_PLUGIN_META_SECTION), used))                                                \
+  const char ampkit_plugin_meta_[] = "ampkit-plugin\nabi=" AMPKIT_STRINGIFY(                                \
+      AMPKIT_ABI_VERSION) "\nkind=" #kind "\nname=" #name "\nversion=" AMPKIT_PLUGIN_VERSION                \
+                          "\nsummary=" AMPKIT_PLUGIN_FIRST_(                                                \
+                              __VA_ARGS__, ~) "\ntorch=" AMPKIT_TORCH_VERSION "\ncompiler=" AMPKIT_COMPILER \
+                                              "\ncxx11_abi=" AMPKIT_STRINGIFY(AMPKIT_CXX11_ABI) "\n";       \
+  __attribute__((section(AMPKIT_PLUGIN_LAYOUT_SECTION),                                                     \
+                 used)) constexpr ::ampkit::detail::LayoutText ampkit_plugin_layout_ =                      \
+      ::ampkit::detail::plugin_layout<::ampkit::interface_of::kind>();                                      \
+  }                                                                                                         \
   AMPKIT_PLUGIN_ALIAS(ampkit_plugin_entry_, AMPKIT_PLUGIN_ENTRY_NAME(kind, name))

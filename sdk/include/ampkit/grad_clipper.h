@@ -42,14 +42,17 @@ class AMPKIT_INTERFACE GradClipper : public Strategy {
   }
 };
 
-// AMPKIT_PLUGIN(clipper, ...) implements this interface.
-using Kind_clipper = GradClipper;
+// AMPKIT_PLUGIN(clipper, ...) implements this interface; the macro finds it by the kind's name.
+namespace interface_of {
+using clipper = GradClipper;
+}
 
 namespace detail {
 template <>
 struct KindLayout<GradClipper> {
   static constexpr void add(LayoutText& t) {
-    t.type("ClipResult", sizeof(ClipResult), {offsetof(ClipResult, coefficient), offsetof(ClipResult, threshold)});
+    t.type("ClipResult", sizeof(ClipResult),
+           {offsetof(ClipResult, coefficient), offsetof(ClipResult, threshold)});
     t.type("Tensor", sizeof(at::Tensor), {});
   }
 };

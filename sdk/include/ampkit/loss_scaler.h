@@ -21,7 +21,9 @@ class AMPKIT_INTERFACE LossScaler : public Strategy {
   virtual bool is_dynamic() const { return false; }
 };
 
-// AMPKIT_PLUGIN(scaler, ...) implements this interface.
-using Kind_scaler = LossScaler;
+// AMPKIT_PLUGIN(scaler, ...) implements this interface; the macro finds it by the kind's name.
+namespace interface_of {
+using scaler = LossScaler;
+}
 
 }  // namespace ampkit

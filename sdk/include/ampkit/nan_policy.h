@@ -27,8 +27,10 @@ class AMPKIT_INTERFACE NanPolicy : public Strategy {
   virtual RollbackPlan rollback_plan() const { return {}; }
 };
 
-// AMPKIT_PLUGIN(nan_policy, ...) implements this interface.
-using Kind_nan_policy = NanPolicy;
+// AMPKIT_PLUGIN(nan_policy, ...) implements this interface; the macro finds it by the kind's name.
+namespace interface_of {
+using nan_policy = NanPolicy;
+}
 
 namespace detail {
 template <>

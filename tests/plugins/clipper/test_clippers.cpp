@@ -409,7 +409,7 @@ struct GoldenRun {
     schedule.base_lr = 1.0;
     trainer = std::make_unique<Trainer>(
         Precision::fp32, 1, params, names, optimizer,
-        Strategies{&others->scaler(), clipper, &others->nan_policy(), &others->comm()}, schedule);
+        TrainerStrategies{&others->scaler(), clipper, &others->nan_policy(), &others->comm()}, schedule);
   }
 
   StepOutcome step(const std::vector<at::Tensor>& grads) {

@@ -3,7 +3,7 @@
 // hosts/train/src/config/fault_spec.h).
 #pragma once
 
-#include <ampkit/probe.h>
+#include <ampkit/forward_hook.h>
 
 #include <cstdint>
 #include <set>
@@ -25,11 +25,11 @@ struct Fault {
 };
 
 // Applies the faults planted at one step on one rank: arm() before the step's forward passes,
-// with a ProbeScope around each, and apply_to_loss() to each micro-batch's loss.
-class FaultInjector final : public Probe {
+// with a ForwardHookScope around each, and apply_to_loss() to each micro-batch's loss.
+class FaultInjector final : public ForwardHook {
  public:
   explicit FaultInjector(std::vector<Fault> faults) : faults_(std::move(faults)) {}
-  // Arms the faults of (step, rank); true when there is any (the step then needs a probe).
+  // Arms the faults of (step, rank); true when there is any (the step then needs a hook).
   bool arm(int64_t step, int rank);
   bool armed() const { return !armed_.empty(); }
   at::Tensor on_output(const std::string& module, const at::Tensor& input, at::Tensor output) override;

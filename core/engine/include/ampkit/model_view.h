@@ -24,7 +24,7 @@ class ModelView {
   virtual NamedTensors named_buffers() const = 0;
   // Training mode (dropout on, batch norm statistics updated) or evaluation mode, recursively.
   virtual void train(bool on) = 0;
-  // The modules whose outputs the model reports through tap() (probe.h): --inject's layer names
+  // The modules whose outputs the model reports through tap() (forward_hook.h): --inject's layer names
   // and the NaN locator's; empty when the model cannot report any (a TorchScript module).
   virtual std::vector<std::string> hook_points() const = 0;
   // The type of the submodule at `path` ("Linear", "Conv2d"), for reports; "" when unknown.

@@ -1,4 +1,4 @@
-// The NaN locator: re-runs a bad step's micro-batches with a probe on every module and names
+// The NaN locator: re-runs a bad step's micro-batches with a hook on every module and names
 // the first module whose output or gradient went non-finite (or, for a spike, blew up).
 #pragma once
 

@@ -40,7 +40,9 @@ struct LrSchedule {
   double at(int64_t steps_taken, int64_t steps_lost = 0) const;
 };
 
-struct Strategies {
+// The four strategies a Trainer calls, borrowed: whoever loaded them (a host's StrategySet, a test)
+// owns them and keeps them alive longer than the Trainer.
+struct TrainerStrategies {
   LossScaler* scaler = nullptr;
   GradClipper* clipper = nullptr;
   NanPolicy* nan_policy = nullptr;
@@ -61,7 +63,7 @@ class Trainer {
   // `parameters` and `names` are the model's trainable parameters in a fixed order; the
   // optimizer must own the same tensors. The strategies must outlive the trainer.
   Trainer(Precision precision, int accumulation_steps, std::vector<at::Tensor> parameters,
-          std::vector<std::string> names, torch::optim::Optimizer& optimizer, Strategies strategies,
+          std::vector<std::string> names, torch::optim::Optimizer& optimizer, TrainerStrategies strategies,
           LrSchedule schedule);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -138,7 +140,7 @@ class Trainer {
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> names_;
   torch::optim::Optimizer& optimizer_;
-  Strategies strategies_;
+  TrainerStrategies strategies_;
   AmpStep amp_;
   LrSchedule schedule_;
   DataParallelOptions data_parallel_;

@@ -18,7 +18,7 @@ namespace ampkit {
 // and "ampkitmd" (a text record); no plugin code runs to get it.
 struct PluginInfo {
   std::filesystem::path path;
-  std::string entry;  // alias symbol, e.g. ampkit_v3_scaler_dynamic
+  std::string entry;  // alias symbol ampkit_v<ABI>_<kind>_<name> (AMPKIT_PLUGIN_ENTRY_NAME)
   int abi_version = 0;
   std::string kind, name, version, summary, torch_version, compiler;
   int cxx11_abi = -1;

@@ -12,42 +12,42 @@
 
 namespace ampkit::options {
 
-using Store = std::function<void(TrainConfig&, const OptionValue&)>;
+using Store = std::function<void(TrainConfig&, const HostOptionValue&)>;
 
 // The table's integer ranges keep every value inside the field's type (int fields get a max).
-inline void assign(int64_t& to, const OptionValue& v) {
+inline void assign(int64_t& to, const HostOptionValue& v) {
   to = v.integer;
 }
-inline void assign(int& to, const OptionValue& v) {
+inline void assign(int& to, const HostOptionValue& v) {
   to = static_cast<int>(v.integer);
 }
-inline void assign(uint64_t& to, const OptionValue& v) {
+inline void assign(uint64_t& to, const HostOptionValue& v) {
   to = v.unsigned_integer;
 }
-inline void assign(double& to, const OptionValue& v) {
+inline void assign(double& to, const HostOptionValue& v) {
   to = v.number;
 }
-inline void assign(bool& to, const OptionValue& v) {
+inline void assign(bool& to, const HostOptionValue& v) {
   to = v.boolean;
 }
-inline void assign(std::string& to, const OptionValue& v) {
+inline void assign(std::string& to, const HostOptionValue& v) {
   to = v.text;
 }
-inline void assign(std::vector<std::string>& to, const OptionValue& v) {
+inline void assign(std::vector<std::string>& to, const HostOptionValue& v) {
   to = v.list;
 }
 
 template <class T>
 Store field(T TrainConfig::*member) {
-  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.*member, v); };
+  return [member](TrainConfig& cfg, const HostOptionValue& v) { assign(cfg.*member, v); };
 }
 template <class T>
 Store dist_field(T DistributedConfig::*member) {
-  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.dist.*member, v); };
+  return [member](TrainConfig& cfg, const HostOptionValue& v) { assign(cfg.dist.*member, v); };
 }
 template <class T>
 Store data_parallel_field(T DataParallelOptions::*member) {
-  return [member](TrainConfig& cfg, const OptionValue& v) { assign(cfg.data_parallel.*member, v); };
+  return [member](TrainConfig& cfg, const HostOptionValue& v) { assign(cfg.data_parallel.*member, v); };
 }
 
 inline HostOption row(const char* name, OptionType type, std::optional<std::string> def, std::string help,

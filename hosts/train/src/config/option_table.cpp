@@ -65,7 +65,7 @@ std::vector<HostOption> run_options() {
       help,
       workload_option(),
       text("precision", "fp32", "Autocast precision: fp32 | bf16 | fp16. Master weights stay fp32.",
-           [](TrainConfig& cfg, const OptionValue& v) {
+           [](TrainConfig& cfg, const HostOptionValue& v) {
              cfg.precision = v.text == "bf16"   ? Precision::bf16
                              : v.text == "fp16" ? Precision::fp16
                                                 : Precision::fp32;
@@ -121,10 +121,10 @@ std::vector<HostOption> plugin_options() {
     const std::string help_kind =
         kind == "scaler" ? help + " The default is dynamic for --precision fp16, none otherwise." : help;
     out.push_back(text(k.flag, k.default_plugin, help_kind,
-                       [kind](TrainConfig& cfg, const OptionValue& v) { cfg.plugins[kind] = v.text; }));
+                       [kind](TrainConfig& cfg, const HostOptionValue& v) { cfg.plugins[kind] = v.text; }));
   }
   out.push_back(list("opt", "Plugin option KIND.OPTION=VALUE, e.g. scaler.scale=512 (repeatable).",
-                     [](TrainConfig& cfg, const OptionValue& v) {
+                     [](TrainConfig& cfg, const HostOptionValue& v) {
                        for (const auto& item : v.list) store_plugin_option(cfg, item);
                      }));
   out.back().listed = false;
@@ -214,7 +214,7 @@ std::vector<HostOption> checkpoint_and_nan_options() {
            "KIND@step=N[,layer=NAME][,rank=R][,target=output|grad][,factor=X]; "
            "KIND nan|inf|spike, layer a module path (default: the loss), factor the spike multiplier (1000) "
            "(repeatable; docs/troubleshooting-nan.md).",
-           [](TrainConfig& cfg, const OptionValue& v) {
+           [](TrainConfig& cfg, const HostOptionValue& v) {
              for (const auto& spec : v.list) train::parse_fault(spec);  // throws with the spec's problem
              cfg.inject = v.list;
            }),
@@ -298,7 +298,7 @@ std::vector<HostOption> data_parallel_and_progress_options() {
            "Distributed: tcp (a c10d TCPStore at --master-addr:--master-port) | file:PATH (a c10d FileStore "
            "on a "
            "filesystem every rank shares; the file must not exist from an earlier job).",
-           [](TrainConfig& cfg, const OptionValue& v) {
+           [](TrainConfig& cfg, const HostOptionValue& v) {
              if (v.text != "tcp" && !(v.text.rfind("file:", 0) == 0 && v.text.size() > 5))
                throw Error(ErrorCategory::usage,
                            "--rendezvous must be tcp or file:PATH, got '" + v.text + "'");

@@ -24,7 +24,7 @@ enum class OptionType {
 };
 
 // One option's value after its text was checked against its type and range.
-struct OptionValue {
+struct HostOptionValue {
   int64_t integer = 0;
   uint64_t unsigned_integer = 0;
   double number = 0;
@@ -49,7 +49,7 @@ struct HostOption {
   bool listed = true;              // shown by --print-config when it has a value
   std::string group;  // --help's group: "" for ampkit-train's own, "workload NAME" for a workload's
   // Stores the checked value in its TrainConfig field; empty for options read elsewhere.
-  std::function<void(TrainConfig&, const OptionValue&)> store;
+  std::function<void(TrainConfig&, const HostOptionValue&)> store;
 
   // Builders, so that a table row reads as one declaration.
   HostOption& range(std::optional<double> lo, std::optional<double> hi) {
@@ -81,9 +81,10 @@ const HostOption& host_option(const std::string& name);
 
 // Checks `text` against the option's type, range and choices. Throws Error(usage) with one line
 // ("--batch-size must be in [1, 1048576], got 0"), naming `source` unless it is the command line.
-OptionValue parse_option_value(const HostOption& option, const std::string& text, const std::string& source);
+HostOptionValue parse_option_value(const HostOption& option, const std::string& text,
+                                   const std::string& source);
 // The value as --print-config shows it: numbers in their shortest form (1e-3 -> 0.001).
-std::string canonical_text(const HostOption& option, const OptionValue& value);
+std::string canonical_text(const HostOption& option, const HostOptionValue& value);
 // "[1, 1048576]", "> 0", ">= 0", "(0, 65536]"; empty without a range.
 std::string range_text(const HostOption& option);
 
@@ -95,7 +96,7 @@ using EnvironmentLookup = std::function<const char*(const char*)>;
 std::optional<std::pair<std::string, std::string>> launcher_value(const HostOption& option,
                                                                   const EnvironmentLookup& getenv);
 // --device-ids: a comma list of CUDA device indices, each checked as an integer in [0, 2^20].
-void store_device_ids(TrainConfig& cfg, const OptionValue& v);
+void store_device_ids(TrainConfig& cfg, const HostOptionValue& v);
 // "node[01-04,07],gpu3" -> "node01": the first host of a SLURM node list (rank 0's host).
 std::string first_slurm_host(const std::string& list);
 

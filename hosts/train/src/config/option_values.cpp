@@ -64,8 +64,8 @@ std::string range_text(const HostOption& o) {
   return "";
 }
 
-OptionValue parse_option_value(const HostOption& o, const std::string& text, const std::string& source) {
-  OptionValue v;
+HostOptionValue parse_option_value(const HostOption& o, const std::string& text, const std::string& source) {
+  HostOptionValue v;
   v.text = text;
   const char* begin = text.c_str();
   char* end = nullptr;
@@ -101,7 +101,7 @@ OptionValue parse_option_value(const HostOption& o, const std::string& text, con
   return v;
 }
 
-std::string canonical_text(const HostOption& o, const OptionValue& v) {
+std::string canonical_text(const HostOption& o, const HostOptionValue& v) {
   std::ostringstream s;
   switch (o.type) {
     case OptionType::integer:
@@ -135,7 +135,7 @@ std::string first_slurm_host(const std::string& list) {
 }
 
 std::optional<std::pair<std::string, std::string>> launcher_value(const HostOption& option,
-                                                                   const EnvironmentLookup& getenv) {
+                                                                  const EnvironmentLookup& getenv) {
   for (const std::string& name : option.environment) {
     const char* raw = getenv(name.c_str());
     if (raw == nullptr || *raw == '\0') continue;
@@ -147,7 +147,7 @@ std::optional<std::pair<std::string, std::string>> launcher_value(const HostOpti
   return std::nullopt;
 }
 
-void store_device_ids(TrainConfig& cfg, const OptionValue& v) {
+void store_device_ids(TrainConfig& cfg, const HostOptionValue& v) {
   static const HostOption device_id = [] {
     HostOption o;
     o.name = "device-ids";
@@ -158,7 +158,7 @@ void store_device_ids(TrainConfig& cfg, const OptionValue& v) {
   cfg.dist.device_ids.clear();
   for (size_t at = 0; at < ids.size();) {
     const size_t comma = std::min(ids.find(',', at), ids.size());
-    const OptionValue id = parse_option_value(device_id, ids.substr(at, comma - at), "command line");
+    const HostOptionValue id = parse_option_value(device_id, ids.substr(at, comma - at), "command line");
     cfg.dist.device_ids.push_back(static_cast<int>(id.integer));
     at = comma + 1;
   }

@@ -144,9 +144,9 @@ std::optional<TrainConfig::Setting> setting_of(const HostOption& o, const Parsed
   return s;
 }
 
-OptionValue value_of(const HostOption& o, const TrainConfig::Setting& s, const ParsedSources& p) {
+HostOptionValue value_of(const HostOption& o, const TrainConfig::Setting& s, const ParsedSources& p) {
   if (o.type != OptionType::list) return parse_option_value(o, s.value, s.source);
-  OptionValue v;
+  HostOptionValue v;
   v.list = p.vm[o.name].as<std::vector<std::string>>();
   return v;
 }
@@ -157,7 +157,7 @@ void apply_table(const ParsedSources& p, TrainConfig& cfg) {
   for (const HostOption& o : host_option_table()) {
     std::optional<TrainConfig::Setting> s = setting_of(o, p, file_source);
     if (!s) continue;
-    const OptionValue v = value_of(o, *s, p);
+    const HostOptionValue v = value_of(o, *s, p);
     s->value = canonical_text(o, v);
     if (o.store) o.store(cfg, v);
     if (o.listed) cfg.settings.push_back(*s);

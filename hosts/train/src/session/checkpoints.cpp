@@ -30,9 +30,9 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
     if (saved == nullptr)
       throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
     if (p.kind == "comm" && saved->name != info.name && saved->name != "local") {
-      // The comm's state is tiny, but a full resume needs a plugin that can load it; gloo runs
-      // with world size 1 too (issue 18: only --weights-only used to be suggested). A checkpoint
-      // of comm 'local' (one process) gets the general hint below: 'local' cannot run N ranks.
+      // The comm's state is tiny, but a full resume needs a plugin that can load it, so the hint
+      // offers the saved comm first (gloo runs with world size 1 too), then --weights-only. A
+      // checkpoint of comm 'local' (one process) gets the general hint below: 'local' cannot run N ranks.
       std::string ranks;
       for (const auto& c : ckpt.manifest.config)
         if (c.value("name", "") == "world-size") ranks = " by " + c.value("value", "?") + " ranks";
@@ -105,7 +105,7 @@ std::optional<LoadedCheckpoint> checkpoint_to_resume(const TrainConfig& cfg,
 }
 
 // Everything but the parameters: optimizer, plugin states, counters, host state, RNG.
-void restore_run_state(RunParts& run, const LoadedCheckpoint& ckpt) {
+void restore_run_state(SessionObjects& run, const LoadedCheckpoint& ckpt) {
   restore_optimizer(ckpt, run.optimizer);
   for (auto& p : run.strategies.all()) {
     for (const auto& r : ckpt.manifest.plugins) {
@@ -127,7 +127,7 @@ void restore_run_state(RunParts& run, const LoadedCheckpoint& ckpt) {
 
 }  // namespace
 
-std::string resume(RunParts& run, std::vector<std::string>& warnings) {
+std::string resume(SessionObjects& run, std::vector<std::string>& warnings) {
   if (run.cfg.resume.empty()) return "";
   const std::optional<LoadedCheckpoint> ckpt = checkpoint_to_resume(run.cfg, warnings);
   if (!ckpt) return "";
@@ -144,7 +144,7 @@ std::string resume(RunParts& run, std::vector<std::string>& warnings) {
   return ckpt->folder.string();
 }
 
-CheckpointKeeper::CheckpointKeeper(RunParts& run, bool writes, int64_t steps_per_epoch)
+CheckpointKeeper::CheckpointKeeper(SessionObjects& run, bool writes, int64_t steps_per_epoch)
     : run_(run),
       writes_(writes),
       steps_per_epoch_(steps_per_epoch),
@@ -187,7 +187,7 @@ void CheckpointKeeper::at_end() {
   if (writes_ && last_saved_ != run_.trainer.steps_attempted()) save();
 }
 
-RollbackKeeper::RollbackKeeper(RunParts& run, const RollbackPlan& plan, CheckpointKeeper& checkpoints)
+RollbackKeeper::RollbackKeeper(SessionObjects& run, const RollbackPlan& plan, CheckpointKeeper& checkpoints)
     : run_(run), plan_(plan) {
   if (!plan_.enabled()) return;
   if (plan_.snapshot_every > 0)

@@ -21,12 +21,12 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(const ModelView& m
 // always; without --weights-only also the optimizer, plugin states, counters, host state and RNG,
 // after checking that the same plugins and optimizer are selected. Returns the folder resumed
 // from, or "" for a fresh start; the corrupt checkpoints auto skipped go into `warnings`.
-std::string resume(RunParts& run, std::vector<std::string>& warnings);
+std::string resume(SessionObjects& run, std::vector<std::string>& warnings);
 
 // Writes checkpoints: periodically, at the end, and on demand (a rollback's first target).
 class CheckpointKeeper {
  public:
-  CheckpointKeeper(RunParts& run, bool writes, int64_t steps_per_epoch);
+  CheckpointKeeper(SessionObjects& run, bool writes, int64_t steps_per_epoch);
   bool writes() const { return writes_; }
   void save();
   // After a step: every --checkpoint-every attempted steps.
@@ -39,7 +39,7 @@ class CheckpointKeeper {
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
-  RunParts& run_;
+  SessionObjects& run_;
   bool writes_;
   int64_t steps_per_epoch_;
   int64_t last_saved_;
@@ -51,14 +51,14 @@ class CheckpointKeeper {
 // the newest checkpoint; and hands the Trainer its rollback handler.
 class RollbackKeeper {
  public:
-  RollbackKeeper(RunParts& run, const RollbackPlan& plan, CheckpointKeeper& checkpoints);
+  RollbackKeeper(SessionObjects& run, const RollbackPlan& plan, CheckpointKeeper& checkpoints);
   void after_step(const StepOutcome& out);
   // What the last rollback restored ("in-memory snapshot before step N", or a checkpoint folder).
   const std::string& source() const { return source_; }
 
  private:
   int64_t restore();
-  RunParts& run_;
+  SessionObjects& run_;
   RollbackPlan plan_;
   MemorySnapshot snapshot_;
   std::string source_;

@@ -50,7 +50,7 @@ nlohmann::json first_fault_located_by(const nlohmann::json& reports) {
   return reports[0].value("rank", 0);
 }
 
-NanReporter::NanReporter(RunParts& run, Workload& workload, int rank)
+NanReporter::NanReporter(SessionObjects& run, Workload& workload, int rank)
     : run_(run), workload_(workload), rank_(rank) {
   run_.trainer.set_bad_step_observer(
       [this](const StepOutcome& o, const std::function<at::Tensor(int)>& forward) { observe(o, forward); });

@@ -25,7 +25,7 @@ class NanReporter {
  public:
   // Installs itself as the Trainer's bad-step observer; reports use `workload` for the
   // reference batch and the module types.
-  NanReporter(RunParts& run, Workload& workload, int rank);
+  NanReporter(SessionObjects& run, Workload& workload, int rank);
   // Before each step: the batch a healthy reference run uses, and the RNG state the step starts
   // from (a re-run must draw the same dropout masks).
   void before_step(int64_t reference_batch);
@@ -36,7 +36,7 @@ class NanReporter {
  private:
   void observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward);
   nlohmann::json report_json(const StepOutcome& o, const NanLocation& loc) const;
-  RunParts& run_;
+  SessionObjects& run_;
   Workload& workload_;
   int rank_;
   std::string pre_step_rng_;

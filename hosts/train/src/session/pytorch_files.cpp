@@ -33,7 +33,7 @@ std::optional<GradScalerState> view(const SelectedStrategy& scaler, const State&
   return g;
 }
 
-void load_scaler(RunParts& run, const GradScalerState& given, const std::string& where) {
+void load_scaler(SessionObjects& run, const GradScalerState& given, const std::string& where) {
   SelectedStrategy& scaler = run.strategies.selected("scaler");
   State state = scaler.strategy->save();
   const std::optional<GradScalerState> ours = view(scaler, state);
@@ -71,13 +71,13 @@ std::optional<GradScalerState> grad_scaler_view(const SelectedStrategy& scaler) 
   return view(scaler, scaler.strategy->save());
 }
 
-std::vector<CheckpointFile> pytorch_checkpoint_files(RunParts& run) {
+std::vector<CheckpointFile> pytorch_checkpoint_files(SessionObjects& run) {
   const std::optional<GradScalerState> g = grad_scaler_view(run.strategies.selected("scaler"));
   if (!g) return {};
   return {{"scaler_state_dict.pt", pickle_bytes(grad_scaler_state_dict(*g))}};
 }
 
-void init_from_pytorch(RunParts& run) {
+void init_from_pytorch(SessionObjects& run) {
   const std::string where = "--init-from " + run.cfg.init_from;
   const PyTorchStart start = read_pytorch_file(run.cfg.init_from, where);
   load_state_dict_into(start.model, model_tensors(run.model), where);

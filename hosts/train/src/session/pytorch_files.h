@@ -19,10 +19,10 @@ std::optional<GradScalerState> grad_scaler_view(const SelectedStrategy& scaler);
 
 // Files a checkpoint holds besides model.pt and optimizer*.pt: scaler_state_dict.pt when the
 // scaler is GradScaler-like.
-std::vector<CheckpointFile> pytorch_checkpoint_files(RunParts& run);
+std::vector<CheckpointFile> pytorch_checkpoint_files(SessionObjects& run);
 
 // --init-from: the model (strictly: every key, every shape), then the optimizer and the scaler
 // when the file has them. Step 0; counters, RNG and the other plugins start fresh.
-void init_from_pytorch(RunParts& run);
+void init_from_pytorch(SessionObjects& run);
 
 }  // namespace ampkit::train

@@ -1,6 +1,6 @@
 // ampkit-train's run, split along its seams (docs/architecture.md, "Layout"): the session owns
 // what a run is made of; checkpoints.h, nan_reports.h, rank_sync.h, stop_signals.h,
-// precision_checks.h and run_summary.h each do one job for it.
+// precision_checks.h and pytorch_files.h each do one job for it, run_summary.cpp ends it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,9 +29,10 @@ class CheckpointKeeper;
 class RollbackKeeper;
 class NanReporter;
 
-// What the helpers of a session read and change: the model, its trainable parameters, the
-// optimizer, the trainer, the strategies and the host's own checkpointed state.
-struct RunParts {
+// A Session's objects, by reference, for the helpers that save, restore and inspect them
+// (resume, checkpoints, rollback, --init-from, NaN reports): the model, its trainable parameters,
+// the optimizer, the trainer, the strategies and the host's own checkpointed state.
+struct SessionObjects {
   const TrainConfig& cfg;
   ModelView& model;
   const std::vector<at::Tensor>& params;
@@ -71,7 +72,7 @@ class Session {
   // session_loop.cpp: the per-step host loop (docs/architecture.md, "One host step").
   void train();
   StepOutcome run_step(int64_t step, int64_t first_batch);
-  void account(int64_t step, const StepOutcome& out);
+  void update_host_state(int64_t step, const StepOutcome& out);
   nlohmann::json step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
                               double now);
   // run_summary.cpp
@@ -97,7 +98,7 @@ class Session {
   int64_t steps_per_epoch_ = 1, total_steps_ = 0;
   std::unique_ptr<Trainer> trainer_;
   HostState state_;
-  std::unique_ptr<RunParts> parts_;
+  std::unique_ptr<SessionObjects> objects_;
   std::unique_ptr<CheckpointKeeper> checkpoints_;
   std::unique_ptr<RollbackKeeper> rollbacks_;
   std::unique_ptr<NanReporter> nan_reports_;

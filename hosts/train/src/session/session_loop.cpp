@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "ampkit/error.h"
-#include "ampkit/probe.h"
+#include "ampkit/forward_hook.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
@@ -31,7 +31,7 @@ void Session::train() {
     const int64_t first_batch = (data_step % steps_per_epoch_) * cfg_.accumulate;
     nan_reports_->before_step((first_batch + cfg_.accumulate) % workload_->batches_per_epoch());
     const StepOutcome out = run_step(step, first_batch);  // 3. Trainer::step, faults planted
-    account(step, out);                                   // 4. rollback data skip, snapshots, counters
+    update_host_state(step, out);                         // 4. rollback data skip, snapshots, counters
     const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
     const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
     last_time_ = now;
@@ -58,7 +58,7 @@ StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
   FaultInjector& injector = *injector_;
   const bool faulty = injector.arm(step, strategies_->comm().rank());
   const StepOutcome out = trainer_->step([&](int micro) {
-    ProbeScope scope(faulty ? &injector : nullptr);
+    ForwardHookScope scope(faulty ? &injector : nullptr);
     const at::Tensor loss = workload_->loss(first_batch + micro);
     return faulty ? injector.apply_to_loss(loss) : loss;
   });
@@ -69,7 +69,7 @@ StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
   return out;
 }
 
-void Session::account(int64_t step, const StepOutcome& out) {
+void Session::update_host_state(int64_t step, const StepOutcome& out) {
   if (out.decision.action == NanAction::rollback) {
     state_.data_skip += out.decision.skip_batches;
     std::fprintf(stderr, "ampkit-train: step %lld: rolled back to the %s; skipping %lld batches\n",

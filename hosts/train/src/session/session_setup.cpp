@@ -239,14 +239,14 @@ void Session::build_trainer() {
   schedule.warmup_steps = cfg_.warmup_steps;
   schedule.total_steps = total_steps_;
   StrategySet& s = *strategies_;
-  trainer_ =
-      std::make_unique<Trainer>(cfg_.precision, cfg_.accumulate, params_, names_, *optimizer_,
-                                Strategies{&s.scaler(), &s.clipper(), &s.nan_policy(), &s.comm()}, schedule);
+  trainer_ = std::make_unique<Trainer>(
+      cfg_.precision, cfg_.accumulate, params_, names_, *optimizer_,
+      TrainerStrategies{&s.scaler(), &s.clipper(), &s.nan_policy(), &s.comm()}, schedule);
   RunInfo info;
   info.rank = s.comm().rank();
   info.world_size = s.comm().world_size();
   trainer_->start(info);
-  parts_.reset(new RunParts{cfg_, workload_->model(), params_, *optimizer_, *trainer_, s, state_});
+  objects_.reset(new SessionObjects{cfg_, workload_->model(), params_, *optimizer_, *trainer_, s, state_});
 }
 
 // Every rank holds the checkpoint's (or its own seed's) parameters; from here rank 0's are
@@ -277,13 +277,13 @@ int Session::run() {
   rendezvous();     // 3
   build_trainer();  // 4
   const bool writes_checkpoints = !cfg_.checkpoint_dir.empty() && strategies_->comm().rank() == 0;
-  resumed_from_ = resume(*parts_, warnings_);  // 5
+  resumed_from_ = resume(*objects_, warnings_);  // 5
   if (cfg_.restart_count > 0 && cfg_.checkpoint_dir.empty() && is_root_)
     std::fprintf(stderr,
                  "ampkit-train: warning: restart %d of the job without --checkpoint-dir: training starts "
                  "again from step 0\n",
                  cfg_.restart_count);
-  if (!cfg_.init_from.empty() && resumed_from_.empty()) init_from_pytorch(*parts_);
+  if (!cfg_.init_from.empty() && resumed_from_.empty()) init_from_pytorch(*objects_);
   if (!cfg_.init_from.empty() && !resumed_from_.empty())
     std::fprintf(stderr, "ampkit-train: note: --init-from %s not used: resumed from a checkpoint\n",
                  cfg_.init_from.c_str());
@@ -292,9 +292,9 @@ int Session::run() {
   metrics_ = std::make_unique<MetricsWriter>(is_root_ ? cfg_.metrics_file : "", first_step_);
   layer_norms_ = std::make_unique<LayerNormWriter>(is_root_ ? cfg_.layer_norms_file : "", first_step_);
   tensorboard_ = std::make_unique<TensorBoardWriter>(is_root_ ? cfg_.tensorboard_dir : "", first_step_);
-  checkpoints_ = std::make_unique<CheckpointKeeper>(*parts_, writes_checkpoints, steps_per_epoch_);
-  rollbacks_ = std::make_unique<RollbackKeeper>(*parts_, rollback_plan_, *checkpoints_);
-  nan_reports_ = std::make_unique<NanReporter>(*parts_, *workload_, strategies_->comm().rank());
+  checkpoints_ = std::make_unique<CheckpointKeeper>(*objects_, writes_checkpoints, steps_per_epoch_);
+  rollbacks_ = std::make_unique<RollbackKeeper>(*objects_, rollback_plan_, *checkpoints_);
+  nan_reports_ = std::make_unique<NanReporter>(*objects_, *workload_, strategies_->comm().rank());
   train();  // 6
   stop_ = stop_signal();
   checkpoints_->at_end();

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "ampkit/error.h"
-#include "ampkit/probe.h"
+#include "ampkit/forward_hook.h"
 #include "config/option_builders.h"
 #include "workloads/registry.h"
 #include "workloads/workload.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ampkit/error.h"
-#include "ampkit/probe.h"
+#include "ampkit/forward_hook.h"
 #include "config/option_builders.h"
 #include "workloads/registry.h"
 #include "workloads/workload.h"

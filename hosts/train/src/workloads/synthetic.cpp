@@ -6,7 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "ampkit/autocast_guard.h"
-#include "ampkit/probe.h"
+#include "ampkit/forward_hook.h"
 #include "config/option_builders.h"
 #include "workloads/registry.h"
 #include "workloads/workload.h"
