@@ -164,6 +164,31 @@ else
   failed=1
 fi
 
+# Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
+# PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
+scaling_csv="${report%.md}-scaling.csv"
+if [ "$device" = cpu ]; then
+  scaling_args=(--repeats 1 --csv "$scaling_csv" -- --ranks 1,2 --steps 5 --iterations 2)
+else
+  ranks=1
+  for ((r = 2; r <= gpus; r *= 2)); do ranks="$ranks,$r"; done
+  scaling_args=(--repeats 5 --csv "$scaling_csv" -- --ranks "$ranks" --comm nccl --device cuda --steps 200
+    --batch-size 1024)
+fi
+{
+  echo
+  echo "## Scaling on $device (tools/bench/scaling.py ${scaling_args[*]})"
+  echo
+} >> "$report"
+if "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
+    "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
+  cat "$out/scaling.md" >> "$report"
+  echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
+else
+  echo "FAILED: $(tail -1 "$out/scaling.log" | cut -c1-200)" >> "$report"
+  failed=1
+fi
+
 # The post-backward pipeline against the device's copy bandwidth.
 {
   echo

@@ -7,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -24,6 +26,16 @@
 namespace fs = std::filesystem;
 
 namespace {
+
+struct Options {
+  int steps = 60;
+  int batch = 64;  // per rank in weak scaling; batch * 2 is the global batch in strong scaling
+  int width = 512;
+  std::vector<int> ranks = {1, 2};
+  std::string comm = "gloo";
+  std::string device = "cpu";
+  int iterations = 20;  // all-reduce timings per message size (median)
+};
 
 struct RankResult {
   int code = -1;
@@ -61,18 +73,20 @@ std::vector<RankResult> run_ranks(const std::vector<std::string>& args, int rank
   return out;
 }
 
-int scaling(const fs::path& bin, const fs::path& work, int steps, int batch, int width) {
+int scaling(const fs::path& bin, const fs::path& work, const Options& o) {
+  const int steps = o.steps, batch = o.batch, width = o.width;
   std::printf(
       "Scaling: ampkit-train --workload synthetic --synthetic-width %d --synthetic-depth 4, fp32, AdamW,\n"
-      "%d steps, comm gloo, --threads 1 per rank; samples/s of the job (all ranks), peak RSS per rank\n\n",
-      width, steps);
+      "%d steps, comm %s, device %s, --threads 1 per rank; samples/s of the job (all ranks), peak RSS per "
+      "rank\n\n",
+      width, steps, o.comm.c_str(), o.device.c_str());
   std::printf("%-8s %5s %14s %12s %12s %10s %16s\n", "mode", "ranks", "batch/rank", "global batch",
               "samples/s", "speed-up", "RSS/rank MiB");
   int port = 29900 + static_cast<int>(::getpid() % 50) * 2;
   double base = 0;
   for (const std::string mode : {"weak", "strong"}) {
-    for (int ranks : {1, 2}) {
-      const int per_rank = mode == "weak" ? batch : batch * 2 / ranks;
+    for (int ranks : o.ranks) {
+      const int per_rank = mode == "weak" ? batch : std::max(1, batch * o.ranks.back() / ranks);
       const fs::path summary = work / (mode + std::to_string(ranks) + ".json");
       std::vector<std::string> args = {(bin / "ampkit-train").string(),
                                        "--workload",
@@ -90,7 +104,9 @@ int scaling(const fs::path& bin, const fs::path& work, int steps, int batch, int
                                        "--eval-batches",
                                        "1",
                                        "--comm",
-                                       "gloo",
+                                       o.comm,
+                                       "--device",
+                                       o.device,
                                        "--threads",
                                        "1",
                                        "--summary",
@@ -106,7 +122,7 @@ int scaling(const fs::path& bin, const fs::path& work, int steps, int batch, int
       }
       std::ifstream in(summary);
       const double sps = nlohmann::json::parse(in)["samples_per_second"].get<double>();
-      if (ranks == 1) base = sps;
+      if (ranks == o.ranks.front()) base = sps;
       std::printf("%-8s %5d %14d %12d %12.0f %9.2fx %16.0f\n", mode.c_str(), ranks, per_rank,
                   per_rank * ranks, sps, sps / base, rss);
       std::fflush(stdout);
@@ -180,6 +196,89 @@ int allreduce_worker(int rank, int world, int port, int iterations) {
   return 0;
 }
 
+// --name VALUE pairs; the first bad one is one line on stderr and exit 2.
+bool parse_options(int argc, char** argv, Options& o) {
+  const auto int_of = [](const std::string& name, const char* text, int low, int& out) {
+    char* end = nullptr;
+    const long v = std::strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < low || v > 1000000) {
+      std::fprintf(stderr, "ampkit-bench-dist: %s must be an integer >= %d, got '%s'\n", name.c_str(), low,
+                   text);
+      return false;
+    }
+    out = static_cast<int>(v);
+    return true;
+  };
+  for (int i = 1; i < argc; i += 2) {
+    const std::string name = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "ampkit-bench-dist: %s needs a value (see --help)\n", name.c_str());
+      return false;
+    }
+    const char* value = argv[i + 1];
+    bool ok = true;
+    if (name == "--steps")
+      ok = int_of(name, value, 1, o.steps);
+    else if (name == "--batch-size")
+      ok = int_of(name, value, 1, o.batch);
+    else if (name == "--width")
+      ok = int_of(name, value, 1, o.width);
+    else if (name == "--iterations")
+      ok = int_of(name, value, 1, o.iterations);
+    else if (name == "--comm")
+      o.comm = value;
+    else if (name == "--device")
+      o.device = value;
+    else if (name == "--ranks") {
+      o.ranks.clear();
+      std::string list = value;
+      for (size_t at = 0; ok && at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        int r = 0;
+        ok = int_of("--ranks", list.substr(at, comma - at).c_str(), 1, r);
+        if (ok && !o.ranks.empty() && r <= o.ranks.back()) {
+          std::fprintf(stderr, "ampkit-bench-dist: --ranks must be increasing, got '%s'\n", value);
+          ok = false;
+        }
+        o.ranks.push_back(r);
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "ampkit-bench-dist: unknown option '%s' (see --help)\n", name.c_str());
+      ok = false;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+int all_reduce_table(const fs::path& self, const Options& o) {
+  int rc = 0;
+  const int port = 29800 + static_cast<int>(::getpid() % 50) * 2;
+  const int world = std::max(2, o.ranks.back());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::vector<std::string> a = {self.string(),        "--allreduce-worker",
+                                    std::to_string(r),    std::to_string(world),
+                                    std::to_string(port), std::to_string(o.iterations)};
+      std::vector<char*> argv2;
+      for (auto& s : a) argv2.push_back(s.data());
+      argv2.push_back(nullptr);
+      ::execv(argv2[0], argv2.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) rc = 1;
+  }
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,43 +286,21 @@ int main(int argc, char** argv) {
     return allreduce_worker(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
   if (argc > 1 && std::string(argv[1]) == "--help") {
     std::printf(
-        "usage: ampkit-bench-dist [STEPS [BATCH [WIDTH]]]\n"
-        "Weak/strong scaling of ampkit-train on 1 and 2 gloo ranks (defaults 60 steps, batch 64 per rank,\n"
-        "width 512) and all-reduce bandwidth through the gloo plugin vs raw c10d Gloo.\n");
+        "usage: ampkit-bench-dist [--steps 60] [--batch-size 64] [--width 512] [--ranks 1,2] [--comm gloo]\n"
+        "                         [--device cpu] [--iterations 20]\n"
+        "Weak scaling (--batch-size per rank) and strong scaling (global batch: --batch-size x the largest\n"
+        "rank count) of ampkit-train --workload synthetic on each rank count of --ranks, then the\n"
+        "all-reduce bandwidth of the gloo plugin against raw c10d Gloo on max(2, largest) ranks.\n"
+        "tools/bench/scaling.py repeats it, takes medians, writes CSV; plot_scaling.py plots them.\n");
     return 0;
   }
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 60;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
-  const int width = argc > 3 ? std::atoi(argv[3]) : 512;
+  Options o;
+  if (!parse_options(argc, argv, o)) return 2;
   const fs::path self = fs::canonical("/proc/self/exe");
-  const fs::path bin = self.parent_path();
   char tmpl[] = "/tmp/ampkit-bench-dist-XXXXXX";
   const fs::path work = ::mkdtemp(tmpl);
-  int rc = scaling(bin, work, steps, batch, width);
-  if (rc == 0) {
-    const int port = 29800 + static_cast<int>(::getpid() % 50) * 2;
-    const std::vector<std::string> args = {self.string(), "--allreduce-worker", "R",
-                                           "2",           std::to_string(port), "20"};
-    std::vector<pid_t> pids;
-    for (int r = 0; r < 2; ++r) {
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        std::vector<std::string> a = args;
-        a[2] = std::to_string(r);
-        std::vector<char*> argv2;
-        for (auto& s : a) argv2.push_back(s.data());
-        argv2.push_back(nullptr);
-        ::execv(argv2[0], argv2.data());
-        ::_exit(127);
-      }
-      pids.push_back(pid);
-    }
-    for (pid_t p : pids) {
-      int status = 0;
-      ::waitpid(p, &status, 0);
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) rc = 1;
-    }
-  }
+  int rc = scaling(self.parent_path(), work, o);
+  if (rc == 0) rc = all_reduce_table(self, o);
   fs::remove_all(work);
   return rc;
 }
