@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""A CLIP-style image-text model with temperature 0.07, whose fp16 gradients really overflow: an
-image tower and a text tower map Fashion-MNIST images and the ten class captions ("a photo of a
+"""A CLIP-style image-text model whose fp16 gradients really overflow, for ampkit-train: an image
+tower and a text tower map Fashion-MNIST images and the ten class captions ("a photo of a
 sneaker") into one space, and the logits are their cosine similarities divided by a learnable
-temperature that starts at 0.07 (CLIP's initial logit scale 1/0.07, clamped at 100), for ampkit-train.
+temperature (CLIP's logit scale, clamped at 100). By default the temperature starts at 0.01, the
+logit scale of 100 that pretrained CLIP reaches and fine-tuning starts from; at 0.07, CLIP's
+pre-training start, only the first few steps overflow at torch's default loss scale.
 
-    python3 tools/models/contrastive.py OUT_DIR [--train 6000] [--test 1000] [--width 64]
+    python3 tools/models/contrastive.py OUT_DIR [--train 6000] [--test 1000] [--width 64] [--temperature 0.01]
     build/bin/ampkit-train --workload torchscript --model OUT_DIR/model.pt --data OUT_DIR/data.pt \\
         --test-data OUT_DIR/test.pt --loss cross_entropy --precision fp16 --scaler dynamic --steps 300
 
 forward(images [N, 1, 28, 28]) returns the [N, 10] image-to-caption logits; the cross entropy
 against the class index is the image-to-text half of CLIP's loss with the captions as the text
 batch, and ampkit-train's test_accuracy is zero-shot classification by caption. Under fp16
-autocast the towers' matmuls and their gradients are fp16: the logits' gradient is multiplied by
-the logit scale (14.3 and growing) on its way back, and the normalisations divide it by the
-features' norms, so with torch's default loss scale of 65536 the scaled gradients pass fp16's
-65504 on most steps (tools/bench/stability_demo.py measures how often, per loss scaler).
+autocast the towers' matmuls and their gradients are fp16; the logits' gradient is multiplied by
+the logit scale on its way back and the normalisations divide it by the features' norms, so at
+torch's default loss scale of 65536 the scaled gradients pass fp16's 65504 (at scale 1 the
+unscaled parameter gradients reach 5-8 in the first steps). tools/bench/stability_demo.py and
+scaler_comparison.py measure how often each loss scaler overflows on it.
 Writes model.pt (torch.jit.script), data.pt and test.pt.
 """
 
@@ -39,7 +42,7 @@ def caption_bytes(length: int = 24) -> torch.Tensor:
 
 
 class ContrastiveImageText(torch.nn.Module):
-    def __init__(self, width: int = 64, hidden: int = 256, temperature: float = 0.07) -> None:
+    def __init__(self, width: int = 64, hidden: int = 256, temperature: float = 0.01) -> None:
         super().__init__()
         self.image = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, hidden), torch.nn.GELU(),
                                          torch.nn.Linear(hidden, width))
@@ -59,7 +62,7 @@ class ContrastiveImageText(torch.nn.Module):
         return self.logit_scale.exp().clamp(max=100.0) * image @ text.t()
 
 
-def export(path: str, seed: int = 0, width: int = 64, temperature: float = 0.07) -> torch.nn.Module:
+def export(path: str, seed: int = 0, width: int = 64, temperature: float = 0.01) -> torch.nn.Module:
     """Writes torch.jit.script(model) with weights drawn from `seed`; returns the model."""
     torch.manual_seed(seed)
     model = ContrastiveImageText(width, temperature=temperature)
@@ -73,7 +76,8 @@ def main() -> None:
     p.add_argument("--train", type=int, default=6000, help="training images (default 6000)")
     p.add_argument("--test", type=int, default=1000, help="test images (default 1000)")
     p.add_argument("--width", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.07, help="initial temperature (default 0.07, CLIP's)")
+    p.add_argument("--temperature", type=float, default=0.01,
+                   help="initial temperature (default 0.01: pretrained CLIP's; 0.07 is CLIP's pre-training start)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
