@@ -76,10 +76,13 @@ inline std::vector<std::string> words(const std::string& s) {
 }
 
 const std::string train = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-train";
-// Small and fast: the synthetic MLP on generated data, one thread (two cores are shared in CI).
-const std::string base_args =
-    "--workload synthetic --synthetic-inputs 16 --batch-size 32 --progress never --threads 1";
-const std::string tiny_args = base_args + " --synthetic-width 32 --synthetic-depth 2";
+// Small and fast: 16 inputs, batches of 32, no progress line, one thread (two cores are shared
+// in CI); without --workload, for a test that names its own.
+const std::string small_run_args = "--synthetic-inputs 16 --batch-size 32 --progress never --threads 1";
+// The synthetic MLP on generated data, run small.
+const std::string base_args = "--workload synthetic " + small_run_args;
+const std::string tiny_model_args = "--synthetic-width 32 --synthetic-depth 2";
+const std::string tiny_args = base_args + " " + tiny_model_args;
 const std::string tiny = train + " " + tiny_args;
 
 struct TempDir {
@@ -97,6 +100,13 @@ struct TempDir {
 inline nlohmann::json read_json(const fs::path& file) {
   std::ifstream in(file);
   return nlohmann::json::parse(in);
+}
+
+// Lines of a command's output: its newline characters.
+inline size_t count_newlines(const std::string& text) {
+  size_t n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
 }
 
 inline size_t count_lines(const fs::path& file) {
