@@ -203,7 +203,7 @@ BOOST_AUTO_TEST_CASE(a_flipped_byte_in_any_file_is_an_error_naming_that_file) {
       }
     }
   }
-  // --resume auto with nothing usable left refuses, naming the corrupt file (it used to start fresh).
+  // --resume auto with nothing usable left refuses, naming the corrupt file, rather than start fresh.
   const fs::path corrupt_dir = saved.tmp.path / "copy-model.pt-0";
   Result r = run(tiny + " --steps 2 --scaler static --clipper norm --resume auto --checkpoint-dir " +
                  corrupt_dir.string());
@@ -236,10 +236,10 @@ BOOST_AUTO_TEST_CASE(resume_auto_falls_back_to_an_older_valid_checkpoint) {
              r.output);
 }
 
-// Issue 33, items 7 and 11: a FIFO or a /dev/zero link in the newest checkpoint used to block
-// --resume auto forever or grow to 20 GB; now it is a corrupt checkpoint like any other: auto
-// falls back to the older one at once, and the summary says which it skipped and that the corrupt
-// one was deleted when its step was written again.
+// A FIFO or a /dev/zero link in the newest checkpoint is a corrupt checkpoint like any other (read
+// as regular files only, within the manifest's sizes, it can neither block nor grow): auto falls
+// back to the older one at once, and the summary says which it skipped and that the corrupt one
+// was deleted when its step was written again.
 BOOST_AUTO_TEST_CASE(a_fifo_or_a_device_in_the_newest_checkpoint_falls_back_with_a_summary_warning) {
   for (const std::string kind : {"fifo", "dev-zero"}) {
     BOOST_TEST_CONTEXT(kind) {
@@ -274,9 +274,9 @@ BOOST_AUTO_TEST_CASE(a_fifo_or_a_device_in_the_newest_checkpoint_falls_back_with
   }
 }
 
-// Issue 33, item 10: when every checkpoint is corrupt, --resume auto used to start over with exit 0
-// and then rotate the corrupt ones away. Now it refuses (exit 6, naming the folder and the newest's
-// fault), nothing is deleted, and --resume none is the explicit fresh start.
+// When every checkpoint is corrupt, --resume auto refuses (exit 6, naming the folder and the
+// newest's fault) rather than start over and rotate them away: nothing is deleted, and --resume
+// none is the explicit fresh start.
 BOOST_AUTO_TEST_CASE(resume_auto_refuses_when_every_checkpoint_is_corrupt_and_deletes_nothing) {
   TempDir tmp;
   const fs::path dir = tmp.path / "ckpt";

@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
   BOOST_TEST(r.output.find("[rank 1] ampkit-train: step 5: non-finite loss") != std::string::npos, r.output);
   BOOST_TEST(fs::exists(tmp.path / "nan-report-step-5-rank-1.json"));
   // The summary (rank 0's file) has every rank's report, tagged with its rank: rank 1's located
-  // the fault, rank 0's could not (its own half-batch was healthy). It used to have rank 0's only.
+  // the fault, rank 0's could not (its own half-batch was healthy).
   BOOST_REQUIRE_EQUAL(s["nan_reports"].size(), 2u);
   for (const auto& report : s["nan_reports"]) {
     const int rank = report["rank"].get<int>();
@@ -166,8 +166,7 @@ BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
                (tmp.path / ("nan-report-step-5-rank-" + std::to_string(rank) + ".json")).string());
   }
   BOOST_TEST(s["nan_reports"][0]["rank"].get<int>() != s["nan_reports"][1]["rank"].get<int>());
-  // The report that located the fault comes first, and the summary names its rank: rank 0's
-  // "not located" used to lead (the reports were gathered in rank order).
+  // The report that located the fault comes first, whatever its rank, and the summary names it.
   BOOST_TEST(s["nan_reports"][0]["rank"].get<int>() == 1, s["nan_reports"].dump());
   BOOST_TEST(s["nan_reports"][0]["located"].get<bool>(), s["nan_reports"].dump());
   const nlohmann::json located_by = s.contains("located_by") ? s["located_by"] : nlohmann::json();
@@ -425,8 +424,8 @@ std::string last_line(const std::string& text) {
 }  // namespace
 
 // With ampkit-launch's defaults (30 s grace, 300 s --dist-timeout) a killed rank is named twice:
-// by the survivor ("lost rank N", it used to be SIGKILLed before it could say so) and by the
-// launcher's last line.
+// by the survivor ("lost rank N", said within the grace period, before the launcher's SIGKILL) and
+// by the launcher's last line.
 BOOST_AUTO_TEST_CASE(the_launcher_names_the_failed_rank_and_the_survivor_says_it_was_lost) {
   for (const int victim : {1, 0}) {
     TempDir tmp;
