@@ -1,5 +1,5 @@
 // Test helper: PyTorch's own unscale-then-clip sequence, which the engine's single pass is checked
-// against, and copies of gradient lists to run it on.
+// against.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,12 +8,6 @@
 #include <vector>
 
 namespace ampkit::test {
-
-inline std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : v) out.push_back(t.clone());
-  return out;
-}
 
 // PyTorch's sequence: GradScaler.unscale_ (the fused non-finite check and unscale), then
 // torch.nn.utils.clip_grad_norm_. Run on float64 copies: PyTorch's own fp32 CPU norm is off by

@@ -1,4 +1,5 @@
-// Test helper: how far two lists of tensors are apart, relative to the reference's magnitude.
+// Test helpers for lists of tensors: copies, and how far two lists are apart relative to the
+// reference's magnitude.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,6 +8,13 @@
 #include <vector>
 
 namespace ampkit::test {
+
+// Copies of every tensor; an undefined one (a parameter without a gradient) stays undefined.
+inline std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : v) out.push_back(t.defined() ? t.clone() : at::Tensor());
+  return out;
+}
 
 // Largest |a - b| of a tensor relative to the largest |b| of that tensor, worst over tensors.
 inline double max_rel_error(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {

@@ -58,18 +58,13 @@ std::vector<double> norm_sequence() {
   return goldens()["norm_sequence"].get<std::vector<double>>();
 }
 
-std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& v) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : v) out.push_back(t.defined() ? t.clone() : at::Tensor());
-  return out;
-}
-
 std::vector<at::Tensor> detach_all(const std::vector<at::Tensor>& v) {
   std::vector<at::Tensor> out;
   for (const auto& t : v) out.push_back(t.detach());
   return out;
 }
 
+using ampkit::test::clone_all;
 using ampkit::test::max_rel_error;
 
 bool all_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
