@@ -206,10 +206,6 @@ std::string read_text(const fs::path& file) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-size_t line_count(const std::string& text) {
-  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
-}
-
 // Does `signal_number` to rank `victim` once the ranks train, times the other rank's exit.
 Survivor lose_rank(int victim, int signal_number, int timeout_seconds) {
   TempDir tmp;
@@ -241,10 +237,10 @@ BOOST_AUTO_TEST_CASE(a_killed_rank_0_or_1_makes_the_survivor_exit_7_naming_it) {
   for (const int victim : {1, 0}) {
     const Survivor s = lose_rank(victim, SIGKILL, 20);
     BOOST_TEST_MESSAGE("rank " << victim << " killed: the other exited " << s.code << " after " << s.seconds
-                               << " s, " << line_count(s.log) << " lines");
+                               << " s, " << count_newlines(s.log) << " lines");
     BOOST_TEST(s.code == 7, s.log);
     BOOST_TEST(s.seconds < 20 + 10);
-    BOOST_TEST(line_count(s.log) <= 5u, s.log);
+    BOOST_TEST(count_newlines(s.log) <= 5u, s.log);
     BOOST_TEST(s.log.find("ampkit-train: error: rank " + std::to_string(1 - victim) + ": lost rank " +
                           std::to_string(victim)) != std::string::npos,
                s.log);
@@ -266,7 +262,7 @@ BOOST_AUTO_TEST_CASE(a_stopped_rank_0_makes_the_peer_exit_7_within_the_timeout) 
   BOOST_TEST_MESSAGE("rank 0 stopped: rank 1 exited " << s.code << " after " << s.seconds << " s");
   BOOST_TEST(s.code == 7, s.log);
   BOOST_TEST(s.seconds < 20 + 10);
-  BOOST_TEST(line_count(s.log) <= 5u, s.log);
+  BOOST_TEST(count_newlines(s.log) <= 5u, s.log);
   BOOST_TEST(s.log.find("ampkit-train: error: rank 1: lost rank 0") != std::string::npos, s.log);
 }
 
@@ -322,7 +318,7 @@ BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_fir
       BOOST_TEST(p.log[r].find("ampkit-train: error: the ranks were started with different settings: " +
                                names) != std::string::npos,
                  p.log[r]);
-      BOOST_TEST(line_count(p.log[r]) == 1u, p.log[r]);
+      BOOST_TEST(count_newlines(p.log[r]) == 1u, p.log[r]);
     }
   }
 }
@@ -580,7 +576,7 @@ BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeou
                                << seconds << " s: " << log);
     BOOST_TEST(code == 7, log);
     BOOST_TEST(seconds < 5 + 10);
-    BOOST_TEST(line_count(log) == 1u, log);
+    BOOST_TEST(count_newlines(log) == 1u, log);
     BOOST_TEST(log.find("ampkit-train: error: comm 'gloo': rendezvous at 127.0.0.1:") == 0, log);
   }
   const auto begin = std::chrono::steady_clock::now();
@@ -589,7 +585,7 @@ BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeou
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   BOOST_TEST(bad.code == 7, bad.output);
   BOOST_TEST(seconds < 5 + 10);
-  BOOST_TEST(line_count(bad.output) == 1u, bad.output);
+  BOOST_TEST(count_newlines(bad.output) == 1u, bad.output);
   BOOST_TEST(bad.output.find("ampkit-train: error: comm 'gloo': rendezvous at no-such-host.invalid:") == 0,
              bad.output);
 }
@@ -613,7 +609,7 @@ BOOST_AUTO_TEST_CASE(rendezvous_nobody_joins_exits_7) {
                                std::to_string(timeout) + " s") != std::string::npos,
                  r.output);
       BOOST_TEST(seconds < timeout + 2.0);
-      BOOST_TEST(line_count(r.output) == 1u, r.output);
+      BOOST_TEST(count_newlines(r.output) == 1u, r.output);
     }
   }
 }
