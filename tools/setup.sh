@@ -6,6 +6,7 @@ TORCH_VERSION=2.11.0
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   clang libclang-rt-dev gcovr  # the instrumented suite's coverage report and the libFuzzer targets (tools/fuzz.sh)
+  clang-format  # tools/check_format.py (ctest check_format): every C++ source formatted as .clang-format says
   libboost-dev libboost-program-options-dev libboost-test-dev libboost-filesystem-dev
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev libssl-dev
   dataset-fashion-mnist fortunes

@@ -64,10 +64,10 @@ inline bool contains(const std::string& text, const std::string& part) {
 }  // namespace ampkit::test
 
 // Checks that `text` contains `part`, printing the whole text when it does not.
-#define AMPKIT_CHECK_CONTAINS(text, part)                      \
+#define AMPKIT_CHECK_CONTAINS(text, part)                       \
   BOOST_CHECK_MESSAGE(::ampkit::test::contains((text), (part)), \
                       "expected \"" << (part) << "\" in: \"" << (text) << "\"")
-#define AMPKIT_CHECK_NOT_CONTAINS(text, part)                   \
+#define AMPKIT_CHECK_NOT_CONTAINS(text, part)                    \
   BOOST_CHECK_MESSAGE(!::ampkit::test::contains((text), (part)), \
                       "did not expect \"" << (part) << "\" in: \"" << (text) << "\"")
 // Checks that `caught` is an ampkit::Error with `exit_code`, printing the message otherwise.

@@ -114,8 +114,8 @@ nlohmann::json state_to_json(const State& state) {
   for (const auto& [key, value] : state.values()) {
     const auto* text = std::get_if<std::string>(&value);
     if (invalid_utf8_at(key) || (text != nullptr && invalid_utf8_at(*text)))
-      throw Error(ErrorCategory::plugin, "its saved State has a key or string that is not UTF-8 (key '" + key +
-                                             "'); a checkpoint manifest holds only UTF-8 text");
+      throw Error(ErrorCategory::plugin, "its saved State has a key or string that is not UTF-8 (key '" +
+                                             key + "'); a checkpoint manifest holds only UTF-8 text");
     nlohmann::json entry;
     if (const auto* b = std::get_if<bool>(&value))
       entry = {{"type", "bool"}, {"value", *b}};

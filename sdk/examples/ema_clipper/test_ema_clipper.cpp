@@ -15,7 +15,9 @@ AMPKIT_TESTING_DECLARE(clipper, ema_norm);
 
 namespace {
 
-const ampkit_plugin_descriptor& descriptor() { return AMPKIT_TESTING_DESCRIPTOR(clipper, ema_norm); }
+const ampkit_plugin_descriptor& descriptor() {
+  return AMPKIT_TESTING_DESCRIPTOR(clipper, ema_norm);
+}
 
 std::unique_ptr<ampkit::GradClipper> make(const std::map<std::string, std::string>& given = {}) {
   return ampkit::testing::make<ampkit::GradClipper>(descriptor(), given);

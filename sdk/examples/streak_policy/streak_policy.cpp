@@ -24,8 +24,10 @@ class StreakPolicy final : public ampkit::NanPolicy {
     const int64_t streak = s.consecutive_skips + 1;
     if (streak >= max_streak_) {
       d.action = ampkit::NanAction::abort;
-      d.reason = std::to_string(streak) + " bad steps in a row (max_streak " + std::to_string(max_streak_) + ")";
-    } else if (steps_ >= min_steps_ && static_cast<double>(bad_) > max_fraction_ * static_cast<double>(steps_)) {
+      d.reason =
+          std::to_string(streak) + " bad steps in a row (max_streak " + std::to_string(max_streak_) + ")";
+    } else if (steps_ >= min_steps_ &&
+               static_cast<double>(bad_) > max_fraction_ * static_cast<double>(steps_)) {
       d.action = ampkit::NanAction::abort;
       d.reason = std::to_string(bad_) + " of " + std::to_string(steps_) + " steps were bad (max_fraction " +
                  ampkit::format_number(max_fraction_) + ")";
@@ -59,7 +61,8 @@ class StreakPolicy final : public ampkit::NanPolicy {
 
 }  // namespace
 
-AMPKIT_PLUGIN(nan_policy, bad_streak, StreakPolicy, "Skips bad steps; aborts on a streak or a high bad fraction",
+AMPKIT_PLUGIN(nan_policy, bad_streak, StreakPolicy,
+              "Skips bad steps; aborts on a streak or a high bad fraction",
               ampkit::OptionSpec::Int("max_streak", "5", "Bad steps in a row that abort the run.").min(1),
               ampkit::OptionSpec::Float("max_fraction", "0.1", "Fraction of bad steps that aborts the run.")
                   .min(0.0, true)

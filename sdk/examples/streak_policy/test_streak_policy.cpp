@@ -35,7 +35,8 @@ int main() {
 
   // The fraction rule, judged from min_steps on: 3 bad of 10 > 0.25.
   auto strict = testing::make<ampkit::NanPolicy>(d, {{"max_fraction", "0.25"}, {"min_steps", "10"}});
-  for (int64_t i = 0; i < 7; ++i) AMPKIT_CHECK(strict->decide(testing::step(i, 1.0)).action == NanAction::proceed);
+  for (int64_t i = 0; i < 7; ++i)
+    AMPKIT_CHECK(strict->decide(testing::step(i, 1.0)).action == NanAction::proceed);
   AMPKIT_CHECK(strict->decide(bad(7, 0)).action == NanAction::skip);
   AMPKIT_CHECK(strict->decide(bad(8, 0)).action == NanAction::skip);
   const ampkit::NanDecision third = strict->decide(bad(9, 0));

@@ -63,23 +63,26 @@ struct KindLayout {
 };
 
 constexpr void common_layout(LayoutText& t) {
-  t.type("StepStats", sizeof(StepStats),
-         {offsetof(StepStats, step), offsetof(StepStats, loss), offsetof(StepStats, loss_finite),
-          offsetof(StepStats, scale), offsetof(StepStats, grad_norm_scaled), offsetof(StepStats, grad_norm),
-          offsetof(StepStats, grad_max_abs), offsetof(StepStats, grad_max_abs_scaled),
-          offsetof(StepStats, zero_fraction), offsetof(StepStats, grad_elements), offsetof(StepStats, found_inf),
-          offsetof(StepStats, tensor_norms), offsetof(StepStats, consecutive_skips)});
+  t.type(
+      "StepStats", sizeof(StepStats),
+      {offsetof(StepStats, step), offsetof(StepStats, loss), offsetof(StepStats, loss_finite),
+       offsetof(StepStats, scale), offsetof(StepStats, grad_norm_scaled), offsetof(StepStats, grad_norm),
+       offsetof(StepStats, grad_max_abs), offsetof(StepStats, grad_max_abs_scaled),
+       offsetof(StepStats, zero_fraction), offsetof(StepStats, grad_elements), offsetof(StepStats, found_inf),
+       offsetof(StepStats, tensor_norms), offsetof(StepStats, consecutive_skips)});
   t.type("RunInfo", sizeof(RunInfo),
          {offsetof(RunInfo, precision), offsetof(RunInfo, cuda), offsetof(RunInfo, rank),
-          offsetof(RunInfo, world_size), offsetof(RunInfo, accumulation_steps), offsetof(RunInfo, parameter_names)});
+          offsetof(RunInfo, world_size), offsetof(RunInfo, accumulation_steps),
+          offsetof(RunInfo, parameter_names)});
   t.type("NanDecision", sizeof(NanDecision),
          {offsetof(NanDecision, action), offsetof(NanDecision, reason), offsetof(NanDecision, skip_batches),
           offsetof(NanDecision, clip_norm)});
   // State's variant: its size, then the size of each alternative (their number is the count).
-  t.type("StateValue", sizeof(StateValue),
-         {sizeof(std::variant_alternative_t<0, StateValue>), sizeof(std::variant_alternative_t<1, StateValue>),
-          sizeof(std::variant_alternative_t<2, StateValue>), sizeof(std::variant_alternative_t<3, StateValue>),
-          sizeof(std::variant_alternative_t<4, StateValue>), std::variant_size_v<StateValue>});
+  t.type(
+      "StateValue", sizeof(StateValue),
+      {sizeof(std::variant_alternative_t<0, StateValue>), sizeof(std::variant_alternative_t<1, StateValue>),
+       sizeof(std::variant_alternative_t<2, StateValue>), sizeof(std::variant_alternative_t<3, StateValue>),
+       sizeof(std::variant_alternative_t<4, StateValue>), std::variant_size_v<StateValue>});
   t.type("State", sizeof(State), {});
   t.type("OptionValues", sizeof(OptionValues), {});
 }

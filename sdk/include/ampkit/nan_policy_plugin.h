@@ -2,5 +2,5 @@
 #pragma once
 
 #include <ampkit/descriptor.h>
-#include <ampkit/nan_policy.h>
 #include <ampkit/nan_detector.h>
+#include <ampkit/nan_policy.h>

@@ -28,8 +28,9 @@ class State {
           throw std::out_of_range("state key '" + key + "': value does not fit in int64_t");
       values_[key] = StateValue(static_cast<int64_t>(value));
     } else {
-      static_assert(is_state_type<T>(),
-                    "ampkit::State stores bool, integers (as int64_t), double, std::string and std::vector<double>");
+      static_assert(
+          is_state_type<T>(),
+          "ampkit::State stores bool, integers (as int64_t), double, std::string and std::vector<double>");
       values_[key] = StateValue(std::move(value));
     }
   }
@@ -42,9 +43,10 @@ class State {
   // T is one of StateValue's types: read any integer as int64_t.
   template <class T>
   const T& get(const std::string& key) const {
-    static_assert(is_state_type<T>(),
-                  "ampkit::State::get<T>: T must be bool, int64_t, double, std::string or std::vector<double> "
-                  "(integers are stored as int64_t)");
+    static_assert(
+        is_state_type<T>(),
+        "ampkit::State::get<T>: T must be bool, int64_t, double, std::string or std::vector<double> "
+        "(integers are stored as int64_t)");
     auto it = values_.find(key);
     if (it == values_.end()) throw std::runtime_error("state has no key '" + key + "'");
     const T* v = std::get_if<T>(&it->second);

@@ -27,7 +27,8 @@
 #include <string>
 
 #define AMPKIT_TESTING_DECLARE(kind, name) extern "C" const void* AMPKIT_PLUGIN_ENTRY_NAME(kind, name)
-#define AMPKIT_TESTING_DESCRIPTOR(kind, name) ::ampkit::testing::descriptor_of(AMPKIT_PLUGIN_ENTRY_NAME(kind, name))
+#define AMPKIT_TESTING_DESCRIPTOR(kind, name) \
+  ::ampkit::testing::descriptor_of(AMPKIT_PLUGIN_ENTRY_NAME(kind, name))
 
 namespace ampkit::testing {
 
@@ -72,7 +73,8 @@ inline std::string checked(const ampkit_option_spec& s, const std::string& text)
       errno = 0;
       const long long i = integer ? std::strtoll(text.c_str(), &end, 10) : 0;
       const double v = integer ? static_cast<double>(i) : std::strtod(text.c_str(), &end);
-      if (text.empty() || text[0] == '+' || text[0] == ' ' || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+      if (text.empty() || text[0] == '+' || text[0] == ' ' || *end != '\0' || errno == ERANGE ||
+          !std::isfinite(v))
         throw bad_value(s, text, integer ? "must be an integer" : "must be a finite number");
       if (!in_range(s, v)) throw bad_value(s, text, "is out of its declared range");
       return integer ? std::to_string(i) : format_number(v);
@@ -101,7 +103,8 @@ inline bool default_for(const ampkit_option_spec& s, Precision precision, std::s
 
 // The option values the host would pass for `overrides` at `precision`. Throws
 // std::invalid_argument for an unknown option or a bad value.
-inline OptionValues resolve(const ampkit_plugin_descriptor& d, const std::map<std::string, std::string>& overrides = {},
+inline OptionValues resolve(const ampkit_plugin_descriptor& d,
+                            const std::map<std::string, std::string>& overrides = {},
                             Precision precision = Precision::fp32) {
   OptionValues values;
   std::map<std::string, std::string> left = overrides;
@@ -118,14 +121,16 @@ inline OptionValues resolve(const ampkit_plugin_descriptor& d, const std::map<st
     values.set(s.name, detail::checked(s, text));
   }
   if (!left.empty())
-    throw std::invalid_argument(std::string(d.kind) + " '" + d.name + "' has no option '" + left.begin()->first + "'");
+    throw std::invalid_argument(std::string(d.kind) + " '" + d.name + "' has no option '" +
+                                left.begin()->first + "'");
   return values;
 }
 
 // Creates the strategy from resolved options as the host does, checks that it implements
 // `Interface`, and calls start(run) (run.precision picks per-precision defaults).
 template <class Interface>
-std::unique_ptr<Interface> make(const ampkit_plugin_descriptor& d, const std::map<std::string, std::string>& overrides = {},
+std::unique_ptr<Interface> make(const ampkit_plugin_descriptor& d,
+                                const std::map<std::string, std::string>& overrides = {},
                                 const RunInfo& run = RunInfo{}) {
   const OptionValues values = resolve(d, overrides, run.precision);
   char error[512] = {};
@@ -135,7 +140,8 @@ std::unique_ptr<Interface> make(const ampkit_plugin_descriptor& d, const std::ma
   std::unique_ptr<Strategy> strategy(static_cast<Strategy*>(object));
   auto* typed = dynamic_cast<Interface*>(strategy.get());
   if (typed == nullptr)
-    throw std::logic_error(std::string(d.kind) + " '" + d.name + "' does not implement the requested interface");
+    throw std::logic_error(std::string(d.kind) + " '" + d.name +
+                           "' does not implement the requested interface");
   strategy.release();
   std::unique_ptr<Interface> out(typed);
   out->start(run);

@@ -7,6 +7,7 @@ class Fixed final : public ampkit::GradClipper {
   ampkit::ClipResult clip(const ampkit::StepStats& s) override {
     return {s.grad_norm > max_ ? max_ / s.grad_norm : 1.0, max_};
   }
+
  private:
   double max_;
 };

@@ -11,4 +11,5 @@ class Strict final : public ampkit::NanPolicy {
   }
 };
 }  // namespace
-AMPKIT_PLUGIN(nan_policy, strict, Strict, "Aborts at the first bad step", ampkit::OptionSpec::Bool("verbose", "false", "Unused."));
+AMPKIT_PLUGIN(nan_policy, strict, Strict, "Aborts at the first bad step",
+              ampkit::OptionSpec::Bool("verbose", "false", "Unused."));

@@ -6,6 +6,7 @@ class Fixed final : public ampkit::LossScaler {
   explicit Fixed(const ampkit::OptionValues& o) : scale_(o.get_float("scale")) {}
   double scale() const override { return scale_; }
   void update(const ampkit::StepStats&) override {}
+
  private:
   double scale_;
 };

@@ -25,33 +25,53 @@ enum class ExitCode : int {
 
 constexpr ExitCode exit_code_of(ErrorCategory category) {
   switch (category) {
-    case ErrorCategory::usage: return ExitCode::usage;
-    case ErrorCategory::plugin: return ExitCode::plugin;
-    case ErrorCategory::data: return ExitCode::data;
-    case ErrorCategory::checkpoint: return ExitCode::checkpoint;
-    case ErrorCategory::distributed: return ExitCode::distributed;
-    case ErrorCategory::output: return ExitCode::output;
-    case ErrorCategory::internal: break;
+    case ErrorCategory::usage:
+      return ExitCode::usage;
+    case ErrorCategory::plugin:
+      return ExitCode::plugin;
+    case ErrorCategory::data:
+      return ExitCode::data;
+    case ErrorCategory::checkpoint:
+      return ExitCode::checkpoint;
+    case ErrorCategory::distributed:
+      return ExitCode::distributed;
+    case ErrorCategory::output:
+      return ExitCode::output;
+    case ErrorCategory::internal:
+      break;
   }
   return ExitCode::internal;
 }
 
-constexpr int exit_status(ExitCode code) { return static_cast<int>(code); }
+constexpr int exit_status(ExitCode code) {
+  return static_cast<int>(code);
+}
 
 // The short words of the help texts' "Exit codes:" line.
 inline const char* exit_code_words(ExitCode code) {
   switch (code) {
-    case ExitCode::ok: return "ok";
-    case ExitCode::internal: return "internal error";
-    case ExitCode::usage: return "usage";
-    case ExitCode::plugin: return "plugin";
-    case ExitCode::data: return "data";
-    case ExitCode::aborted: return "aborted (NaN policy or loss scaler)";
-    case ExitCode::checkpoint: return "checkpoint";
-    case ExitCode::distributed: return "distributed (rendezvous failed, a rank was lost or timed out)";
-    case ExitCode::check_failed: return "check found broken plugins";
-    case ExitCode::output: return "output file not writable";
-    case ExitCode::interrupted: return "interrupted/preempted";
+    case ExitCode::ok:
+      return "ok";
+    case ExitCode::internal:
+      return "internal error";
+    case ExitCode::usage:
+      return "usage";
+    case ExitCode::plugin:
+      return "plugin";
+    case ExitCode::data:
+      return "data";
+    case ExitCode::aborted:
+      return "aborted (NaN policy or loss scaler)";
+    case ExitCode::checkpoint:
+      return "checkpoint";
+    case ExitCode::distributed:
+      return "distributed (rendezvous failed, a rank was lost or timed out)";
+    case ExitCode::check_failed:
+      return "check found broken plugins";
+    case ExitCode::output:
+      return "output file not writable";
+    case ExitCode::interrupted:
+      return "interrupted/preempted";
   }
   return "?";
 }
