@@ -34,6 +34,7 @@
 #include "ampkit/exit_codes.h"
 #include "ampkit/fused_adamw.h"
 #include "ampkit/metrics.h"
+#include "ampkit/outcome_record.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
@@ -211,14 +212,14 @@ int run(int argc, char** argv) {
       const ampkit::StepOutcome out =
           trainer.step([&](int micro) { return workload->loss(first_batch + micro); });
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      nlohmann::json record =
+      ampkit::StepRecord record =
           ampkit::step_record(out, epoch, trainer.steps_skipped(), samples_per_step, elapsed);
-      record["data_step"] = step;
-      record["steps_discarded"] = trainer.steps_discarded();
-      record["rollbacks"] = trainer.rollbacks();
+      record.data_step = step;
+      record.steps_discarded = trainer.steps_discarded();
+      record.rollbacks = trainer.rollbacks();
       if (cfg.layer_norms_top_k > 0)
-        record["top_layers"] = ampkit::top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
-      metrics.write(record);
+        record.top_layers = ampkit::top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
+      metrics.write(record.to_json());
       const double ms = ms_since(t);
       if (step >= warmup) ampkit_faults += minor_faults() - faults;
       return ms;

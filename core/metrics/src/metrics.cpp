@@ -120,29 +120,38 @@ void MetricsWriter::write(const nlohmann::json& record) {
   check_written(out_, file_, "metrics");
 }
 
-nlohmann::json step_record(const StepOutcome& o, int64_t epoch, int64_t skipped_total,
-                           double samples_per_second, double elapsed_seconds) {
+nlohmann::json StepRecord::to_json() const {
   nlohmann::json r;
-  r["step"] = o.stats.step;
+  r["step"] = step;
   r["epoch"] = epoch;
-  r["loss"] = number(o.stats.loss);
-  r["scale"] = number(o.stats.scale);
-  r["scale_next"] = number(o.scale_next);
-  r["grad_norm"] = number(o.stats.grad_norm);
-  r["grad_norm_clipped"] = number(o.grad_norm_clipped);
-  r["grad_max_abs"] = number(o.stats.grad_max_abs);
-  r["zero_fraction"] = number(o.stats.zero_fraction);
-  r["clip_coef"] = number(o.clip_coefficient);
-  r["clip_threshold"] = number(o.clip_threshold);  // the clipper's threshold this step; 0: none
-  r["clipped"] = o.stepped && o.clip_coefficient < 1.0;
-  r["found_inf"] = o.stats.found_inf;
-  r["action"] = to_string(o.decision.action);
-  if (!o.decision.reason.empty()) r["reason"] = o.decision.reason;
-  r["stepped"] = o.stepped;
-  r["skipped_steps"] = skipped_total;
-  r["lr"] = o.lr;
+  r["loss"] = number(loss);
+  r["scale"] = number(scale);
+  r["scale_next"] = number(scale_next);
+  r["grad_norm"] = number(grad_norm);
+  r["grad_norm_clipped"] = number(grad_norm_clipped);
+  r["grad_max_abs"] = number(grad_max_abs);
+  r["zero_fraction"] = number(zero_fraction);
+  r["clip_coef"] = number(clip_coef);
+  r["clip_threshold"] = number(clip_threshold);
+  r["clipped"] = clipped;
+  r["found_inf"] = found_inf;
+  r["action"] = to_string(action);
+  if (!reason.empty()) r["reason"] = reason;
+  r["stepped"] = stepped;
+  r["skipped_steps"] = skipped_steps;
+  r["lr"] = lr;
   r["samples_per_second"] = number(samples_per_second);
-  r["time"] = elapsed_seconds;
+  r["time"] = time;
+  if (!rank_samples_per_second.empty()) r["rank_samples_per_second"] = rank_samples_per_second;
+  if (data_step) r["data_step"] = *data_step;
+  if (steps_discarded) r["steps_discarded"] = *steps_discarded;
+  if (rollbacks) r["rollbacks"] = *rollbacks;
+  if (!located.is_null()) r["located"] = located;
+  if (top_layers) {
+    r["top_layers"] = nlohmann::json::array();
+    for (const LayerNorm& l : *top_layers)
+      r["top_layers"].push_back({{"name", l.name}, {"grad_norm", number(l.grad_norm)}});
+  }
   return r;
 }
 
@@ -162,15 +171,14 @@ std::vector<size_t> largest_norms(const std::vector<double>& norms, int64_t k) {
   return order;
 }
 
-nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
-                          int64_t k) {
+std::vector<LayerNorm> top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
+                                  int64_t k) {
   if (names.size() != norms.size())
     throw Error(ErrorCategory::internal, "top_layers: " + std::to_string(names.size()) +
                                              " parameter names for " + std::to_string(norms.size()) +
                                              " gradient norms");
-  nlohmann::json out = nlohmann::json::array();
-  for (size_t i : largest_norms(norms, k))
-    out.push_back({{"name", names[i]}, {"grad_norm", number(norms[i])}});
+  std::vector<LayerNorm> out;
+  for (size_t i : largest_norms(norms, k)) out.push_back({names[i], norms[i]});
   return out;
 }
 
@@ -222,18 +230,17 @@ ProgressLine::ProgressLine(int64_t total_steps, int64_t every, bool enabled)
       tty_(::isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
-void ProgressLine::update(int64_t done, const StepOutcome& last, double samples_per_second) {
+void ProgressLine::update(int64_t done, const StepRecord& last) {
   if (!enabled_) return;
   if (!tty_ && done % every_ != 0 && done != total_) return;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double eta =
       done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - done) : NAN;
   char line[256];
-  std::snprintf(line, sizeof line,
-                "step %lld/%lld  loss %.4f  scale %g  gnorm %.3g  %s  %.0f samples/s  ETA %s",
-                static_cast<long long>(done), static_cast<long long>(total_), last.stats.loss,
-                last.stats.scale, last.stats.grad_norm, to_string(last.decision.action), samples_per_second,
-                format_duration(eta).c_str());
+  std::snprintf(
+      line, sizeof line, "step %lld/%lld  loss %.4f  scale %g  gnorm %.3g  %s  %.0f samples/s  ETA %s",
+      static_cast<long long>(done), static_cast<long long>(total_), last.loss, last.scale, last.grad_norm,
+      to_string(last.action), last.samples_per_second, format_duration(eta).c_str());
   if (tty_)
     std::fprintf(stderr, "\r\033[K%s", line);
   else

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "ampkit/error.h"
 
@@ -70,20 +69,10 @@ void little_endian_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
 }
 
-// The scalars a metrics record contributes: its numeric fields, and booleans as 0/1.
-constexpr const char* kNumbers[] = {"loss",
-                                    "lr",
-                                    "scale",
-                                    "grad_norm",
-                                    "grad_norm_clipped",
-                                    "clip_threshold",
-                                    "clip_coef",
-                                    "grad_max_abs",
-                                    "zero_fraction",
-                                    "samples_per_second",
-                                    "skipped_steps",
-                                    "steps_discarded",
-                                    "rollbacks"};
+// One NaN for every NaN (whatever its sign and payload), as TensorBoard has always been given.
+double canonical(double v) {
+  return std::isnan(v) ? std::nan("") : v;
+}
 
 }  // namespace
 
@@ -156,28 +145,30 @@ void TensorBoardWriter::write(int64_t step, const std::vector<std::pair<std::str
   write_event(event);
 }
 
-void TensorBoardWriter::write_step(const nlohmann::json& record, const std::vector<std::string>& names,
+void TensorBoardWriter::write_step(const StepRecord& r, const std::vector<std::string>& names,
                                    const std::vector<double>& norms) {
   if (!enabled()) return;
-  std::vector<std::pair<std::string, double>> scalars;
-  for (const char* name : kNumbers) {
-    const auto it = record.find(name);
-    if (it == record.end()) continue;
-    if (it->is_number()) {
-      scalars.emplace_back(std::string("train/") + name, it->get<double>());
-    } else if (it->is_string()) {  // "nan", "inf", "-inf"
-      const std::string s = it->get<std::string>();
-      scalars.emplace_back(std::string("train/") + name, s == "inf"    ? INFINITY
-                                                         : s == "-inf" ? -INFINITY
-                                                                       : std::nan(""));
-    }
-  }
-  scalars.emplace_back("train/found_inf", record.value("found_inf", false) ? 1.0 : 0.0);
-  scalars.emplace_back("train/skipped", record.value("stepped", true) ? 0.0 : 1.0);
-  scalars.emplace_back("train/clipped", record.value("clipped", false) ? 1.0 : 0.0);
+  std::vector<std::pair<std::string, double>> scalars = {
+      {"train/loss", canonical(r.loss)},
+      {"train/lr", r.lr},
+      {"train/scale", canonical(r.scale)},
+      {"train/grad_norm", canonical(r.grad_norm)},
+      {"train/grad_norm_clipped", canonical(r.grad_norm_clipped)},
+      {"train/clip_threshold", canonical(r.clip_threshold)},
+      {"train/clip_coef", canonical(r.clip_coef)},
+      {"train/grad_max_abs", canonical(r.grad_max_abs)},
+      {"train/zero_fraction", canonical(r.zero_fraction)},
+      {"train/samples_per_second", canonical(r.samples_per_second)},
+      {"train/skipped_steps", static_cast<double>(r.skipped_steps)}};
+  if (r.steps_discarded)
+    scalars.emplace_back("train/steps_discarded", static_cast<double>(*r.steps_discarded));
+  if (r.rollbacks) scalars.emplace_back("train/rollbacks", static_cast<double>(*r.rollbacks));
+  scalars.emplace_back("train/found_inf", r.found_inf ? 1.0 : 0.0);
+  scalars.emplace_back("train/skipped", r.stepped ? 0.0 : 1.0);
+  scalars.emplace_back("train/clipped", r.clipped ? 1.0 : 0.0);
   for (size_t i = 0; i < names.size() && i < norms.size(); ++i)
     scalars.emplace_back("layer_norms/" + names[i], norms[i]);
-  write(record.at("step").get<int64_t>(), scalars);
+  write(r.step, scalars);
 }
 
 }  // namespace ampkit

@@ -6,6 +6,7 @@
 //                 [--nan-policy NAME] [--comm NAME] [--opt KIND.OPTION=VALUE]... [--metrics FILE]
 #include <ampkit/kinds.h>
 #include <ampkit/metrics.h>
+#include <ampkit/outcome_record.h>
 #include <ampkit/plugin_options.h>
 #include <ampkit/registry.h>
 #include <ampkit/strategy_set.h>
@@ -139,7 +140,8 @@ int run(int argc, char** argv) {
     });
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     nlohmann::json record =
-        ampkit::step_record(outcome, 0, trainer.steps_skipped(), 64.0 * (step + 1) / elapsed, elapsed);
+        ampkit::step_record(outcome, 0, trainer.steps_skipped(), 64.0 * (step + 1) / elapsed, elapsed)
+            .to_json();
     record["plugins"] = {{"scaler", args.plugins.at("scaler")},
                          {"clipper", args.plugins.at("clipper")},
                          {"nan_policy", args.plugins.at("nan_policy")},

@@ -1,7 +1,8 @@
 // Per-step metrics (JSONL), the terminal progress line and the end-of-run summary.
 #pragma once
 
-#include <ampkit/trainer.h>
+#include <ATen/core/Tensor.h>
+#include <ampkit/step_record.h>
 
 #include <chrono>
 #include <cstdio>
@@ -19,7 +20,7 @@ class MetricsWriter {
  public:
   // Empty path: disabled. A run resumed at `first_step` keeps the file's records of earlier steps.
   explicit MetricsWriter(const std::filesystem::path& file, int64_t first_step = 0);
-  void write(const nlohmann::json& record);
+  void write(const nlohmann::json& record);  // a StepRecord's to_json(), with what a caller adds
   bool enabled() const { return out_.is_open(); }
 
  private:
@@ -27,14 +28,11 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
-// The metrics record of one step (keys documented in docs/configuration.md).
-nlohmann::json step_record(const StepOutcome& outcome, int64_t epoch, int64_t skipped_total,
-                           double samples_per_second, double elapsed_seconds);
-
 // The k parameters with the largest gradient norms, largest first (non-finite ones before all
-// others, ties in parameter order): [{"name": ..., "grad_norm": ...}, ...]. `norms` is
-// StepStats::tensor_norms, `names` RunInfo::parameter_names (same order).
-nlohmann::json top_layers(const std::vector<std::string>& names, const std::vector<double>& norms, int64_t k);
+// others, ties in parameter order). `norms` is StepStats::tensor_norms, `names`
+// RunInfo::parameter_names (same order).
+std::vector<LayerNorm> top_layers(const std::vector<std::string>& names, const std::vector<double>& norms,
+                                  int64_t k);
 // The indices of top_layers' choice: the k largest of `norms` in that order.
 std::vector<size_t> largest_norms(const std::vector<double>& norms, int64_t k);
 
@@ -56,7 +54,7 @@ class LayerNormWriter {
 class ProgressLine {
  public:
   ProgressLine(int64_t total_steps, int64_t every, bool enabled);
-  void update(int64_t done, const StepOutcome& last, double samples_per_second);
+  void update(int64_t done, const StepRecord& last);
   void finish();
 
  private:

@@ -1,10 +1,11 @@
 // TensorBoard event files: what `--tensorboard DIR` writes (docs/configuration.md, "TensorBoard").
 #pragma once
 
+#include <ampkit/step_record.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,9 +27,9 @@ class TensorBoardWriter {
 
   // Scalars of one step, tag -> value, in one Event.
   void write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
-  // A metrics record (step_record's keys): the scalars of docs/configuration.md's table, and
-  // "layer_norms/<name>" for every parameter when `names` is given.
-  void write_step(const nlohmann::json& record, const std::vector<std::string>& names = {},
+  // A step's record: the scalars of docs/configuration.md's table, and "layer_norms/<name>" for
+  // every parameter when `names` is given.
+  void write_step(const StepRecord& record, const std::vector<std::string>& names = {},
                   const std::vector<double>& norms = {});
 
  private:

@@ -127,9 +127,9 @@ std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, i
   return per_rank;
 }
 
-void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::json& summary) {
+void add_rank_summaries(CommBackend& comm, const at::Device& device, RunSummary& summary) {
   const int world = comm.world_size();
-  const std::string mine = summary["param_sha256"].get<std::string>();
+  const std::string& mine = summary.param_sha256;
   std::vector<double> codes(mine.begin(), mine.end());
   codes.resize(64, 0.0);
   const std::vector<double> all = gather(comm, codes, device);
@@ -139,21 +139,21 @@ void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::j
     for (int i = 0; i < 64; ++i) h += static_cast<char>(std::lround(all[static_cast<size_t>(r * 64 + i)]));
     hashes.push_back(h);
   }
-  summary["world_size"] = world;
-  summary["param_sha256_ranks"] = hashes;
+  summary.world_size = world;
+  summary.param_sha256_ranks = hashes;
   // Every rank's NaN locator reports (each tagged with its rank): the rank that located a fault
-  // is often not rank 0, which writes the summary. Session::summary() orders them.
+  // is often not rank 0, which writes the summary. Session::summary() orders them. They travel
+  // between processes as JSON text.
   nlohmann::json reports = nlohmann::json::array();
-  for (const std::string& text : gather_strings(comm, summary["nan_reports"].dump(), device))
+  for (const std::string& text : gather_strings(comm, summary.nan_reports.dump(), device))
     for (const auto& report : nlohmann::json::parse(text)) reports.push_back(report);
-  summary["nan_reports"] = reports;
-  summary["ranks_identical"] =
+  summary.nan_reports = reports;
+  summary.ranks_identical =
       std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; });
-  summary["rank_samples_per_second"] =
-      gather(comm, {summary["samples_per_second"].get<double>() / world}, device);
-  if (!summary["ranks_identical"].get<bool>())
+  summary.rank_samples_per_second = gather(comm, {summary.samples_per_second / world}, device);
+  if (!summary.ranks_identical)
     std::fprintf(stderr, "ampkit-train: warning: rank %d: the ranks' parameters differ at the end (%s)\n",
-                 comm.rank(), summary["param_sha256_ranks"].dump().c_str());
+                 comm.rank(), nlohmann::json(hashes).dump().c_str());
 }
 
 }  // namespace ampkit::train

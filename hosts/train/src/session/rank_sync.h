@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ampkit/trainer.h"
+#include "session/run_summary.h"
 
 namespace ampkit::train {
 
@@ -43,6 +44,6 @@ std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, i
 
 // Every rank's parameter hash and samples/s into the summary, so one file shows that the replicas
 // stayed identical (a warning on stderr when they did not), and every rank's NaN reports.
-void add_rank_summaries(CommBackend& comm, const at::Device& device, nlohmann::json& summary);
+void add_rank_summaries(CommBackend& comm, const at::Device& device, RunSummary& summary);
 
 }  // namespace ampkit::train

@@ -1,6 +1,6 @@
 // ampkit-train's run, split along its seams (docs/architecture.md, "Layout"): the session owns
 // what a run is made of; checkpoints.h, nan_reports.h, rank_sync.h, stop_signals.h,
-// precision_checks.h and pytorch_files.h each do one job for it, run_summary.cpp ends it.
+// precision_checks.h and pytorch_files.h each do one job for it, run_summary.h ends it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,6 +21,7 @@
 #include "ampkit/trainer.h"
 #include "config/train_config.h"
 #include "session/host_state.h"
+#include "session/run_summary.h"
 #include "workloads/workload.h"
 
 namespace ampkit::train {
@@ -73,10 +74,9 @@ class Session {
   void train();
   StepOutcome run_step(int64_t step, int64_t first_batch);
   void update_host_state(int64_t step, const StepOutcome& out);
-  nlohmann::json step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
-                              double now);
+  StepRecord step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps, double now);
   // run_summary.cpp
-  nlohmann::json summary(double train_seconds) const;
+  RunSummary summary(double train_seconds) const;
   int finish(double train_seconds);
 
   const TrainConfig& cfg_;

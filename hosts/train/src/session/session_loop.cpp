@@ -5,6 +5,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/forward_hook.h"
+#include "ampkit/outcome_record.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
@@ -35,14 +36,14 @@ void Session::train() {
     const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
     const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
     last_time_ = now;
-    const nlohmann::json record = step_metrics(step, data_step, out, sps, now);  // 5. agreed across ranks
-    metrics_->write(record);
+    const StepRecord record = step_metrics(step, data_step, out, sps, now);  // 5. agreed across ranks
+    metrics_->write(record.to_json());
     layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
     if (layer_norms_->enabled())
       tensorboard_->write_step(record, names_, out.stats.tensor_norms);
     else
       tensorboard_->write_step(record);
-    progress_->update(step + 1, out, sps);
+    progress_->update(step + 1, record);
     if (out.decision.action == NanAction::abort) {  // 6. abort, or 7. a periodic checkpoint
       abort_reason_ = out.decision.reason;
       aborted_by_scaler_ = out.aborted_by_scaler;
@@ -90,18 +91,18 @@ void Session::update_host_state(int64_t step, const StepOutcome& out) {
   }
 }
 
-nlohmann::json Session::step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
-                                     double now) {
-  nlohmann::json record = step_record(out, epoch_, trainer_->steps_skipped(), sps, now);
+StepRecord Session::step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
+                                 double now) {
+  StepRecord record = step_record(out, epoch_, trainer_->steps_skipped(), sps, now);
   if (strategies_->comm().world_size() > 1)
-    record["rank_samples_per_second"] =
+    record.rank_samples_per_second =
         agree_on_step(strategies_->comm(), device_, step, sps, stop_signal(), out, agreed_stop_);
-  record["data_step"] = data_step;
-  record["steps_discarded"] = trainer_->steps_discarded();
-  record["rollbacks"] = trainer_->rollbacks();
-  if (!nan_reports_->located().is_null()) record["located"] = nan_reports_->located();
+  record.data_step = data_step;
+  record.steps_discarded = trainer_->steps_discarded();
+  record.rollbacks = trainer_->rollbacks();
+  record.located = nan_reports_->located();
   if (cfg_.layer_norms_top_k > 0)
-    record["top_layers"] = top_layers(names_, out.stats.tensor_norms, cfg_.layer_norms_top_k);
+    record.top_layers = top_layers(names_, out.stats.tensor_norms, cfg_.layer_norms_top_k);
   return record;
 }
 
