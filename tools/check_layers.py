@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Fails when core/'s layers break (issue 31, item 5; docs/architecture.md, "Layout").
+
+core/ is one library per part; a part may use only the parts below it:
+
+    common  <-  registry  <-  engine          checkpoint, metrics: common only
+
+Three views of that rule are checked, so a break shows whichever way it was made:
+  * links: each part's libraries and what they link (LINK_LIBRARIES, written by core/CMakeLists.txt
+    into the build folder as ampkit_layers.txt), followed transitively;
+  * includes: every #include of an ampkit/ header in core/<part>/, resolved to the part that holds it;
+  * the build: the include folders ninja compiles each part's objects with (build.ninja).
+
+    tools/check_layers.py --root DIR --build BUILD_DIR
+    tools/check_layers.py --self-test     # an engine linking metrics, metrics including the
+                                          # engine and a widened include path all fail
+
+Exit 0 when the layers hold; 1 naming each break.
+"""
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+# The rule: the parts each part may use (besides itself, the SDK and third-party libraries).
+ALLOWED = {
+    "common": set(),
+    "registry": {"common"},
+    "engine": {"common", "registry"},
+    "checkpoint": {"common"},
+    "metrics": {"common"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](ampkit/[^">]+)[">]')
+
+
+def read_layers(path):
+    """ampkit_layers.txt: '<target> <part> <linked item>...' per line -> {target: (part, [items])}."""
+    targets = {}
+    with open(path) as f:
+        for line in f:
+            words = line.split()
+            if len(words) >= 2:
+                targets[words[0]] = (words[1], words[2:])
+    return targets
+
+
+def link_breaks(targets):
+    breaks = []
+    for target, (part, _) in sorted(targets.items()):
+        seen, todo = set(), [target]
+        while todo:
+            for item in targets.get(todo.pop(), ("", []))[1]:
+                if item in targets and item not in seen:
+                    seen.add(item)
+                    todo.append(item)
+        for other in sorted(seen):
+            other_part = targets[other][0]
+            if other_part != part and other_part not in ALLOWED[part]:
+                breaks.append(f"{target} ({part}) links {other} ({other_part}); {part} may use only "
+                              f"{', '.join(sorted(ALLOWED[part])) or 'no other part'}")
+    return breaks
+
+
+def header_owners(root):
+    owners = {}
+    for part in ALLOWED:
+        folder = os.path.join(root, "core", part, "include", "ampkit")
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            owners["ampkit/" + name] = part
+    return owners
+
+
+def include_breaks(root):
+    owners, breaks = header_owners(root), []
+    for part in sorted(ALLOWED):
+        for folder, _, files in sorted(os.walk(os.path.join(root, "core", part))):
+            for name in sorted(files):
+                path = os.path.join(folder, name)
+                with open(path, errors="replace") as f:
+                    for number, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        owner = owners.get(m.group(1)) if m else None
+                        if owner and owner != part and owner not in ALLOWED[part]:
+                            breaks.append(f"{os.path.relpath(path, root)}:{number} includes {m.group(1)} "
+                                          f"({owner}); {part} may use only "
+                                          f"{', '.join(sorted(ALLOWED[part])) or 'no other part'}")
+    return breaks
+
+
+def build_breaks(ninja, targets):
+    """The include folders of each part's objects in build.ninja: no other part's, above it."""
+    part_of = {target: part for target, (part, _) in targets.items()}
+    breaks, target = [], None
+    with open(ninja) as f:
+        for line in f:
+            if line.startswith("build "):
+                m = re.search(r"CMakeFiles/([\w-]+)\.dir/", line.split(":")[0])
+                target = m.group(1) if m and m.group(1) in part_of else None
+            elif target and line.strip().startswith("INCLUDES ="):
+                part = part_of[target]
+                for folder in re.findall(r"core/(\w+)/include", line):
+                    if folder != part and folder in ALLOWED and folder not in ALLOWED[part]:
+                        breaks.append(f"build.ninja: {target} ({part}) compiles with core/{folder}/include")
+    return sorted(set(breaks))
+
+
+def check(root, build):
+    targets = read_layers(os.path.join(build, "ampkit_layers.txt"))
+    missing = sorted(set(ALLOWED) - {part for part, _ in targets.values()})
+    breaks = [f"no library for part {p} in ampkit_layers.txt" for p in missing]
+    breaks += link_breaks(targets) + include_breaks(root)
+    ninja = os.path.join(build, "build.ninja")
+    if os.path.exists(ninja):
+        breaks += build_breaks(ninja, targets)
+    return breaks
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def self_test():
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in ALLOWED:
+            write(f"{tmp}/core/{part}/include/ampkit/{part}.h", "#pragma once\n")
+        write(f"{tmp}/core/engine/include/ampkit/trainer.h", '#include <ampkit/common.h>\n')
+        write(f"{tmp}/build/ampkit_layers.txt",
+              "ampkit_common common\nampkit_registry registry ampkit_common\n"
+              "ampkit_engine engine ampkit_common\nampkit_checkpoint checkpoint ampkit_common\n"
+              "ampkit_metrics metrics ampkit_common\n")
+        write(f"{tmp}/build/build.ninja", "build core/CMakeFiles/ampkit_metrics.dir/m.cpp.o: CXX m.cpp\n"
+              f"  INCLUDES = -I{tmp}/core/metrics/include -I{tmp}/core/common/include\n")
+        if check(tmp, f"{tmp}/build"):
+            print("self-test: the layered fixture was refused:", check(tmp, f"{tmp}/build"))
+            return 1
+        write(f"{tmp}/core/metrics/src/metrics.cpp", '#include "ampkit/metrics.h"\n#include "ampkit/trainer.h"\n')
+        with open(f"{tmp}/build/ampkit_layers.txt", "a") as f:
+            f.write("ampkit_engine_extra engine ampkit_engine ampkit_metrics\n")
+        with open(f"{tmp}/build/build.ninja", "a") as f:
+            f.write("build core/CMakeFiles/ampkit_metrics.dir/t.cpp.o: CXX t.cpp\n"
+                    f"  INCLUDES = -I{tmp}/core/engine/include\n")
+        found = check(tmp, f"{tmp}/build")
+        expected = ["ampkit_engine_extra (engine) links ampkit_metrics (metrics)",
+                    "core/metrics/src/metrics.cpp:2 includes ampkit/trainer.h (engine)",
+                    "build.ninja: ampkit_metrics (metrics) compiles with core/engine/include"]
+        for e in expected:
+            if not any(b.startswith(e) for b in found):
+                print(f"self-test: not reported: {e}\n  found: {found}")
+                return 1
+    print("self-test: ok (a layered fixture passes; an upward link, include and include path fail)")
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p.add_argument("--build", help="the build folder (holds ampkit_layers.txt and build.ninja)")
+    p.add_argument("--self-test", action="store_true")
+    args = p.parse_args()
+    if args.self_test:
+        return self_test()
+    if not args.build:
+        p.error("--build is required")
+    breaks = check(args.root, args.build)
+    for b in breaks:
+        print("layering:", b)
+    if breaks:
+        print(f"{len(breaks)} layering break(s); the layers are in docs/architecture.md, \"Layout\"")
+        return 1
+    print(f"layers hold: {', '.join(f'{p} <- {sorted(ALLOWED[p])}' for p in ALLOWED)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
