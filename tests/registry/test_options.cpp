@@ -1,5 +1,6 @@
 // Option resolution on the real static scaler and norm clipper: precedence, sources, and the
 // errors a user gets for a misspelt option or a bad value from each source.
+#include <ampkit/grad_clipper.h>
 #include <ampkit/plugin_options.h>
 #include <ampkit/registry.h>
 #include <ampkit/testing.h>

@@ -1,6 +1,7 @@
 // Loader tests: the real plugin folder, and real broken plugin libraries built by
 // tests/plugins/broken/, each of which must be refused with the file and the reason named.
 #define BOOST_TEST_MODULE registry
+#include <ampkit/loss_scaler.h>
 #include <ampkit/plugin_options.h>
 #include <elf.h>
 #include <signal.h>

@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
+#include "ampkit/comm_backend.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 

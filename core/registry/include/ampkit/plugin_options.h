@@ -1,8 +1,8 @@
 // Merges a plugin's option values from command line, environment, config file and defaults.
 #pragma once
 
+#include <ampkit/descriptor.h>
 #include <ampkit/options.h>
-#include <ampkit/plugin.h>
 #include <ampkit/step.h>
 
 #include <map>

@@ -1,9 +1,9 @@
 // Finds plugin files, reads what they are from ELF without running them, checks and loads them.
 #pragma once
 
+#include <ampkit/descriptor.h>
 #include <ampkit/error.h>
 #include <ampkit/kinds.h>
-#include <ampkit/plugin.h>
 
 #include <filesystem>
 #include <map>
