@@ -568,6 +568,35 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_keeps_earlier_steps_and_rewrites_the_rest) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(step_records)
+
+// JSON has no inf or NaN: the record keeps them as numbers and its line spells them as strings;
+// what only a host knows (rollbacks, top_layers, ...) is written only when set.
+BOOST_AUTO_TEST_CASE(a_record_spells_non_finite_numbers_and_writes_only_what_is_set) {
+  StepRecord r;
+  r.step = 7;
+  r.scale = 1024;
+  r.loss = std::numeric_limits<double>::quiet_NaN();
+  r.grad_norm = std::numeric_limits<double>::infinity();
+  r.action = NanAction::skip_backoff;
+  const nlohmann::json j = r.to_json();
+  BOOST_TEST(j.at("step").get<int64_t>() == 7);
+  BOOST_TEST(j.at("scale").get<double>() == 1024.0);
+  BOOST_TEST(j.at("loss").get<std::string>() == "nan");
+  BOOST_TEST(j.at("grad_norm").get<std::string>() == "inf");
+  BOOST_TEST(j.at("action").get<std::string>() == "skip_backoff");
+  for (const char* key : {"reason", "rank_samples_per_second", "data_step", "steps_discarded", "rollbacks",
+                          "located", "top_layers"})
+    BOOST_TEST(!j.contains(key), key);
+  r.rollbacks = 2;
+  r.top_layers = top_layers({"a", "b", "c"}, {1.0, std::nan(""), 3.0}, 2);
+  const nlohmann::json k = r.to_json();
+  BOOST_TEST(k.at("rollbacks").get<int64_t>() == 2);
+  BOOST_TEST(k.at("top_layers").dump() == R"([{"grad_norm":"nan","name":"b"},{"grad_norm":3.0,"name":"c"}])");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(workloads)
 
 // The synthetic workload's training labels are computed inside the trainer's autocast region;

@@ -219,7 +219,7 @@ int run(int argc, char** argv) {
       record.rollbacks = trainer.rollbacks();
       if (cfg.layer_norms_top_k > 0)
         record.top_layers = ampkit::top_layers(names, out.stats.tensor_norms, cfg.layer_norms_top_k);
-      metrics.write(record.to_json());
+      metrics.write(record);
       const double ms = ms_since(t);
       if (step >= warmup) ampkit_faults += minor_faults() - faults;
       return ms;

@@ -114,6 +114,10 @@ MetricsWriter::MetricsWriter(const std::filesystem::path& file, int64_t first_st
   });
 }
 
+void MetricsWriter::write(const StepRecord& record) {
+  write(record.to_json());
+}
+
 void MetricsWriter::write(const nlohmann::json& record) {
   if (!out_.is_open()) return;
   out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';

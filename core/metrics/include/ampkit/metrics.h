@@ -20,6 +20,7 @@ class MetricsWriter {
  public:
   // Empty path: disabled. A run resumed at `first_step` keeps the file's records of earlier steps.
   explicit MetricsWriter(const std::filesystem::path& file, int64_t first_step = 0);
+  void write(const StepRecord& record);
   void write(const nlohmann::json& record);  // a StepRecord's to_json(), with what a caller adds
   bool enabled() const { return out_.is_open(); }
 

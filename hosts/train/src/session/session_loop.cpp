@@ -37,7 +37,7 @@ void Session::train() {
     const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
     last_time_ = now;
     const StepRecord record = step_metrics(step, data_step, out, sps, now);  // 5. agreed across ranks
-    metrics_->write(record.to_json());
+    metrics_->write(record);
     layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
     if (layer_norms_->enabled())
       tensorboard_->write_step(record, names_, out.stats.tensor_norms);
