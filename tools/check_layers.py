@@ -13,7 +13,8 @@ Three views of that rule are checked, so a break shows whichever way it was made
 
     tools/check_layers.py --root DIR --build BUILD_DIR
     tools/check_layers.py --self-test     # an engine linking metrics, metrics including the
-                                          # engine and a widened include path all fail
+                                          # engine, a widened include path and a part missing
+                                          # from build.ninja all fail
 
 Exit 0 when the layers hold; 1 naming each break.
 """
@@ -91,17 +92,20 @@ def include_breaks(root):
 def build_breaks(ninja, targets):
     """The include folders of each part's objects in build.ninja: no other part's, above it."""
     part_of = {target: part for target, (part, _) in targets.items()}
-    breaks, target = [], None
+    breaks, target, compiled = [], None, set()
     with open(ninja) as f:
         for line in f:
             if line.startswith("build "):
                 m = re.search(r"CMakeFiles/([\w-]+)\.dir/", line.split(":")[0])
                 target = m.group(1) if m and m.group(1) in part_of else None
             elif target and line.strip().startswith("INCLUDES ="):
+                compiled.add(target)
                 part = part_of[target]
                 for folder in re.findall(r"core/(\w+)/include", line):
                     if folder != part and folder in ALLOWED and folder not in ALLOWED[part]:
                         breaks.append(f"build.ninja: {target} ({part}) compiles with core/{folder}/include")
+    # A check that read nothing proves nothing: every part's objects must be there.
+    breaks += [f"build.ninja: no objects of {t} found" for t in sorted(set(part_of) - compiled)]
     return sorted(set(breaks))
 
 
@@ -131,8 +135,9 @@ def self_test():
               "ampkit_common common\nampkit_registry registry ampkit_common\n"
               "ampkit_engine engine ampkit_common\nampkit_checkpoint checkpoint ampkit_common\n"
               "ampkit_metrics metrics ampkit_common\n")
-        write(f"{tmp}/build/build.ninja", "build core/CMakeFiles/ampkit_metrics.dir/m.cpp.o: CXX m.cpp\n"
-              f"  INCLUDES = -I{tmp}/core/metrics/include -I{tmp}/core/common/include\n")
+        write(f"{tmp}/build/build.ninja", "".join(
+            f"build core/CMakeFiles/ampkit_{p}.dir/{p}.cpp.o: CXX {p}.cpp\n"
+            f"  INCLUDES = -I{tmp}/core/{p}/include -I{tmp}/core/common/include\n" for p in ALLOWED))
         if check(tmp, f"{tmp}/build"):
             print("self-test: the layered fixture was refused:", check(tmp, f"{tmp}/build"))
             return 1
@@ -145,12 +150,14 @@ def self_test():
         found = check(tmp, f"{tmp}/build")
         expected = ["ampkit_engine_extra (engine) links ampkit_metrics (metrics)",
                     "core/metrics/src/metrics.cpp:2 includes ampkit/trainer.h (engine)",
-                    "build.ninja: ampkit_metrics (metrics) compiles with core/engine/include"]
+                    "build.ninja: ampkit_metrics (metrics) compiles with core/engine/include",
+                    "build.ninja: no objects of ampkit_engine_extra found"]  # a check that read nothing
         for e in expected:
             if not any(b.startswith(e) for b in found):
                 print(f"self-test: not reported: {e}\n  found: {found}")
                 return 1
-    print("self-test: ok (a layered fixture passes; an upward link, include and include path fail)")
+    print("self-test: ok (a layered fixture passes; an upward link, include and include path fail, "
+          "and so does a part whose objects the build does not show)")
     return 0
 
 
