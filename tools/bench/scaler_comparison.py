@@ -13,6 +13,7 @@ of the scale used, the fraction of gradient elements that were exactly zero (und
 and test loss; writes a CSV of the per-run rows.
 
     tools/bench/scaler_comparison.py [--build build] [--seeds 3] [--steps 20000] [--csv out.csv]
+    tools/bench/scaler_comparison.py --scalers "predictive:margin=64" --workloads contrastive
 """
 import argparse
 import csv
@@ -52,7 +53,8 @@ def main():
     ap.add_argument("--build", default="build", help="build folder holding bin/ampkit-train")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per scaler and workload (default 3)")
     ap.add_argument("--steps", type=int, default=20000, help="optimizer steps per run (default 20000)")
-    ap.add_argument("--scalers", default="dynamic,predictive", help="comma-separated, each at its defaults")
+    ap.add_argument("--scalers", default="dynamic,predictive",
+                    help="space-separated scalers, each at its defaults or NAME:OPTION=VALUE,... (default: dynamic predictive)")
     ap.add_argument("--workloads", default="contrastive,synthetic", help="comma-separated: contrastive, synthetic")
     ap.add_argument("--work", default="", help="folder for the exported models and run files (default: temporary)")
     ap.add_argument("--csv", default="", help="also write the per-run rows here")
@@ -61,7 +63,7 @@ def main():
     if not os.access(binary, os.X_OK):
         sys.exit(f"scaler_comparison.py: {binary} not found: build first (tools/test.sh or cmake --build build)")
     workloads = args.workloads.split(",")
-    scalers = args.scalers.split(",")
+    scalers = args.scalers.replace(",", " ").split() if ":" not in args.scalers else args.scalers.split()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.work or tmp
@@ -70,8 +72,11 @@ def main():
         for seed in range(args.seeds):
             for workload in workloads:
                 for scaler in scalers:
+                    name, _, options = scaler.partition(":")
+                    opts = [w for o in options.split(",") if o for w in ("--opt", f"scaler.{o}")]
+                    tag = f"{workload}-{scaler.replace(':', '-').replace(',', '-').replace('=', '')}-{seed}"
                     r = run(binary, [*workload_args(workload, folder, seed, args.steps), "--precision", "fp16",
-                                     "--scaler", scaler, "--nan-policy", "skip"], folder, f"{workload}-{scaler}-{seed}")
+                                     "--scaler", name, *opts, "--nan-policy", "skip"], folder, tag)
                     r.update(workload=workload, scaler=scaler, seed=seed)
                     rows.append(r)
                     print(f"  seed {seed} {workload} {scaler:10s} exit {r['code']} non-finite {r['nonfinite']} "
