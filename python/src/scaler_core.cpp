@@ -36,11 +36,12 @@ void check_step_kind(const std::string& kind) {
 }
 
 Precision precision_from(const std::string& text) {
-  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
-    if (text == to_string(p)) return p;
-  const std::string hint = did_you_mean(text, {"fp32", "bf16", "fp16"});
-  throw Error(ErrorCategory::usage,
-              "precision '" + text + "' is not one of fp32, bf16, fp16" + (hint.empty() ? "" : "; " + hint));
+  if (const std::optional<Precision> p = parse_precision(text)) return *p;
+  std::vector<std::string> names;
+  for (const Precision p : kPrecisions) names.emplace_back(to_string(p));
+  const std::string hint = did_you_mean(text, names);
+  throw Error(ErrorCategory::usage, "precision '" + text + "' is not one of " + precision_names(", ") +
+                                        (hint.empty() ? "" : "; " + hint));
 }
 
 RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted) {
@@ -124,7 +125,7 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
     info_.rank = static_cast<int>(rank);
     info_.world_size = static_cast<int>(world_size);
     for (auto& [kind, choice] : choices) {
-      if (choice.name.empty()) choice.name = find_kind(kind)->default_plugin;
+      if (choice.name.empty()) choice.name = default_plugin(kind);
       choice.options.precision = info_.precision;
     }
     choices["comm"] = StrategyChoice{"local", {}};

@@ -3,7 +3,7 @@
 # interface passes tensors: ampkit's build reads them here, and the installed ampkitConfig.cmake
 # carries the lists it read (AMPKIT_KINDS, AMPKIT_TENSOR_KINDS).
 function(ampkit_read_kinds header out tensor_out)
-  file(STRINGS "${header}" _lines REGEX "^ *\\{\"[a-z_]+\", \"[a-z-]+\", ")
+  file(STRINGS "${header}" _lines REGEX "^ *\\{\"[a-z_]+\", \"[^\"]+\", (true|false)\\},")
   set(_kinds "")
   set(_tensor_kinds "")
   foreach(_line IN LISTS _lines)

@@ -7,6 +7,7 @@
 #include <ampkit/error.h>
 #include <ampkit/fault_injection.h>
 #include <ampkit/forward_hook.h>
+#include <ampkit/kind_flags.h>
 #include <ampkit/kinds.h>
 #include <ampkit/metrics.h>
 #include <ampkit/nan_locator.h>
@@ -100,11 +101,12 @@ BOOST_AUTO_TEST_CASE(every_option_is_declared_once_with_help_and_a_valid_default
       BOOST_TEST(o.help.back() == '.');
       if (o.default_value && o.type != OptionType::list)  // the default passes its own checks
         BOOST_CHECK_NO_THROW(parse_option_value(o, *o.default_value, "default"));
-      if (o.min && o.max) BOOST_TEST(*o.min <= *o.max);
+      if (o.bounds.min && o.bounds.max) BOOST_TEST(*o.bounds.min <= *o.bounds.max);
     }
   }
   BOOST_TEST(names.size() == 73u);  // every host option; a new one updates the docs and this count
-  for (const KindInfo& k : kKinds) BOOST_TEST(names.count(k.flag) == 1u, k.flag);  // one selector per kind
+  for (const KindInfo& k : kKinds)
+    BOOST_TEST(names.count(kind_flag(k)) == 1u, kind_flag(k));  // one selector per kind
 }
 
 // docs/configuration.md's table of host options is written by hand: every option must be in it,
@@ -803,6 +805,47 @@ BOOST_AUTO_TEST_CASE(different_settings_are_named_with_each_ranks_value) {
         "(rank 0: norm, rank 1: value), clipper.max_norm (rank 0: 10, rank 1: not set), clipper.clip_value "
         "(rank 0: not set, rank 1: 1); start every rank with the same ones");
   }
+}
+
+// What every rank must agree on right after the rendezvous is a column of the option table.
+BOOST_AUTO_TEST_CASE(the_table_marks_the_settings_every_rank_must_share) {
+  std::set<std::string> shared;
+  for (const HostOption& o : host_option_table())
+    if (o.same_on_every_rank) shared.insert(o.name);
+  const std::set<std::string> expected = {"workload",
+                                          "precision",
+                                          "epochs",
+                                          "steps",
+                                          "batch-size",
+                                          "accumulate",
+                                          "lr",
+                                          "seed",
+                                          "optimizer",
+                                          "weight-decay",
+                                          "lr-schedule",
+                                          "warmup-steps",
+                                          "synthetic-width",
+                                          "synthetic-depth",
+                                          "synthetic-inputs",
+                                          "synthetic-classes",
+                                          "gpt-layers",
+                                          "gpt-width",
+                                          "gpt-heads",
+                                          "gpt-context",
+                                          "loss",
+                                          "data-order",
+                                          "scaler",
+                                          "clipper",
+                                          "nan-policy",
+                                          "comm",
+                                          "world-size",
+                                          "bucket-cap-mb",
+                                          "find-unused-parameters",
+                                          "broadcast-buffers",
+                                          "gradient-as-bucket-view",
+                                          "checkpoint-every",
+                                          "nan-locate"};
+  BOOST_TEST(shared == expected);
 }
 
 BOOST_AUTO_TEST_CASE(a_different_decision_or_scale_stops_the_job_and_a_stop_signal_travels) {

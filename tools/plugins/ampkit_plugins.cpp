@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "ampkit/exit_codes.h"
+#include "ampkit/kind_flags.h"
 #include "ampkit/plugin_options.h"
 #include "ampkit/registry.h"
 
@@ -179,8 +180,8 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
       "%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
       i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
       i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
-      i.compiler.c_str(), find_kind(i.kind) != nullptr ? find_kind(i.kind)->flag : i.kind.c_str(),
-      i.name.c_str());
+      i.compiler.c_str(),
+      find_kind(i.kind) != nullptr ? kind_flag(*find_kind(i.kind)).c_str() : i.kind.c_str(), i.name.c_str());
   std::printf("  options:  --opt %s.NAME=VALUE or environment %s\n%s", i.kind.c_str(),
               option_environment_name(i.kind, "NAME").c_str(),
               format_option_table(options.settings, false).c_str());

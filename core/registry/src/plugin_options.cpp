@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "ampkit/error.h"
@@ -46,15 +47,9 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
   if (const auto at = invalid_utf8_at(text))  // values end up in JSON (summary, checkpoints)
     throw bad("must be UTF-8 text (byte " + std::to_string(*at) + " is not)");
   switch (spec.type) {
-    case AMPKIT_OPTION_BOOL: {
-      static const char* truthy[] = {"true", "1", "yes", "on"};
-      static const char* falsy[] = {"false", "0", "no", "off"};
-      for (const char* t : truthy)
-        if (text == t) return "true";
-      for (const char* f : falsy)
-        if (text == f) return "false";
+    case AMPKIT_OPTION_BOOL:
+      if (const std::optional<bool> b = parse_bool_text(text)) return *b ? "true" : "false";
       throw bad("must be true or false");
-    }
     case AMPKIT_OPTION_STRING:
       return text;
     case AMPKIT_OPTION_CHOICE: {
@@ -80,15 +75,7 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
       }
       if (text.empty() || end == nullptr || *end != '\0' || errno == ERANGE || !std::isfinite(v))
         throw bad(integer ? "must be an integer" : "must be a finite number");
-      const std::string range = describe_option_type(spec);
-      if (spec.flags & AMPKIT_OPTION_HAS_MIN) {
-        const bool excl = spec.flags & AMPKIT_OPTION_MIN_EXCLUSIVE;
-        if (excl ? !(v > spec.min_value) : !(v >= spec.min_value)) throw bad("must be " + range);
-      }
-      if (spec.flags & AMPKIT_OPTION_HAS_MAX) {
-        const bool excl = spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE;
-        if (excl ? !(v < spec.max_value) : !(v <= spec.max_value)) throw bad("must be " + range);
-      }
+      if (!declared_range(spec).contains(v)) throw bad("must be " + describe_option_type(spec));
       return integer ? std::to_string(as_integer) : format_number(v);
     }
     default:
@@ -106,7 +93,8 @@ std::vector<std::pair<std::string, std::string>> precision_defaults(const ampkit
   auto malformed = [&](const std::string& why) {
     return Error(ErrorCategory::plugin, who + " declares option '" + spec.name +
                                             "' with a per-precision default '" + text + "' that " + why +
-                                            " (expected PRECISION=VALUE;... with PRECISION fp32|bf16|fp16)");
+                                            " (expected PRECISION=VALUE;... with PRECISION " +
+                                            precision_names("|") + ")");
   };
   std::vector<std::pair<std::string, std::string>> out;
   if (text.empty()) throw malformed("is empty");
@@ -118,8 +106,7 @@ std::vector<std::pair<std::string, std::string>> precision_defaults(const ampkit
     const size_t eq = pair.find('=');
     if (eq == std::string::npos) throw malformed("has '" + pair + "' without '='");
     const std::string precision = pair.substr(0, eq);
-    if (precision != "fp32" && precision != "bf16" && precision != "fp16")
-      throw malformed("names an unknown precision '" + precision + "'");
+    if (!parse_precision(precision)) throw malformed("names an unknown precision '" + precision + "'");
     for (const auto& [p, v] : out)
       if (p == precision) throw malformed("names " + precision + " twice");
     out.emplace_back(precision, validate(d, spec, pair.substr(eq + 1), "default for " + precision));

@@ -7,6 +7,12 @@
 
 namespace ampkit {
 
+const char* default_plugin(const std::string& kind) {
+  if (kind == "nan_policy") return "skip";
+  if (kind == "comm") return "local";
+  return "none";  // scaler, clipper: train as plain torch would
+}
+
 std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
                                                const std::map<std::string, StrategyChoice>& choices) {
   for (const auto& [kind, choice] : choices)
@@ -16,7 +22,7 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
   std::vector<StrategyChoice> chosen;
   for (const KindInfo& kind : kKinds) {
     const auto it = choices.find(kind.name);
-    chosen.push_back(it != choices.end() ? it->second : StrategyChoice{kind.default_plugin, {}});
+    chosen.push_back(it != choices.end() ? it->second : StrategyChoice{default_plugin(kind.name), {}});
     found.push_back(registry.find(kind.name, chosen.back().name));
   }
   // All found first, then loaded together: their crash probe is one child, not four.

@@ -9,16 +9,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "../scaler_option_checks.h"
+
 namespace {
 
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 
 using ampkit::format_number;
 
-std::invalid_argument bad_option(const std::string& option, const std::string& value,
-                                 const std::string& accepted) {
-  return ampkit::option_error("scaler 'dynamic'", option, value, accepted);
-}
+const ampkit::scaler::ScalerOptionChecks kChecks("dynamic");
 
 class DynamicLossScaler final : public ampkit::LossScaler {
  public:
@@ -26,38 +25,30 @@ class DynamicLossScaler final : public ampkit::LossScaler {
       : growth_factor_(options.get_float("growth_factor")),
         backoff_factor_(options.get_float("backoff_factor")),
         growth_interval_(options.get_int("growth_interval")),
-        hysteresis_(options.get_int("hysteresis")),
-        error_at_min_(options.get_string("on_min_scale") == "error") {
+        hysteresis_(options.get_int("hysteresis")) {
     // The host checks each option against its declared range; these checks repeat that for
     // callers that build OptionValues themselves, and add the checks that span two options.
     const double init = options.get_float("init_scale");
     const double min = options.get_float("min_scale");
     const double max = options.get_float("max_scale");
     if (!(growth_factor_ > 1.0) || !std::isfinite(growth_factor_))
-      throw bad_option("growth_factor", format_number(growth_factor_),
-                       "> 1 (a factor <= 1 would never grow the scale)");
-    if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
-      throw bad_option("backoff_factor", format_number(backoff_factor_),
-                       "in (0, 1) (it must shrink the scale)");
-    if (growth_interval_ < 1) throw bad_option("growth_interval", std::to_string(growth_interval_), ">= 1");
-    if (hysteresis_ < 1) throw bad_option("hysteresis", std::to_string(hysteresis_), ">= 1");
-    if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
-      throw bad_option("on_min_scale", options.get_string("on_min_scale"), "error or clamp");
+      throw kChecks.bad_option("growth_factor", format_number(growth_factor_),
+                               "> 1 (a factor <= 1 would never grow the scale)");
+    kChecks.check_backoff_factor(backoff_factor_);
+    if (growth_interval_ < 1)
+      throw kChecks.bad_option("growth_interval", std::to_string(growth_interval_), ">= 1");
+    if (hysteresis_ < 1) throw kChecks.bad_option("hysteresis", std::to_string(hysteresis_), ">= 1");
+    error_at_min_ = kChecks.error_at_min_scale(options);
     for (const auto& [name, v] :
          {std::pair<const char*, double>{"init_scale", init}, {"min_scale", min}, {"max_scale", max}})
       if (!(v > 0.0 && v <= kFloatMax) || static_cast<float>(v) == 0.0f)
-        throw bad_option(name, format_number(v),
-                         "in (0, " + format_number(kFloatMax) + "] (a positive float32)");
+        throw kChecks.bad_option(name, format_number(v),
+                                 "in (0, " + format_number(kFloatMax) + "] (a positive float32)");
     // The scale is a float32, as GradScaler's is; the bounds are compared in the same type.
+    kChecks.check_scale_order<float>(init, min, max);
     scale_ = static_cast<float>(init);
     min_scale_ = static_cast<float>(min);
     max_scale_ = static_cast<float>(max);
-    if (min_scale_ > max_scale_)
-      throw bad_option("min_scale", format_number(min), "<= max_scale (" + format_number(max) + ")");
-    if (scale_ < min_scale_)
-      throw bad_option("min_scale", format_number(min), "<= init_scale (" + format_number(init) + ")");
-    if (scale_ > max_scale_)
-      throw bad_option("max_scale", format_number(max), ">= init_scale (" + format_number(init) + ")");
     hysteresis_tracker_ = hysteresis_;
   }
 

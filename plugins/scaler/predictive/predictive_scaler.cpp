@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "../scaler_option_checks.h"
+
 namespace {
 
 constexpr double kFloatMax = std::numeric_limits<float>::max();
@@ -18,10 +20,7 @@ constexpr double kHalfMax = 65504.0;  // largest finite fp16 value
 
 using ampkit::format_number;
 
-std::invalid_argument bad_option(const std::string& option, const std::string& value,
-                                 const std::string& accepted) {
-  return ampkit::option_error("scaler 'predictive'", option, value, accepted);
-}
+const ampkit::scaler::ScalerOptionChecks kChecks("predictive");
 
 bool is_power_of_two(double v) {
   int exponent = 0;
@@ -45,38 +44,31 @@ class PredictiveLossScaler final : public ampkit::LossScaler {
         backoff_factor_(options.get_float("backoff_factor")),
         min_scale_(options.get_float("min_scale")),
         max_scale_(options.get_float("max_scale")),
-        cooldown_(options.get_int("overflow_cooldown")),
-        error_at_min_(options.get_string("on_min_scale") == "error") {
+        cooldown_(options.get_int("overflow_cooldown")) {
     const double init = options.get_float("init_scale");
     if (capacity_ < 1 || capacity_ > kMaxHistory)
-      throw bad_option("history", std::to_string(capacity_), "in [1, " + std::to_string(kMaxHistory) + "]");
+      throw kChecks.bad_option("history", std::to_string(capacity_),
+                               "in [1, " + std::to_string(kMaxHistory) + "]");
     if (!(growth_margin_ >= 1.0) || !std::isfinite(growth_margin_))
-      throw bad_option("growth_margin", format_number(growth_margin_),
-                       ">= 1 (a prediction below the recent maximum)");
+      throw kChecks.bad_option("growth_margin", format_number(growth_margin_),
+                               ">= 1 (a prediction below the recent maximum)");
     if (!(margin_ >= 1.0) || !(margin_ < kHalfMax))
-      throw bad_option("margin", format_number(margin_), "in [1, 65504) (a share of fp16's range)");
+      throw kChecks.bad_option("margin", format_number(margin_), "in [1, 65504) (a share of fp16's range)");
     if (!(max_growth_ >= 2.0) || !std::isfinite(max_growth_))
-      throw bad_option("max_growth", format_number(max_growth_), ">= 2 (the scale moves by powers of two)");
-    if (!(backoff_factor_ > 0.0 && backoff_factor_ < 1.0))
-      throw bad_option("backoff_factor", format_number(backoff_factor_),
-                       "in (0, 1) (it must shrink the scale)");
-    if (cooldown_ < 0) throw bad_option("overflow_cooldown", std::to_string(cooldown_), ">= 0");
-    if (options.get_string("on_min_scale") != "error" && options.get_string("on_min_scale") != "clamp")
-      throw bad_option("on_min_scale", options.get_string("on_min_scale"), "error or clamp");
+      throw kChecks.bad_option("max_growth", format_number(max_growth_),
+                               ">= 2 (the scale moves by powers of two)");
+    kChecks.check_backoff_factor(backoff_factor_);
+    if (cooldown_ < 0) throw kChecks.bad_option("overflow_cooldown", std::to_string(cooldown_), ">= 0");
+    error_at_min_ = kChecks.error_at_min_scale(options);
     // Powers of two make loss * scale and grad / scale exact in every float format, so the
     // scale never changes what the optimizer sees; the bounds must keep that true.
     for (const auto& [name, v] : {std::pair<const char*, double>{"init_scale", init},
                                   {"min_scale", min_scale_},
                                   {"max_scale", max_scale_}})
       if (!is_power_of_two(v) || v > kFloatMax)
-        throw bad_option(name, format_number(v), "a power of two no larger than 2^127 (exact unscaling)");
-    if (min_scale_ > max_scale_)
-      throw bad_option("min_scale", format_number(min_scale_),
-                       "<= max_scale (" + format_number(max_scale_) + ")");
-    if (init < min_scale_)
-      throw bad_option("min_scale", format_number(min_scale_), "<= init_scale (" + format_number(init) + ")");
-    if (init > max_scale_)
-      throw bad_option("max_scale", format_number(max_scale_), ">= init_scale (" + format_number(init) + ")");
+        throw kChecks.bad_option(name, format_number(v),
+                                 "a power of two no larger than 2^127 (exact unscaling)");
+    kChecks.check_scale_order<double>(init, min_scale_, max_scale_);
     scale_ = init;
     ceiling_ = max_scale_;
     history_.reserve(static_cast<size_t>(capacity_));

@@ -20,8 +20,9 @@ class StaticLossScaler final : public ampkit::LossScaler {
   void load(const ampkit::State& state) override {
     const double saved = state.get<double>("scale");
     if (saved != scale_)
-      throw std::runtime_error("checkpoint was written with scaler.scale=" + std::to_string(saved) +
-                               " but this run uses " + std::to_string(scale_));
+      throw std::runtime_error(
+          "scaler 'static': checkpoint was written with scaler.scale=" + ampkit::format_number(saved) +
+          " but this run uses " + ampkit::format_number(scale_));
   }
 
  private:

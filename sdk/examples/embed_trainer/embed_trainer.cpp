@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -68,8 +69,11 @@ Arguments parse(int argc, char** argv) {
       a.options[value.substr(0, dot)][value.substr(dot + 1, eq - dot - 1)] = value.substr(eq + 1);
     } else {
       const ampkit::KindInfo* kind = nullptr;  // --scaler, --clipper, --nan-policy, --comm
-      for (const ampkit::KindInfo& k : ampkit::kKinds)
-        if (flag == std::string("--") + k.flag) kind = &k;
+      for (const ampkit::KindInfo& k : ampkit::kKinds) {
+        std::string selector = std::string("--") + k.name;  // this program's words: - for _
+        for (char& c : selector) c = c == '_' ? '-' : c;
+        if (flag == selector) kind = &k;
+      }
       if (kind == nullptr) throw std::invalid_argument("unknown argument " + flag);
       a.plugins[kind->name] = value;
     }
@@ -78,10 +82,8 @@ Arguments parse(int argc, char** argv) {
 }
 
 ampkit::Precision precision_of(const std::string& name) {
-  if (name == "fp32") return ampkit::Precision::fp32;
-  if (name == "bf16") return ampkit::Precision::bf16;
-  if (name == "fp16") return ampkit::Precision::fp16;
-  throw std::invalid_argument("precision must be fp32, bf16 or fp16, got " + name);
+  if (const std::optional<ampkit::Precision> p = ampkit::parse_precision(name)) return *p;
+  throw std::invalid_argument("precision must be " + ampkit::precision_names(", ") + ", got " + name);
 }
 
 int run(int argc, char** argv) {

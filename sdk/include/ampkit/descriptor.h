@@ -13,6 +13,7 @@
 #pragma once
 
 #include <ampkit/layout.h>
+#include <ampkit/option_text.h>
 #include <ampkit/options.h>
 #include <ampkit/strategy.h>
 #include <ampkit/version.h>
@@ -126,6 +127,16 @@ struct OptionSpec : ampkit_option_spec {
     return s;
   }
 };
+
+// The range an int or float option declares (AMPKIT_OPTION_HAS_MIN, ..._MAX_EXCLUSIVE).
+inline NumberRange declared_range(const ampkit_option_spec& spec) {
+  NumberRange r;
+  if (spec.flags & AMPKIT_OPTION_HAS_MIN) r.min = spec.min_value;
+  if (spec.flags & AMPKIT_OPTION_HAS_MAX) r.max = spec.max_value;
+  r.min_exclusive = (spec.flags & AMPKIT_OPTION_MIN_EXCLUSIVE) != 0;
+  r.max_exclusive = (spec.flags & AMPKIT_OPTION_MAX_EXCLUSIVE) != 0;
+  return r;
+}
 
 }  // namespace ampkit
 

@@ -7,21 +7,21 @@
 
 namespace ampkit {
 
+// A program's own words for a kind (its command-line selector, the plugin it picks when none is
+// chosen) are the program's: ampkit_kind_flag and StrategySet's defaults, not this table's.
 struct KindInfo {
-  const char* name;            // the one spelling: symbols, folders, --opt KIND.X, AMPKIT_<KIND>_X
-  const char* flag;            // the command-line selector, without "--" (ampkit-train)
-  const char* default_plugin;  // what a run uses when the kind is not chosen
-  const char* title;           // what the interface is, for humans
-  bool tensors;                // the interface passes at::Tensor: plugins link LibTorch
+  const char* name;   // the one spelling: symbols, folders, options KIND.X, AMPKIT_<KIND>_X
+  const char* title;  // what the interface is, for humans
+  bool tensors;       // the interface passes at::Tensor: plugins link LibTorch
 };
 
 // The order is the order of --help, ampkit-plugins list and the strategy set. One line per kind,
 // in this exact shape: CMake extracts the names with a regular expression.
 inline constexpr KindInfo kKinds[] = {
-    {"scaler", "scaler", "none", "loss scaler", false},
-    {"clipper", "clipper", "none", "gradient clipper", true},
-    {"nan_policy", "nan-policy", "skip", "NaN policy", false},
-    {"comm", "comm", "local", "communication backend", true},
+    {"scaler", "loss scaler", false},
+    {"clipper", "gradient clipper", true},
+    {"nan_policy", "NaN policy", false},
+    {"comm", "communication backend", true},
 };
 inline constexpr std::size_t kKindCount = sizeof(kKinds) / sizeof(kKinds[0]);
 

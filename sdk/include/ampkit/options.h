@@ -1,6 +1,8 @@
 // Option specs a plugin declares (name, type, default, range, help) and the typed values it gets.
 #pragma once
 
+#include <ampkit/option_text.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -46,10 +48,7 @@ class OptionValues {
   }
   double get_float(const std::string& name) const { return std::stod(get_string(name)); }
   int64_t get_int(const std::string& name) const { return std::stoll(get_string(name)); }
-  bool get_bool(const std::string& name) const {
-    const std::string& v = get_string(name);
-    return v == "true" || v == "1" || v == "yes" || v == "on";
-  }
+  bool get_bool(const std::string& name) const { return parse_bool_text(get_string(name)).value_or(false); }
   double get_float(const std::string& name, double fallback) const {
     return has(name) ? get_float(name) : fallback;
   }

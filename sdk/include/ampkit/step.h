@@ -4,6 +4,7 @@
 #include <ampkit/state.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,23 @@ inline const char* to_string(Precision p) {
       return "fp16";
   }
   return "?";
+}
+
+// Every precision, in the order --help and messages list them.
+inline constexpr Precision kPrecisions[] = {Precision::fp32, Precision::bf16, Precision::fp16};
+
+// The precision `to_string` spells as `text`, or nothing.
+inline std::optional<Precision> parse_precision(const std::string& text) {
+  for (const Precision p : kPrecisions)
+    if (text == to_string(p)) return p;
+  return std::nullopt;
+}
+
+// "fp32|bf16|fp16" (with `separator` "|"), for messages and help that list the precisions.
+inline std::string precision_names(const std::string& separator) {
+  std::string out;
+  for (const Precision p : kPrecisions) out += (out.empty() ? "" : separator) + to_string(p);
+  return out;
 }
 
 // What every strategy learns once, before the first step.

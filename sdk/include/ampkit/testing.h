@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -46,20 +47,11 @@ inline std::invalid_argument bad_value(const ampkit_option_spec& spec, const std
   return std::invalid_argument("option '" + std::string(spec.name) + "' " + why + ", got '" + text + "'");
 }
 
-inline bool in_range(const ampkit_option_spec& s, double v) {
-  if ((s.flags & AMPKIT_OPTION_HAS_MIN) &&
-      ((s.flags & AMPKIT_OPTION_MIN_EXCLUSIVE) ? !(v > s.min_value) : !(v >= s.min_value)))
-    return false;
-  return !((s.flags & AMPKIT_OPTION_HAS_MAX) &&
-           ((s.flags & AMPKIT_OPTION_MAX_EXCLUSIVE) ? !(v < s.max_value) : !(v <= s.max_value)));
-}
-
 // The value's canonical text, as the host hands it to the plugin; throws naming the option.
 inline std::string checked(const ampkit_option_spec& s, const std::string& text) {
   switch (s.type) {
     case AMPKIT_OPTION_BOOL:
-      if (text == "true" || text == "1" || text == "yes" || text == "on") return "true";
-      if (text == "false" || text == "0" || text == "no" || text == "off") return "false";
+      if (const std::optional<bool> b = parse_bool_text(text)) return *b ? "true" : "false";
       throw bad_value(s, text, "must be true or false");
     case AMPKIT_OPTION_STRING:
       return text;
@@ -76,7 +68,7 @@ inline std::string checked(const ampkit_option_spec& s, const std::string& text)
       if (text.empty() || text[0] == '+' || text[0] == ' ' || *end != '\0' || errno == ERANGE ||
           !std::isfinite(v))
         throw bad_value(s, text, integer ? "must be an integer" : "must be a finite number");
-      if (!in_range(s, v)) throw bad_value(s, text, "is out of its declared range");
+      if (!declared_range(s).contains(v)) throw bad_value(s, text, "is out of its declared range");
       return integer ? std::to_string(i) : format_number(v);
     }
   }

@@ -719,3 +719,12 @@ BOOST_AUTO_TEST_CASE(static_and_none_are_not_dynamic) {
   BOOST_TEST(as_scaler(none).scale() == 1.0);
   BOOST_TEST(as_scaler(fixed).scale() == 4096.0);
 }
+
+// A checkpoint of another constant scale is refused naming the plugin and both scales as typed.
+BOOST_AUTO_TEST_CASE(static_refuses_a_checkpoint_of_another_scale) {
+  Plugins plugins;
+  auto saved = plugins.make("scaler", "static", {{"scale", "1024"}});
+  auto fixed = plugins.make("scaler", "static", {{"scale", "512"}});
+  BOOST_TEST(thrown_message([&] { as_scaler(fixed).load(as_scaler(saved).save()); }) ==
+             "scaler 'static': checkpoint was written with scaler.scale=1024 but this run uses 512");
+}

@@ -33,6 +33,10 @@ struct SelectedStrategy {
   std::string description;  // "scaler 'dynamic' 0.1.0 (/x/libampkit-scaler-dynamic.so)"
 };
 
+// The plugin of `kind` a run uses when none is chosen: scaler none, clipper none, nan_policy skip,
+// comm local (one process, as plain torch trains).
+const char* default_plugin(const std::string& kind);
+
 // The four strategies of a run (loss scaler, gradient clipper, NaN policy, comm backend), loaded
 // by name in one call:
 //   auto set = StrategySet::load(registry, {{"scaler", {"dynamic", inputs}}, ...});
@@ -41,7 +45,7 @@ struct SelectedStrategy {
 class StrategySet {
  public:
   // Finds the plugin of every kind in kKinds (a kind missing from `choices` gets its
-  // KindInfo::default_plugin), loads them together (one crash probe for all)
+  // default_plugin), loads them together (one crash probe for all)
   // and resolves their options. Throws ampkit::Error (plugin, usage) naming what is wrong.
   static std::unique_ptr<StrategySet> load(Registry& registry,
                                            const std::map<std::string, StrategyChoice>& choices);

@@ -1,12 +1,14 @@
 // The table of ampkit-train's options: every option's one declaration.
 #include "config/option_table.h"
 
+#include <ampkit/kind_flags.h>
 #include <ampkit/kinds.h>
 
 #include <algorithm>
 #include <cctype>
 
 #include "ampkit/error.h"
+#include "ampkit/strategy_set.h"
 #include "config/fault_spec.h"
 #include "config/option_builders.h"
 #include "workloads/registry.h"
@@ -40,6 +42,13 @@ void store_plugin_option(TrainConfig& cfg, const std::string& item) {
   cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
 }
 
+// --precision's choices: every precision, as to_string spells it.
+std::vector<std::string> precisions() {
+  std::vector<std::string> names;
+  for (const Precision p : kPrecisions) names.emplace_back(to_string(p));
+  return names;
+}
+
 // --workload: its choices and help from the workload registry.
 HostOption workload_option() {
   std::vector<std::string> names;
@@ -50,12 +59,13 @@ HostOption workload_option() {
   }
   return text("workload", "fashion-mnist", help + ". Each has its own options (below).",
               field(&TrainConfig::workload))
-      .one_of(names);
+      .one_of(names)
+      .shared_by_ranks();
 }
 
 std::vector<HostOption> run_options() {
   std::string selectors;
-  for (const KindInfo& k : kKinds) selectors += (selectors.empty() ? "--" : "/--") + std::string(k.flag);
+  for (const KindInfo& k : kKinds) selectors += (selectors.empty() ? "--" : "/--") + kind_flag(k);
   HostOption help =
       flag("help", "Show this help; with " + selectors + " NAME also that plugin's options.", {});
   help.short_name = 'h';
@@ -64,44 +74,51 @@ std::vector<HostOption> run_options() {
   return {
       help,
       workload_option(),
-      text("precision", "fp32", "Autocast precision: fp32 | bf16 | fp16. Master weights stay fp32.",
-           [](TrainConfig& cfg, const HostOptionValue& v) {
-             cfg.precision = v.text == "bf16"   ? Precision::bf16
-                             : v.text == "fp16" ? Precision::fp16
-                                                : Precision::fp32;
-           })
-          .one_of({"fp32", "bf16", "fp16"}),
+      text("precision", "fp32",
+           "Autocast precision: " + precision_names(" | ") + ". Master weights stay fp32.",
+           [](TrainConfig& cfg, const HostOptionValue& v) { cfg.precision = *parse_precision(v.text); })
+          .one_of(precisions())
+          .shared_by_ranks(),
       // Bounded so that steps x batches x samples stays far from int64's range.
       integer("epochs", nullptr, "Passes over the training set (default 1 when --steps is not given).",
               field(&TrainConfig::epochs))
-          .range(1, 1e6),
+          .range(1, 1e6)
+          .shared_by_ranks(),
       integer("steps", nullptr, "Optimizer steps to attempt (skipped steps count); excludes --epochs.",
               field(&TrainConfig::steps))
-          .range(1, 1e12),
+          .range(1, 1e12)
+          .shared_by_ranks(),
       integer("batch-size", "64", "Samples per micro-batch.", field(&TrainConfig::batch_size))
-          .range(1, 1 << 20),
+          .range(1, 1 << 20)
+          .shared_by_ranks(),
       integer("accumulate", "1", "Micro-batches per optimizer step (gradient accumulation).",
               field(&TrainConfig::accumulate))
-          .range(1, 4096),
-      number("lr", "0.001", "Peak learning rate.", field(&TrainConfig::lr)).above(0),
+          .range(1, 4096)
+          .shared_by_ranks(),
+      number("lr", "0.001", "Peak learning rate.", field(&TrainConfig::lr)).above(0).shared_by_ranks(),
       row("seed", OptionType::unsigned_integer, std::string("0"),
-          "Seed for initialisation, data order and synthetic data.", field(&TrainConfig::seed)),
+          "Seed for initialisation, data order and synthetic data.", field(&TrainConfig::seed))
+          .shared_by_ranks(),
       text(
           "optimizer", "adamw",
           "Optimizer: adamw (one fused pass per parameter, as torch.optim.AdamW(fused=True)) | sgd (momentum "
           "0.9).",
           field(&TrainConfig::optimizer))
-          .one_of({"adamw", "sgd"}),
+          .one_of({"adamw", "sgd"})
+          .shared_by_ranks(),
       number("weight-decay", "0.01", "Weight decay (decoupled for adamw).", field(&TrainConfig::weight_decay))
-          .range(0, std::nullopt),
+          .range(0, std::nullopt)
+          .shared_by_ranks(),
       text("lr-schedule", "constant",
            "constant | cosine (after warm-up, to 0 at the run's last step; skipped steps shorten it, "
            "docs/configuration.md).",
            field(&TrainConfig::lr_schedule))
-          .one_of({"constant", "cosine"}),
+          .one_of({"constant", "cosine"})
+          .shared_by_ranks(),
       integer("warmup-steps", "0", "Linear learning-rate warm-up over this many taken steps.",
               field(&TrainConfig::warmup_steps))
-          .range(0, std::nullopt),
+          .range(0, std::nullopt)
+          .shared_by_ranks(),
       text("device", "cpu", "cpu | cuda (the first visible GPU).", field(&TrainConfig::device))
           .one_of({"cpu", "cuda"}),
       integer("threads", "0", "CPU threads for LibTorch; 0 keeps LibTorch's choice.",
@@ -120,8 +137,9 @@ std::vector<HostOption> plugin_options() {
     // derive_defaults() picks the scaler fp16 needs.
     const std::string help_kind =
         kind == "scaler" ? help + " The default is dynamic for --precision fp16, none otherwise." : help;
-    out.push_back(text(k.flag, k.default_plugin, help_kind,
-                       [kind](TrainConfig& cfg, const HostOptionValue& v) { cfg.plugins[kind] = v.text; }));
+    out.push_back(text(kind_flag(k).c_str(), default_plugin(kind), help_kind,
+                       [kind](TrainConfig& cfg, const HostOptionValue& v) { cfg.plugins[kind] = v.text; })
+                      .shared_by_ranks());
   }
   out.push_back(list("opt", "Plugin option KIND.OPTION=VALUE, e.g. scaler.scale=512 (repeatable).",
                      [](TrainConfig& cfg, const HostOptionValue& v) {
@@ -142,8 +160,7 @@ std::vector<HostOption> plugin_options() {
   // A trust override is the user's own decision at the command line, never a file's.
   HostOption untrusted =
       flag("allow-untrusted-plugins",
-           "Load plugin files writable by others or owned by another user (loudly; command "
-           "line only).",
+           "Load plugin files writable by others or owned by another user (loudly; command line only).",
            field(&TrainConfig::allow_untrusted_plugins));
   untrusted.command_line_only = true;
   out.push_back(untrusted);
@@ -183,18 +200,17 @@ std::vector<HostOption> checkpoint_and_nan_options() {
   return {
       text("checkpoint-dir", "",
            "Folder for checkpoints (step-N folders and a 'latest' pointer); empty: no checkpoints. Written "
-           "at the "
-           "end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGUSR1.",
+           "at the end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGUSR1.",
            field(&TrainConfig::checkpoint_dir)),
       integer(
           "checkpoint-every", "0",
           "Steps (attempted) between checkpoints; 0: only at the end of training and when a signal stops it.",
           field(&TrainConfig::checkpoint_every))
-          .range(0, std::nullopt),
+          .range(0, std::nullopt)
+          .shared_by_ranks(),
       integer("keep-checkpoints", "3",
               "Newest complete checkpoints to keep in --checkpoint-dir; older ones are deleted after a new "
-              "one is "
-              "complete.",
+              "one is complete.",
               field(&TrainConfig::keep_checkpoints))
           .range(1, 1000000),
       text("resume", "",
@@ -220,14 +236,13 @@ std::vector<HostOption> checkpoint_and_nan_options() {
            }),
       integer("nan-locate", "5",
               "Re-run the first N bad steps with every module observed and write a locator report for each "
-              "(costs "
-              "nothing on healthy steps); 0 turns the locator off.",
+              "(costs nothing on healthy steps); 0 turns the locator off.",
               field(&TrainConfig::nan_locate))
-          .range(0, std::nullopt),
+          .range(0, std::nullopt)
+          .shared_by_ranks(),
       text("nan-report-dir", "",
            "Folder for NaN locator reports (nan-report-step-N-rank-R.json); empty: the folder of --summary, "
-           "else "
-           "of --metrics, else the current folder.",
+           "else of --metrics, else the current folder.",
            field(&TrainConfig::nan_report_dir)),
   };
 }
@@ -240,7 +255,8 @@ std::vector<HostOption> job_layout_options() {
           "Distributed: processes in the job (torchrun's WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE).",
           dist_field(&DistributedConfig::world_size))
           .range(1, 1 << 20)
-          .from_environment({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"}),
+          .from_environment({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"})
+          .shared_by_ranks(),
       integer(
           "rank", "0",
           "Distributed: this process's rank in [0, world size) (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).",
@@ -296,8 +312,7 @@ std::vector<HostOption> data_parallel_and_progress_options() {
   return {
       text("rendezvous", "tcp",
            "Distributed: tcp (a c10d TCPStore at --master-addr:--master-port) | file:PATH (a c10d FileStore "
-           "on a "
-           "filesystem every rank shares; the file must not exist from an earlier job).",
+           "on a filesystem every rank shares; the file must not exist from an earlier job).",
            [](TrainConfig& cfg, const HostOptionValue& v) {
              if (v.text != "tcp" && !(v.text.rfind("file:", 0) == 0 && v.text.size() > 5))
                throw Error(ErrorCategory::usage,
@@ -312,22 +327,25 @@ std::vector<HostOption> data_parallel_and_progress_options() {
           "bucket_cap_mb).",
           data_parallel_field(&DataParallelOptions::bucket_cap_mb))
           .range(0, 65536)
-          .above(0),
+          .above(0)
+          .shared_by_ranks(),
       boolean(
           "find-unused-parameters", "false",
           "Distributed: true if some parameters get no gradient in a step (costs a graph traversal per step; "
           "torch DDP's option).",
-          data_parallel_field(&DataParallelOptions::find_unused_parameters)),
+          data_parallel_field(&DataParallelOptions::find_unused_parameters))
+          .shared_by_ranks(),
       boolean(
           "broadcast-buffers", "true",
           "Distributed: send rank 0's module buffers (e.g. BatchNorm statistics) to every rank before each "
           "step.",
-          data_parallel_field(&DataParallelOptions::broadcast_buffers)),
+          data_parallel_field(&DataParallelOptions::broadcast_buffers))
+          .shared_by_ranks(),
       boolean("gradient-as-bucket-view", "false",
               "Distributed: gradients are views into the all-reduce buckets (saves one gradient-sized copy "
-              "and its "
-              "memory).",
-              data_parallel_field(&DataParallelOptions::gradient_as_bucket_view)),
+              "and its memory).",
+              data_parallel_field(&DataParallelOptions::gradient_as_bucket_view))
+          .shared_by_ranks(),
       number(
           "dist-timeout", "300",
           "Distributed: seconds the rendezvous and every collective may take; a lost or hung rank makes the "

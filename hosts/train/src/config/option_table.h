@@ -3,6 +3,8 @@
 // keys, the launcher environment and --print-config are all generated from this table.
 #pragma once
 
+#include <ampkit/option_text.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -38,32 +40,38 @@ struct HostOption {
   char short_name = 0;
   OptionType type = OptionType::text;
   std::optional<std::string> default_value;  // text form; unset: not set unless given
-  std::optional<double> min, max;            // integer and number options
-  bool min_exclusive = false, max_exclusive = false;
-  std::vector<std::string> choices;  // text options with a fixed set of values
+  NumberRange bounds;                        // integer and number options
+  std::vector<std::string> choices;          // text options with a fixed set of values
   std::string help;
   // Launcher variables (torchrun, then SLURM, then Open MPI) that set this option when the
   // command line does not; the first one set wins and overrides the config file.
   std::vector<std::string> environment;
   bool command_line_only = false;  // --help, --config, --print-config: not a YAML key
   bool listed = true;              // shown by --print-config when it has a value
+  // Every rank of a job must be started with the same value (checked right after the
+  // rendezvous): the training's own settings, not where a rank writes or which device it uses.
+  bool same_on_every_rank = false;
   std::string group;  // --help's group: "" for ampkit-train's own, "workload NAME" for a workload's
   // Stores the checked value in its TrainConfig field; empty for options read elsewhere.
   std::function<void(TrainConfig&, const HostOptionValue&)> store;
 
   // Builders, so that a table row reads as one declaration.
   HostOption& range(std::optional<double> lo, std::optional<double> hi) {
-    min = lo;
-    max = hi;
+    bounds.min = lo;
+    bounds.max = hi;
     return *this;
   }
   HostOption& above(double lo) {  // > lo
-    min = lo;
-    min_exclusive = true;
+    bounds.min = lo;
+    bounds.min_exclusive = true;
     return *this;
   }
   HostOption& one_of(std::vector<std::string> values) {
     choices = std::move(values);
+    return *this;
+  }
+  HostOption& shared_by_ranks() {
+    same_on_every_rank = true;
     return *this;
   }
   HostOption& from_environment(std::vector<std::string> variables) {

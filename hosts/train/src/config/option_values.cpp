@@ -28,14 +28,8 @@ std::string number_text(double v) {
                                         (source == "command line" ? "" : " from " + source));
 }
 
-bool in_range(const HostOption& o, double v) {
-  if (o.min && (o.min_exclusive ? v <= *o.min : v < *o.min)) return false;
-  if (o.max && (o.max_exclusive ? v >= *o.max : v > *o.max)) return false;
-  return true;
-}
-
 void check_range(const HostOption& o, double v, const std::string& text, const std::string& source) {
-  if (in_range(o, v)) return;
+  if (o.bounds.contains(v)) return;
   const std::string range = range_text(o);
   refuse(o, range[0] == '[' || range[0] == '(' ? "in " + range : range, text, source);
 }
@@ -47,20 +41,15 @@ std::string choices_text(const std::vector<std::string>& choices) {
   return out;
 }
 
-bool parse_bool(const std::string& t, bool& out) {
-  if (t == "true" || t == "yes" || t == "on" || t == "1") return out = true, true;
-  if (t == "false" || t == "no" || t == "off" || t == "0") return out = false, true;
-  return false;
-}
-
 }  // namespace
 
 std::string range_text(const HostOption& o) {
-  if (o.min && o.max)
-    return std::string(o.min_exclusive ? "(" : "[") + number_text(*o.min) + ", " + number_text(*o.max) +
-           (o.max_exclusive ? ")" : "]");
-  if (o.min) return (o.min_exclusive ? "> " : ">= ") + number_text(*o.min);
-  if (o.max) return (o.max_exclusive ? "< " : "<= ") + number_text(*o.max);
+  const NumberRange& b = o.bounds;
+  if (b.min && b.max)
+    return std::string(b.min_exclusive ? "(" : "[") + number_text(*b.min) + ", " + number_text(*b.max) +
+           (b.max_exclusive ? ")" : "]");
+  if (b.min) return (b.min_exclusive ? "> " : ">= ") + number_text(*b.min);
+  if (b.max) return (b.max_exclusive ? "< " : "<= ") + number_text(*b.max);
   return "";
 }
 
@@ -89,7 +78,10 @@ HostOptionValue parse_option_value(const HostOption& o, const std::string& text,
       break;
     case OptionType::boolean:
     case OptionType::flag:
-      if (!parse_bool(text, v.boolean)) refuse(o, "true or false", "'" + text + "'", source);
+      if (const std::optional<bool> b = parse_bool_text(text))
+        v.boolean = *b;
+      else
+        refuse(o, "true or false", "'" + text + "'", source);
       break;
     case OptionType::text:
       if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), text) == o.choices.end())

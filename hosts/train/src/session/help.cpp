@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "ampkit/exit_codes.h"
+#include "ampkit/kind_flags.h"
 #include "session/session.h"
 
 namespace ampkit::train {
@@ -35,7 +36,7 @@ int print_help(const TrainConfig& cfg) {
                   .c_str());
   for (const KindInfo& k : kKinds) {
     const std::string kind = k.name;
-    if (!given_on_command_line(cfg, k.flag)) continue;
+    if (!given_on_command_line(cfg, kind_flag(k))) continue;
     const LoadedPlugin& p = registry.load(registry.find(kind, cfg.plugins.at(kind)));
     OptionInputs none;
     none.read_environment = false;

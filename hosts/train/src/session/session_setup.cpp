@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -26,6 +25,7 @@
 #include "ampkit/fused_adamw.h"
 #include "ampkit/plugin_call.h"
 #include "config/fault_spec.h"
+#include "config/option_table.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
@@ -136,45 +136,13 @@ void Session::build_workload() {
                     "' rolls back to the newest checkpoint (snapshot=checkpoint): give --checkpoint-dir");
 }
 
-// What every rank must agree on: the training's own settings and the strategies' options (where
-// each rank writes its files, its faults to inject and its device are its own business).
+// What every rank must agree on: the options the table marks same_on_every_rank and the
+// strategies' options (where each rank writes its files, its faults to inject and its device are
+// its own business).
 std::vector<std::pair<std::string, std::string>> Session::shared_settings() const {
-  static const std::set<std::string> kShared = {"workload",
-                                                "precision",
-                                                "epochs",
-                                                "steps",
-                                                "batch-size",
-                                                "accumulate",
-                                                "lr",
-                                                "seed",
-                                                "optimizer",
-                                                "weight-decay",
-                                                "lr-schedule",
-                                                "warmup-steps",
-                                                "synthetic-width",
-                                                "synthetic-depth",
-                                                "synthetic-inputs",
-                                                "synthetic-classes",
-                                                "gpt-layers",
-                                                "gpt-width",
-                                                "gpt-heads",
-                                                "gpt-context",
-                                                "loss",
-                                                "data-order",
-                                                "scaler",
-                                                "clipper",
-                                                "nan-policy",
-                                                "comm",
-                                                "world-size",
-                                                "bucket-cap-mb",
-                                                "find-unused-parameters",
-                                                "broadcast-buffers",
-                                                "gradient-as-bucket-view",
-                                                "checkpoint-every",
-                                                "nan-locate"};
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& s : cfg_.settings)
-    if (kShared.count(s.name)) out.emplace_back("--" + s.name, s.value);
+    if (host_option(s.name).same_on_every_rank) out.emplace_back("--" + s.name, s.value);
   for (const auto& strategy : strategies_->all())
     for (const auto& [name, value] : strategy.options.values.all())
       out.emplace_back(strategy.kind + "." + name, value);

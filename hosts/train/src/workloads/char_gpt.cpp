@@ -198,13 +198,18 @@ std::vector<HostOption> char_gpt_options() {
            "read.",
            field(&TrainConfig::text_dir)),
       integer("gpt-layers", "2", "char-gpt: transformer blocks.", field(&TrainConfig::gpt_layers))
-          .range(1, 64),
+          .range(1, 64)
+          .shared_by_ranks(),
       integer("gpt-width", "128", "char-gpt: embedding width (a multiple of --gpt-heads).",
               field(&TrainConfig::gpt_width))
-          .range(1, 8192),
-      integer("gpt-heads", "4", "char-gpt: attention heads.", field(&TrainConfig::gpt_heads)).range(1, 64),
+          .range(1, 8192)
+          .shared_by_ranks(),
+      integer("gpt-heads", "4", "char-gpt: attention heads.", field(&TrainConfig::gpt_heads))
+          .range(1, 64)
+          .shared_by_ranks(),
       integer("gpt-context", "64", "char-gpt: context length in bytes.", field(&TrainConfig::gpt_context))
-          .range(2, 4096),
+          .range(2, 4096)
+          .shared_by_ranks(),
   };
 }
 

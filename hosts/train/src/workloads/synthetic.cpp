@@ -120,14 +120,18 @@ std::vector<HostOption> synthetic_options() {
   return {
       integer("synthetic-width", "256", "synthetic: hidden width of the MLP.",
               field(&TrainConfig::synthetic_width))
-          .range(1, 65536),
+          .range(1, 65536)
+          .shared_by_ranks(),
       integer("synthetic-depth", "4", "synthetic: number of hidden layers.",
               field(&TrainConfig::synthetic_depth))
-          .range(0, 256),
+          .range(0, 256)
+          .shared_by_ranks(),
       integer("synthetic-inputs", "128", "synthetic: input features.", field(&TrainConfig::synthetic_inputs))
-          .range(1, 65536),
+          .range(1, 65536)
+          .shared_by_ranks(),
       integer("synthetic-classes", "10", "synthetic: output classes.", field(&TrainConfig::synthetic_classes))
-          .range(2, 65536),
+          .range(2, 65536)
+          .shared_by_ranks(),
   };
 }
 

@@ -286,13 +286,15 @@ std::vector<HostOption> torchscript_options() {
           "probabilities) | mse (on forward(inputs)) | returned (forward(inputs, targets) returns the loss). "
           "Computed in fp32.",
           field(&TrainConfig::loss))
-          .one_of({"cross_entropy", "mse", "returned"}),
+          .one_of({"cross_entropy", "mse", "returned"})
+          .shared_by_ranks(),
       text("data-order", "shuffled",
            "torchscript: shuffled (a seeded permutation per epoch) | file (batch i is samples i*B..(i+1)*B-1 "
            "in "
            "file order, to compare step for step with another trainer).",
            field(&TrainConfig::data_order))
-          .one_of({"shuffled", "file"}),
+          .one_of({"shuffled", "file"})
+          .shared_by_ranks(),
   };
 }
 

@@ -1,0 +1,19 @@
+// The command-line selector of a plugin kind in ampkit's programs (--scaler, --clipper,
+// --nan-policy, --comm): the kind's name with '-' for '_'. A program's word, not the SDK's.
+#pragma once
+
+#include <ampkit/kinds.h>
+
+#include <string>
+
+namespace ampkit {
+
+// "nan-policy" for nan_policy: the selector without its "--".
+inline std::string kind_flag(const KindInfo& kind) {
+  std::string flag = kind.name;
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  return flag;
+}
+
+}  // namespace ampkit
