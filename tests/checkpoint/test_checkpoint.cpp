@@ -8,10 +8,12 @@
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <thread>
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/error.h"
+#include "ampkit/sha256.h"
 #include "train_process.h"
 
 using namespace ampkit::test;
@@ -345,6 +347,33 @@ BOOST_AUTO_TEST_CASE(a_different_plugin_is_an_error_unless_weights_only) {
   r = run(tiny + " --steps 25 --scaler static --clipper norm --optimizer sgd" + from);
   BOOST_TEST(r.code == 6, r.output);
   BOOST_TEST(r.output.find("--optimizer adamw") != std::string::npos, r.output);
+}
+
+// The manifest keeps its config as an array of {name, value, source}, as older ampkit wrote it and
+// tools/golden/pytorch_interop.py reads it; one whose array is in another order (older ampkit wrote
+// the option table's order) resumes, and the optimizer it names is still checked.
+BOOST_AUTO_TEST_CASE(the_manifest_config_is_an_array_of_settings_read_in_any_order) {
+  SavedRun saved;
+  const fs::path step = saved.dir / "step-20";
+  nlohmann::json m = read_json(step / "manifest.json");
+  BOOST_REQUIRE(m["config"].is_array());
+  bool has_optimizer = false;
+  for (const auto& setting : m["config"]) {
+    BOOST_TEST((setting["name"].is_string() && setting["value"].is_string() && setting["source"].is_string()),
+               setting.dump());
+    has_optimizer = has_optimizer || (setting["name"] == "optimizer" && setting["value"] == "adamw");
+  }
+  BOOST_TEST(has_optimizer);
+  std::reverse(m["config"].begin(), m["config"].end());
+  std::ofstream(step / "manifest.json") << m.dump(1);
+  std::ofstream(step / "manifest.sha256")
+      << ampkit::sha256_file(step / "manifest.json") << "  manifest.json\n";
+  Result r = run(tiny + " --steps 25 --scaler static --clipper norm --resume " + step.string());
+  BOOST_TEST(r.code == 0, r.output);
+  BOOST_TEST(r.output.find("resumed from") != std::string::npos, r.output);
+  r = run(tiny + " --steps 25 --scaler static --clipper norm --optimizer sgd --resume " + step.string());
+  BOOST_TEST(r.code == 6, r.output);
+  BOOST_TEST(r.output.find("was written with --optimizer adamw") != std::string::npos, r.output);
 }
 
 BOOST_AUTO_TEST_CASE(sigterm_writes_a_checkpoint_exits_130_and_resume_ends_identical) {

@@ -632,7 +632,10 @@ train::PrecisionFacts facts(Precision p, std::string scaler, bool dynamic, doubl
 }
 
 std::vector<std::string> warnings(const train::PrecisionFacts& f) {
-  return train::precision_warnings(f);
+  std::vector<std::string> lines;
+  for (const train::PrecisionAdvice& advice : train::precision_warnings(f))
+    lines.push_back(advice.summary_line());
+  return lines;
 }
 
 BOOST_AUTO_TEST_CASE(each_mismatch_gets_its_own_right_advice) {
@@ -683,9 +686,18 @@ BOOST_AUTO_TEST_CASE(the_usual_settings_are_quiet) {
   BOOST_TEST(warnings(facts(Precision::bf16, "static", false, 1.0)).empty());
   BOOST_TEST(warnings(facts(Precision::fp32, "none", false, 1.0)).empty());
   train::PrecisionFacts clipped = facts(Precision::fp16, "dynamic", true, 65536);
-  clipped.clipper_set = {{"max_norm", "1"}};
+  // The clipper's own per-precision defaults (norm's: fp16 1, bf16 5, fp32 10) tell which value
+  // belongs to another precision.
+  const std::vector<std::pair<std::string, std::string>> defaults = {
+      {"fp16", "1"}, {"bf16", "5"}, {"fp32", "10"}};
+  clipped.clipper_set = {{"max_norm", "1", defaults}};
   BOOST_TEST(warnings(clipped).empty());
-  clipped.clipper_set = {{"max_norm", "5"}};
+  clipped.clipper_set = {{"max_norm", "5", {}}};
+  BOOST_TEST(warnings(clipped).empty());  // a clipper without per-precision defaults: no advice
+  // adaptive's max_norm starts at 10 for fp16: there 10 is its own default, not fp32's.
+  clipped.clipper_set = {{"max_norm", "10", {{"fp16", "10"}, {"bf16", "50"}, {"fp32", "100"}}}};
+  BOOST_TEST(warnings(clipped).empty());
+  clipped.clipper_set = {{"max_norm", "5", defaults}};
   BOOST_TEST(
       warnings(clipped) ==
           std::vector<std::string>{"note: clipper.max_norm=5 is the usual bf16 starting point; fp16 runs "

@@ -59,7 +59,9 @@ nlohmann::json manifest_to_json(const CheckpointManifest& m) {
                {"consecutive_skips", m.consecutive_skips},
                {"epoch", m.epoch},
                {"data_position", m.steps_attempted}};
-  j["config"] = m.config;
+  j["config"] = nlohmann::json::array();
+  for (const auto& [name, setting] : m.config)
+    j["config"].push_back({{"name", name}, {"value", setting.value}, {"source", setting.source}});
   j["plugins"] = nlohmann::json::array();
   for (const auto& p : m.plugins) {
     nlohmann::json state;
@@ -89,7 +91,9 @@ CheckpointManifest manifest_from_json(const nlohmann::json& j) {
   m.steps_taken = step.at("taken").get<int64_t>();
   m.consecutive_skips = step.at("consecutive_skips").get<int64_t>();
   m.epoch = step.at("epoch").get<int64_t>();
-  m.config = j.at("config");
+  for (const auto& s : j.at("config"))
+    m.config[s.at("name").get<std::string>()] = {s.at("value").get<std::string>(),
+                                                 s.at("source").get<std::string>()};
   for (const auto& p : j.at("plugins"))
     m.plugins.push_back({p.at("kind").get<std::string>(), p.at("name").get<std::string>(),
                          p.at("version").get<std::string>(), state_from_json(p.at("state"))});

@@ -78,18 +78,21 @@ void Trainer::start(const RunInfo& extra) {
   started_ = true;
 }
 
-void Trainer::restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips, int64_t discarded,
-                               int64_t rollbacks) {
-  if (taken < 0 || discarded < 0 || taken + discarded > attempted)
+TrainerCounters Trainer::counters() const {
+  return {attempted_, taken_, discarded_, rollbacks_, consecutive_skips_};
+}
+
+void Trainer::restore_counters(const TrainerCounters& c) {
+  if (c.taken < 0 || c.discarded < 0 || c.taken + c.discarded > c.attempted)
     throw Error(ErrorCategory::checkpoint,
-                "inconsistent step counters: attempted " + std::to_string(attempted) + ", taken " +
-                    std::to_string(taken) + ", discarded " + std::to_string(discarded));
-  attempted_ = attempted;
-  taken_ = taken;
-  discarded_ = discarded;
-  skipped_ = attempted - taken - discarded;
-  rollbacks_ = rollbacks;
-  consecutive_skips_ = consecutive_skips;
+                "inconsistent step counters: attempted " + std::to_string(c.attempted) + ", taken " +
+                    std::to_string(c.taken) + ", discarded " + std::to_string(c.discarded));
+  attempted_ = c.attempted;
+  taken_ = c.taken;
+  discarded_ = c.discarded;
+  skipped_ = c.attempted - c.taken - c.discarded;
+  rollbacks_ = c.rollbacks;
+  consecutive_skips_ = c.consecutive_skips;
   set_lr(scheduled_lr());
 }
 

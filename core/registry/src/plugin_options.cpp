@@ -223,20 +223,24 @@ OptionSetting resolve_one(const ampkit_plugin_descriptor& d, const ampkit_option
   std::string text;
   if (auto it = inputs.command_line.find(s.name); it != inputs.command_line.end()) {
     text = it->second;
+    s.origin = OptionOrigin::command_line;
     s.source = "command line";
   } else if (auto it2 = environment.find(s.name); it2 != environment.end()) {
     text = it2->second;
+    s.origin = OptionOrigin::environment;
     s.source = "environment " + option_environment_name(d.kind, s.name);
   } else if (auto it3 = inputs.config_file.find(s.name); it3 != inputs.config_file.end()) {
     text = it3->second;
+    s.origin = OptionOrigin::config_file;
     s.source = "config file " + inputs.config_file_name;
   } else if (has_default) {
     text = default_text;
+    s.origin = OptionOrigin::default_value;
     s.source = default_source;
   } else {
     s.source = "unset";
   }
-  if (s.source != "unset") {
+  if (s.origin != OptionOrigin::unset) {
     s.value = validate(d, spec, text, s.source);
     s.set = true;
   }

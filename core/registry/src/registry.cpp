@@ -306,6 +306,7 @@ PluginInfo Registry::pin(const PluginInfo& info) {
                                            now.kind + " '" + now.name + "'); refusing it");
   now.path = info.path;
   now.load_from = opened;
+  now.pinned_fd = fd;
   check_compatible(now);
   pinned_fds_.push_back(fd);
   guard.fd = -1;
@@ -316,7 +317,7 @@ PluginInfo Registry::pin(const PluginInfo& info) {
 void Registry::release_unloaded(const std::vector<PluginInfo>& pinned) {
   for (const auto& info : pinned) {
     if (loaded_.count(load_key(info))) continue;
-    const int fd = std::atoi(info.load_from.filename().c_str());
+    const int fd = info.pinned_fd;
     const auto it = std::find(pinned_fds_.begin(), pinned_fds_.end(), fd);
     if (it == pinned_fds_.end()) continue;
     pinned_fds_.erase(it);

@@ -47,7 +47,7 @@ int run(int argc, const char* const argv[]) {
 // A collective failed in a multi-process run: name the lost rank where the heartbeats tell, exit
 // 7 at once (destructors of a broken process group can block), never hang.
 [[noreturn]] void exit_lost_rank(const std::string& what, bool distributed_error) {
-  ampkit::CommBackend* comm = ampkit::train::g_comm;
+  ampkit::CommBackend* comm = ampkit::train::multi_rank_comm;
   const std::string why = comm->explain_failure(what);
   const bool lost = why.rfind("lost rank", 0) == 0;
   std::fprintf(stderr, "ampkit-train: error: rank %d: %s\n", comm->rank(), why.c_str());
@@ -80,26 +80,26 @@ extern "C" [[noreturn]] void _Exit(int status) noexcept {
 
 int main(int argc, char** argv) {
   using ampkit::ExitCode;
-  using ampkit::train::g_comm;
+  using ampkit::train::multi_rank_comm;
   try {
     return run(argc, argv);
   } catch (const ampkit::Error& e) {
     std::fprintf(stderr, "ampkit-train: error: %s\n", e.what());
-    if (g_comm != nullptr) {  // the other ranks are told by the lost connection
+    if (multi_rank_comm != nullptr) {  // the other ranks are told by the lost connection
       std::fflush(stderr);
       std::_Exit(ampkit::exit_status(ampkit::exit_code_of(e.category())));
     }
     return ampkit::exit_status(ampkit::exit_code_of(e.category()));
   } catch (const c10::DistError& e) {
-    if (g_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), true);
+    if (multi_rank_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), true);
     std::fprintf(stderr, "ampkit-train: error: %s\n", e.what_without_backtrace());
     return ampkit::exit_status(ExitCode::distributed);
   } catch (const c10::Error& e) {
-    if (g_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), false);
+    if (multi_rank_comm != nullptr) exit_lost_rank(e.what_without_backtrace(), false);
     std::fprintf(stderr, "ampkit-train: LibTorch error: %s\n", e.what_without_backtrace());
     return ampkit::exit_status(ExitCode::internal);
   } catch (const std::exception& e) {
-    if (g_comm != nullptr) exit_lost_rank(e.what(), false);
+    if (multi_rank_comm != nullptr) exit_lost_rank(e.what(), false);
     std::fprintf(stderr, "ampkit-train: internal error: %s\n", e.what());
     return ampkit::exit_status(ExitCode::internal);
   }

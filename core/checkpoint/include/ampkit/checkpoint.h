@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -40,6 +41,12 @@ struct TensorRecord {
   std::vector<int64_t> shape;
 };
 
+// One effective setting of the run that wrote a checkpoint (an ampkit-train option).
+struct ManifestSetting {
+  std::string value;
+  std::string source;  // where the value came from: "default", "command line", ...
+};
+
 // What the manifest holds besides the file checksums.
 struct CheckpointManifest {
   int format_version = kCheckpointFormatVersion;
@@ -47,7 +54,8 @@ struct CheckpointManifest {
   int64_t steps_taken = 0;      // the LR schedule position
   int64_t consecutive_skips = 0;
   int64_t epoch = 0;
-  nlohmann::json config = nlohmann::json::array();  // [{name, value, source}], the effective settings
+  // The effective settings by name; in the file an array of {name, value, source}, sorted by name.
+  std::map<std::string, ManifestSetting> config;
   std::vector<PluginStateRecord> plugins;
   std::string cpu_rng_state;  // raw bytes of LibTorch's default CPU generator state
   std::string param_sha256;

@@ -58,6 +58,16 @@ struct DataParallelOptions {
   std::vector<at::Tensor> buffers;  // the model's buffers, sent from rank 0 before each step
 };
 
+// A Trainer's step counters. Every attempted step is exactly one of taken, skipped or discarded,
+// so skipped is attempted - taken - discarded and is not stored.
+struct TrainerCounters {
+  int64_t attempted = 0;
+  int64_t taken = 0;
+  int64_t discarded = 0;  // applied, then undone by a rollback
+  int64_t rollbacks = 0;
+  int64_t consecutive_skips = 0;  // skipped steps in a row before the next one
+};
+
 class Trainer {
  public:
   // `parameters` and `names` are the model's trainable parameters in a fixed order; the
@@ -117,9 +127,10 @@ class Trainer {
   const std::vector<std::string>& names() const { return names_; }
   Precision precision() const { return precision_; }
 
-  // Counters for checkpoints (exact resume); skipped = attempted - taken - discarded.
-  void restore_counters(int64_t attempted, int64_t taken, int64_t consecutive_skips, int64_t discarded = 0,
-                        int64_t rollbacks = 0);
+  // The counters as one value, saved in a checkpoint and restored from it (exact resume);
+  // restore_counters throws Error(checkpoint) for counters no run can reach.
+  TrainerCounters counters() const;
+  void restore_counters(const TrainerCounters& counters);
 
  private:
   // The phases of step(), numbered as docs/architecture.md's "One optimizer step".

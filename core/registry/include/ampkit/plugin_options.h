@@ -13,12 +13,16 @@
 
 namespace ampkit {
 
+// Where an option's value came from, highest precedence first; `source` says it in words.
+enum class OptionOrigin { command_line, environment, config_file, default_value, unset };
+
 struct OptionSetting {
   std::string name;
-  std::string type;           // "float > 1", "int >= 0", "choice 2|inf", ...
-  std::string value;          // effective text value, "" when unset
-  std::string source;         // "default", "default for fp16", "command line", "environment AMPKIT_X_Y",
-                              // "config file F", "unset"
+  std::string type;    // "float > 1", "int >= 0", "choice 2|inf", ...
+  std::string value;   // effective text value, "" when unset
+  std::string source;  // "default", "default for fp16", "command line", "environment AMPKIT_X_Y",
+                       // "config file F", "unset"
+  OptionOrigin origin = OptionOrigin::unset;
   std::string default_value;  // per-precision defaults in canonical form: "fp16=1;bf16=5;fp32=10"
   // A per-precision default (AMPKIT_OPTION_PER_PRECISION): precision -> canonical value, in the
   // spec's order; empty otherwise.

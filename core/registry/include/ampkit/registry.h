@@ -25,8 +25,9 @@ struct PluginInfo {
   bool is_static = false;  // linked into the executable, not loaded from a file
   std::string layout;      // the "ampkitly" layout record (ampkit/layout.h); empty for static plugins
   // Where the host loads it from once it has opened the file for loading: /proc/self/fd/N, the
-  // very file that was judged (empty: `path`).
+  // very file that was judged (empty: `path`), and that open descriptor N (-1: none).
   std::filesystem::path load_from;
+  int pinned_fd = -1;
 };
 
 // Reads a file's plugin metadata; throws Error(plugin) naming the file and what is wrong.

@@ -33,9 +33,9 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
       // The comm's state is tiny, but a full resume needs a plugin that can load it, so the hint
       // offers the saved comm first (gloo runs with world size 1 too), then --weights-only. A
       // checkpoint of comm 'local' (one process) gets the general hint below: 'local' cannot run N ranks.
-      std::string ranks;
-      for (const auto& c : ckpt.manifest.config)
-        if (c.value("name", "") == "world-size") ranks = " by " + c.value("value", "?") + " ranks";
+      const auto world_size = ckpt.manifest.config.find("world-size");
+      const std::string ranks =
+          world_size == ckpt.manifest.config.end() ? "" : " by " + world_size->second.value + " ranks";
       throw Error(ErrorCategory::checkpoint,
                   where + " was written" + ranks + " with comm '" + saved->name +
                       "', this run selects comm '" + info.name + "'; add --comm " + saved->name +
@@ -49,13 +49,12 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
                       ", this run selects " + p.kind + " '" + info.name + "' " + info.version +
                       "; select the same plugin, or pass --weights-only to load only the parameters");
   }
-  for (const auto& s : ckpt.manifest.config) {
-    if (s.value("name", "") != "optimizer") continue;
-    if (s.value("value", "") != cfg.optimizer)
-      throw Error(ErrorCategory::checkpoint, where + " was written with --optimizer " + s.value("value", "") +
-                                                 ", this run uses --optimizer " + cfg.optimizer +
-                                                 "; pass --weights-only to load only the parameters");
-  }
+  const auto optimizer = ckpt.manifest.config.find("optimizer");
+  if (optimizer != ckpt.manifest.config.end() && optimizer->second.value != cfg.optimizer)
+    throw Error(ErrorCategory::checkpoint, where + " was written with --optimizer " +
+                                               optimizer->second.value + ", this run uses --optimizer " +
+                                               cfg.optimizer +
+                                               "; pass --weights-only to load only the parameters");
 }
 
 // The checkpoint --resume names: auto picks the newest valid one in --checkpoint-dir, saying which
@@ -120,8 +119,13 @@ void restore_run_state(SessionObjects& run, const LoadedCheckpoint& ckpt) {
   }
   const CheckpointManifest& m = ckpt.manifest;
   run.state = m.host.get<HostState>();
-  run.trainer.restore_counters(m.steps_attempted, m.steps_taken, m.consecutive_skips,
-                               run.state.steps_discarded, run.state.rollbacks);
+  TrainerCounters counters;
+  counters.attempted = m.steps_attempted;
+  counters.taken = m.steps_taken;
+  counters.consecutive_skips = m.consecutive_skips;
+  counters.discarded = run.state.steps_discarded;
+  counters.rollbacks = run.state.rollbacks;
+  run.trainer.restore_counters(counters);
   set_cpu_rng_state(m.cpu_rng_state);
 }
 
@@ -151,20 +155,19 @@ CheckpointKeeper::CheckpointKeeper(SessionObjects& run, bool writes, int64_t ste
       last_saved_(run.trainer.steps_attempted()) {}
 
 void CheckpointKeeper::save() {
-  const Trainer& t = run_.trainer;
+  const TrainerCounters counters = run_.trainer.counters();
   CheckpointManifest m;
-  m.steps_attempted = t.steps_attempted();
-  m.steps_taken = t.steps_taken();
-  m.consecutive_skips = t.consecutive_skips();
-  m.epoch = (t.steps_attempted() + run_.state.data_skip) / steps_per_epoch_;
-  for (const auto& s : run_.cfg.settings)
-    m.config.push_back({{"name", s.name}, {"value", s.value}, {"source", s.source}});
+  m.steps_attempted = counters.attempted;
+  m.steps_taken = counters.taken;
+  m.consecutive_skips = counters.consecutive_skips;
+  m.epoch = (counters.attempted + run_.state.data_skip) / steps_per_epoch_;
+  for (const auto& s : run_.cfg.settings) m.config[s.name] = {s.value, s.source};
   for (const auto& p : run_.strategies.all())
     m.plugins.push_back({p.kind, p.plugin->info().name, p.plugin->info().version, p.strategy->save()});
   m.cpu_rng_state = cpu_rng_state();
   m.param_sha256 = parameter_sha256(run_.params);
-  run_.state.steps_discarded = t.steps_discarded();
-  run_.state.rollbacks = t.rollbacks();
+  run_.state.steps_discarded = counters.discarded;
+  run_.state.rollbacks = counters.rollbacks;
   m.host = run_.state;
   std::vector<std::string> warnings;
   last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.model), run_.optimizer,
@@ -174,7 +177,7 @@ void CheckpointKeeper::save() {
     std::fprintf(stderr, "ampkit-train: warning: %s\n", w.c_str());
     warnings_.push_back(w);
   }
-  last_saved_ = t.steps_attempted();
+  last_saved_ = counters.attempted;
 }
 
 void CheckpointKeeper::after_step() {

@@ -15,7 +15,7 @@
 
 namespace ampkit::train {
 
-CommBackend* g_comm = nullptr;
+CommBackend* multi_rank_comm = nullptr;
 
 std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device) {
   const int64_t n = static_cast<int64_t>(local.size()), world = comm.world_size();

@@ -17,7 +17,7 @@ namespace ampkit::train {
 
 // The comm backend of a multi-process run once the rendezvous succeeded, for main() to explain a
 // failed collective (which rank was lost); null in a one-process run.
-extern CommBackend* g_comm;
+extern CommBackend* multi_rank_comm;
 
 // Each rank's `local` values, in rank order, on every rank (an all-gather on all_reduce_mean:
 // every rank fills its own slot of a zero tensor).

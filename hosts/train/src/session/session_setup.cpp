@@ -82,7 +82,7 @@ Session::Session(const TrainConfig& cfg)
     : cfg_(cfg), registry_(std::make_unique<Registry>(registry_options(cfg))) {}
 
 Session::~Session() {
-  if (std::uncaught_exceptions() > 0 && g_comm != nullptr) return;  // see strategies_
+  if (std::uncaught_exceptions() > 0 && multi_rank_comm != nullptr) return;  // see strategies_
   delete strategies_;
 }
 
@@ -167,15 +167,19 @@ void Session::rendezvous() {
                 "comm '" + name + "' reports rank " + std::to_string(comm.rank()) + " of " +
                     std::to_string(comm.world_size()) + ", the job says rank " +
                     std::to_string(cfg_.dist.rank) + " of " + std::to_string(cfg_.dist.world_size));
-  if (comm.world_size() > 1) g_comm = &comm;
+  if (comm.world_size() > 1) multi_rank_comm = &comm;
   is_root_ = comm.rank() == 0;
   check_same_settings(comm, device_, shared_settings());
-  warnings_ = cfg_.config_warnings;
-  const std::vector<std::string> precision = precision_warnings(precision_facts(cfg_, *strategies_));
-  warnings_.insert(warnings_.end(), precision.begin(), precision.end());
-  if (is_root_)
-    for (const auto& w : warnings_)
-      std::fprintf(stderr, "ampkit-train: %s%s\n", w.rfind("note: ", 0) == 0 ? "" : "warning: ", w.c_str());
+  std::vector<PrecisionAdvice> advice;
+  for (const auto& w : cfg_.config_warnings) advice.push_back({PrecisionAdvice::Level::warning, w});
+  for (auto& a : precision_warnings(precision_facts(cfg_, *strategies_))) advice.push_back(std::move(a));
+  warnings_.clear();
+  for (const auto& a : advice) {
+    warnings_.push_back(a.summary_line());
+    if (is_root_)
+      std::fprintf(stderr, "ampkit-train: %s: %s\n",
+                   a.level == PrecisionAdvice::Level::note ? "note" : "warning", a.text.c_str());
+  }
   // Untrusted plugins loaded under --allow-untrusted-plugins: printed when loaded, kept here.
   warnings_.insert(warnings_.end(), registry_->warnings().begin(), registry_->warnings().end());
   // About speed, not about the run's numbers: printed, not counted among the summary's warnings.
