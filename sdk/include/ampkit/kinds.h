@@ -7,8 +7,8 @@
 
 namespace ampkit {
 
-// A program's own words for a kind (its command-line selector, the plugin it picks when none is
-// chosen) are the program's: ampkit_kind_flag and StrategySet's defaults, not this table's.
+// What a kind is. A program's words for it are not here: ampkit's programs spell the selector
+// with kind_flag() (hosts/common), and StrategySet's default_plugin() names the default plugin.
 struct KindInfo {
   const char* name;   // the one spelling: symbols, folders, options KIND.X, AMPKIT_<KIND>_X
   const char* title;  // what the interface is, for humans
