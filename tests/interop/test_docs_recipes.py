@@ -81,7 +81,15 @@ def main():
                 changes = [r for r in records if r["scale"] != r["scale_next"]]
                 if len(rows) != len(changes) or len(changes) < len(overflowed):
                     fail(f"{where}: {len(rows)} rows for {len(changes)} changes of scale")
-            if "65504" in line:
+            if "65504" in line and "range(1; length)" in line:  # the step before each overflow
+                want = [(r["step"], p["grad_max_abs"] * p["scale"] / 65504) for p, r in zip(records, records[1:])
+                        if r["found_inf"] and not isinstance(p["grad_max_abs"], str)]
+                if len(rows) != len(want) or not want:
+                    fail(f"{where}: {len(rows)} rows for {len(want)} overflows after a clean step")
+                for (step, ratio), row in zip(want, rows):
+                    if int(row[0]) != step or not math.isclose(float(row[2]), ratio, rel_tol=1e-5, abs_tol=1e-12):
+                        fail(f"{where}: printed {row}, expected step {step} and ratio {ratio}")
+            elif "65504" in line:
                 if len(rows) != len(records):
                     fail(f"{where}: {len(rows)} rows for {len(records)} steps")
                 for r, row in zip(records, rows):

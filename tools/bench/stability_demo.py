@@ -89,6 +89,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--tune-steps", type=int, default=200, help="steps of the run that tunes the static scale")
     ap.add_argument("--static-tuned", type=float, default=0, help="hand-tuned static scale; 0 tunes it (default)")
+    ap.add_argument("--configs", default="", help="only these scaling configurations, comma-separated "
+                    "(none, static, tuned, dynamic, predictive, hysteresis); default: all six")
     ap.add_argument("--work", default="", help="folder for the exported models and run files (default: temporary)")
     ap.add_argument("--csv", default="", help="also write the per-run rows here")
     args = ap.parse_args()
@@ -100,6 +102,13 @@ def main():
         export_workload(folder, args.seeds, 0.01, 6000, 1000)
         tuned = args.static_tuned or tune_static(binary, folder, args)
         cfgs = configs(tuned)
+        if args.configs:
+            keys = ["none", "static", "tuned", "dynamic", "predictive", "hysteresis"]
+            wanted = args.configs.split(",")
+            unknown = [w for w in wanted if w not in keys]
+            if unknown:
+                sys.exit(f"stability_demo.py: unknown --configs {','.join(unknown)} (choose from {', '.join(keys)})")
+            cfgs = {name: v for key, (name, v) in zip(keys, cfgs.items()) if key in wanted}
         rows = []
         for seed in range(args.seeds):
             for name, scaling in cfgs.items():

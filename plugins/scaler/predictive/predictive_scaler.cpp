@@ -217,9 +217,10 @@ AMPKIT_PLUGIN(
                               "Factor the next step's largest gradient may exceed the remembered maximum by "
                               "without overflowing (gradients rarely double in one step).")
         .min(1.0),
-    ampkit::OptionSpec::Float("margin", "8",
+    ampkit::OptionSpec::Float("margin", "64",
                               "Headroom under fp16's 65504 for what the history cannot see: activation "
-                              "gradients in the backward can exceed the parameter gradients it measures.")
+                              "gradients in the backward can exceed the parameter gradients it measures "
+                              "(by up to 90x on a CLIP-style model; docs/loss-scaling.md).")
         .min(1.0)
         .max(kHalfMax, true),
     ampkit::OptionSpec::Float("max_growth", "2",

@@ -450,9 +450,25 @@ BOOST_AUTO_TEST_CASE(constructors_check_ranges_without_the_host) {
 // predictive
 // ---------------------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(predictive_climbs_by_powers_of_two_to_the_predicted_scale) {
+BOOST_AUTO_TEST_CASE(predictive_default_margin_keeps_the_scale_seven_binades_under_the_limit) {
+  // Defaults: max |g| 0.01, growth_margin 2: predicted 0.02; room 65504 / margin 64 = 1023.5;
+  // 1023.5 / 0.02 = 51175 -> 2^15, reached from init_scale 1024 in 5 steps of x2.
   Plugins plugins;
   auto made = plugins.make("scaler", "predictive");
+  LossScaler& s = as_scaler(made);
+  std::vector<double> got;
+  for (int i = 0; i < 7; ++i) {
+    s.update(clean(0.01));
+    got.push_back(s.scale());
+  }
+  BOOST_TEST(got == std::vector<double>({2048, 4096, 8192, 16384, 32768, 32768, 32768}),
+             boost::test_tools::per_element());
+}
+
+// The cases below pin margin 8 so that their arithmetic stays small; the default is 64.
+BOOST_AUTO_TEST_CASE(predictive_climbs_by_powers_of_two_to_the_predicted_scale) {
+  Plugins plugins;
+  auto made = plugins.make("scaler", "predictive", {{"margin", "8"}});
   LossScaler& s = as_scaler(made);
   BOOST_TEST(s.is_dynamic());
   BOOST_TEST(s.scale() == 1024.0);  // init_scale: nothing measured yet
@@ -494,7 +510,7 @@ BOOST_AUTO_TEST_CASE(predictive_never_overflows_where_dynamic_does) {
 
   Plugins plugins;
   auto dynamic = plugins.make("scaler", "dynamic");
-  auto predictive = plugins.make("scaler", "predictive");
+  auto predictive = plugins.make("scaler", "predictive", {{"margin", "8"}});
   std::map<std::string, int> overflows;
   for (auto* entry : {&dynamic, &predictive}) {
     LossScaler& s = as_scaler(*entry);
@@ -526,7 +542,7 @@ BOOST_AUTO_TEST_CASE(predictive_never_overflows_where_dynamic_does) {
 
 BOOST_AUTO_TEST_CASE(predictive_backs_off_on_a_real_overflow_and_keeps_its_history) {
   Plugins plugins;
-  auto made = plugins.make("scaler", "predictive");
+  auto made = plugins.make("scaler", "predictive", {{"margin", "8"}});
   LossScaler& s = as_scaler(made);
   for (int i = 0; i < 20; ++i) s.update(clean(0.01));
   BOOST_TEST(s.scale() == 262144.0);
@@ -568,7 +584,7 @@ BOOST_AUTO_TEST_CASE(predictive_min_scale_clamps_or_stops) {
   LossScaler& c = as_scaler(clamp);
   for (int i = 0; i < 3; ++i) c.update(overflow());
   BOOST_TEST(c.scale() == 1.0);
-  // A prediction below the floor (65504 / 8 / (2 * 5000) < 1) holds the floor, it does not throw.
+  // A prediction below the floor (65504 / 64 / (2 * 5000) < 1) holds the floor, it does not throw.
   c.update(clean(5000.0));
   BOOST_TEST(c.scale() == 1.0);
 }
@@ -621,7 +637,7 @@ BOOST_AUTO_TEST_CASE(predictive_save_load_continues_identically) {
 
 BOOST_AUTO_TEST_CASE(predictive_load_validates_and_trims_history) {
   Plugins plugins;
-  auto made = plugins.make("scaler", "predictive", {{"history", "4"}});
+  auto made = plugins.make("scaler", "predictive", {{"history", "4"}, {"margin", "8"}});
   LossScaler& s = as_scaler(made);
   auto state = [](double scale, std::vector<double> history, int64_t cooldown = 0,
                   double ceiling = 16777216.0) {
