@@ -5,6 +5,7 @@
 #include <ampkit/amp_step.h>
 #include <ampkit/autocast_guard.h>
 #include <ampkit/comm_backend.h>
+#include <ampkit/data_parallel.h>
 #include <ampkit/grad_clipper.h>
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
@@ -47,15 +48,6 @@ struct TrainerStrategies {
   GradClipper* clipper = nullptr;
   NanPolicy* nan_policy = nullptr;
   CommBackend* comm = nullptr;
-};
-
-// Data-parallel settings (torch DDP's, with its defaults); see Trainer::enable_data_parallel.
-struct DataParallelOptions {
-  double bucket_cap_mb = 25.0;
-  bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = false;
-  bool broadcast_buffers = true;
-  std::vector<at::Tensor> buffers;  // the model's buffers, sent from rank 0 before each step
 };
 
 // A Trainer's step counters. Every attempted step is exactly one of taken, skipped or discarded,

@@ -2,8 +2,8 @@
 #pragma once
 
 #include <ampkit/comm_backend.h>
+#include <ampkit/data_parallel.h>
 #include <ampkit/step.h>
-#include <ampkit/trainer.h>
 
 #include <cstdint>
 #include <map>
