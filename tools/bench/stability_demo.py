@@ -35,6 +35,9 @@ POLICIES = {
 }
 
 
+CONFIG_KEYS = ["none", "static", "tuned", "dynamic", "predictive", "hysteresis"]  # configs()'s order
+
+
 def configs(tuned: float) -> dict:
     return {
         "none": ["--scaler", "none"],
@@ -94,6 +97,10 @@ def main():
     ap.add_argument("--work", default="", help="folder for the exported models and run files (default: temporary)")
     ap.add_argument("--csv", default="", help="also write the per-run rows here")
     args = ap.parse_args()
+    wanted = args.configs.split(",") if args.configs else CONFIG_KEYS
+    unknown = [w for w in wanted if w not in CONFIG_KEYS]
+    if unknown:
+        sys.exit(f"stability_demo.py: unknown --configs {','.join(unknown)} (choose from {', '.join(CONFIG_KEYS)})")
     binary = os.path.join(args.build, "bin", "ampkit-train")
     if not os.access(binary, os.X_OK):
         sys.exit(f"stability_demo.py: {binary} not found: build first (tools/test.sh or cmake --build build)")
@@ -103,12 +110,7 @@ def main():
         tuned = args.static_tuned or tune_static(binary, folder, args)
         cfgs = configs(tuned)
         if args.configs:
-            keys = ["none", "static", "tuned", "dynamic", "predictive", "hysteresis"]
-            wanted = args.configs.split(",")
-            unknown = [w for w in wanted if w not in keys]
-            if unknown:
-                sys.exit(f"stability_demo.py: unknown --configs {','.join(unknown)} (choose from {', '.join(keys)})")
-            cfgs = {name: v for key, (name, v) in zip(keys, cfgs.items()) if key in wanted}
+            cfgs = {name: v for key, (name, v) in zip(CONFIG_KEYS, cfgs.items()) if key in wanted}
         rows = []
         for seed in range(args.seeds):
             for name, scaling in cfgs.items():
