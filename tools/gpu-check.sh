@@ -2,7 +2,11 @@
 # One command for a machine with a GPU (issue 20): runs ampkit's CUDA checks from an existing build
 # and writes a Markdown report (format: docs/benchmarks.md, "What has run on a GPU").
 #
-#   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--dry-run-on-cpu]
+#   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--data DIR] [--dry-run-on-cpu]
+#
+# --data DIR: a folder holding fashion-mnist/ (the IDX .gz files) and fortunes/ (text), for a machine
+# without tools/setup.sh's datasets (copy them into the checkout and carry them); by default the
+# workloads read /usr/share/datasets/fashion-mnist and /usr/share/games/fortunes.
 #
 # --dry-run-on-cpu runs every check but NCCL on the CPU, with short runs, to test this script on a
 # machine without a GPU (ctest's test_gpu_check_dry_run); its figures mean nothing.
@@ -13,14 +17,15 @@
 # that ran passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=build report=gpu-report.md steps=100 device=cuda
+build=build report=gpu-report.md steps=100 device=cuda data=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
     --dry-run-on-cpu) device=cpu; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -29,6 +34,10 @@ gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null
 if [ "${gpus:-0}" = 0 ] && [ "$device" = cuda ]; then
   echo "no GPU: nothing to check"
   exit 0
+fi
+if [ -n "$data" ] && [ ! -d "$data/fashion-mnist" -o ! -d "$data/fortunes" ]; then
+  echo "gpu-check.sh: --data $data holds no fashion-mnist/ and fortunes/ folders" >&2
+  exit 2
 fi
 [ -x "$build/bin/ampkit-train" ] || { echo "gpu-check.sh: no build in $build (run tools/test.sh or carry one)" >&2; exit 2; }
 torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
@@ -43,7 +52,11 @@ if [ -n "$recorded" ] && [ ! -e "$recorded" ]; then
     echo "gpu-check.sh: warning: the build was made in $recorded, which cannot be linked here; tests may not find their files" >&2
   fi
 fi
+mkdir -p "$(dirname "$report")" && touch "$report" 2>/dev/null ||
+  { echo "gpu-check.sh: cannot write the report $report" >&2; exit 2; }
 failed=0
+started=$SECONDS
+section() { echo "gpu-check.sh: $1 done at $((SECONDS - started)) s"; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -72,20 +85,24 @@ fi
   echo '|---|---|'
 } > "$report"
 
-# test_nccl: one rank (two when there are two GPUs), as ctest runs it.
+# test_nccl: one rank (two when there are two GPUs), run directly (a carried build needs no CTest files).
 if [ "$device" = cpu ]; then
   echo "| test_nccl | not run (dry run on the CPU) |" >> "$report"
-elif (cd "$build" && ctest -R '^test_nccl$' --output-on-failure) > "$out/nccl.log" 2>&1; then
-  if grep -q "Skipped" "$out/nccl.log"; then
-    echo "| test_nccl | skipped: $(grep -m1 -i 'skip' "$out/nccl.log" | cut -c1-120) |" >> "$report"
+else
+  bash tests/dist/test_nccl.sh "$build/bin" "$out/nccl-test" > "$out/nccl.log" 2>&1
+  code=$?
+  if [ $code = 0 ]; then
+    echo "| test_nccl | passed: $(grep -m1 -E 'max rel loss diff|passed on' "$out/nccl.log" | cut -c1-120) |" >> "$report"
+  elif [ $code = 77 ]; then
+    echo "| test_nccl | skipped: $(tail -1 "$out/nccl.log" | cut -c1-120) |" >> "$report"
     failed=1
   else
-    echo "| test_nccl | passed |" >> "$report"
+    echo "| test_nccl | FAILED (exit $code): $(grep -m1 -E 'error|FAIL' "$out/nccl.log" | cut -c1-150) |" >> "$report"
+    failed=1
   fi
-else
-  echo "| test_nccl | FAILED: $(grep -m1 -E 'error|FAILED' "$out/nccl.log" | cut -c1-150) |" >> "$report"
-  failed=1
+  cp "$out/nccl.log" "${report%.md}-nccl.log" 2>/dev/null
 fi
+section NCCL
 
 {
   echo
@@ -100,7 +117,10 @@ for workload in $workloads; do
     scaler=none
     [ "$precision" = fp16 ] && scaler=dynamic
     summary="$out/$workload-$precision.json"
-    "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" \
+    data_args=()
+    [ -n "$data" ] && [ "$workload" = fashion-mnist ] && data_args=(--data-dir "$data/fashion-mnist")
+    [ -n "$data" ] && [ "$workload" = char-gpt ] && data_args=(--text-dir "$data/fortunes")
+    "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" "${data_args[@]}" \
       --steps "$steps" --eval-batches 2 --progress never --summary "$summary" > "$out/run.log" 2>&1
     code=$?
     if [ $code -ne 0 ] || [ ! -f "$summary" ]; then
@@ -119,6 +139,7 @@ PY
     [ "$precision" = fp32 ] && fp32_sps=$("$python" -c "import json; print(json.load(open('$summary'))['samples_per_second'])")
   done
 done
+section training
 
 {
   echo
@@ -147,47 +168,7 @@ for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.Gr
     failed=1
   fi
 done
-
-# Throughput against PyTorch's best recipe on the same GPU (AdamW(fused=True), autocast, GradScaler).
-{
-  echo
-  echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
-  echo
-} >> "$report"
-# shellcheck disable=SC2086  # $quick is a list of options
-if "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
-    --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
-    $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
-  sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
-else
-  echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
-  failed=1
-fi
-
-# Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
-# PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
-scaling_csv="${report%.md}-scaling.csv"
-if [ "$device" = cpu ]; then
-  scaling_args=(--repeats 1 --csv "$scaling_csv" -- --ranks 1,2 --steps 5 --iterations 2)
-else
-  ranks=1
-  for ((r = 2; r <= gpus; r *= 2)); do ranks="$ranks,$r"; done
-  scaling_args=(--repeats 5 --csv "$scaling_csv" -- --ranks "$ranks" --comm nccl --device cuda --steps 200
-    --batch-size 1024)
-fi
-{
-  echo
-  echo "## Scaling on $device (tools/bench/scaling.py ${scaling_args[*]})"
-  echo
-} >> "$report"
-if "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
-    "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
-  cat "$out/scaling.md" >> "$report"
-  echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
-else
-  echo "FAILED: $(tail -1 "$out/scaling.log" | cut -c1-200)" >> "$report"
-  failed=1
-fi
+section parity
 
 # The post-backward pipeline against the device's copy bandwidth.
 {
@@ -201,5 +182,55 @@ if ! "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_q
   failed=1
 fi
 echo '```' >> "$report"
+section post-backward
+
+# Throughput against PyTorch's best recipe on the same GPU (AdamW(fused=True), autocast, GradScaler).
+{
+  echo
+  echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
+  echo
+} >> "$report"
+# shellcheck disable=SC2086  # $quick is a list of options
+if "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
+    --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
+    --csv "${report%.md}-throughput.csv" \
+    ${data:+--data "$data"} $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
+  sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
+else
+  echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
+  failed=1
+fi
+section throughput
+
+# Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
+# PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
+scaling_csv="${report%.md}-scaling.csv"
+if [ "$device" = cpu ]; then
+  scaling_args=(--repeats 1 --csv "$scaling_csv" -- --ranks 1,2 --steps 5 --iterations 2)
+elif [ "$gpus" -lt 2 ]; then
+  scaling_args=()  # one GPU: nothing to scale over
+else
+  ranks=1
+  for ((r = 2; r <= gpus; r *= 2)); do ranks="$ranks,$r"; done
+  scaling_args=(--repeats 5 --csv "$scaling_csv" -- --ranks "$ranks" --comm nccl --device cuda --steps 200
+    --batch-size 1024)
+fi
+{
+  echo
+  echo "## Scaling on $device (tools/bench/scaling.py ${scaling_args[*]})"
+  echo
+} >> "$report"
+if [ ${#scaling_args[@]} = 0 ]; then
+  echo "Not run: one GPU visible, nothing to scale over." >> "$report"
+elif "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
+    "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
+  cat "$out/scaling.md" >> "$report"
+  echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
+else
+  echo "FAILED: $(tail -1 "$out/scaling.log" | cut -c1-200)" >> "$report"
+  failed=1
+fi
+section scaling
+
 cat "$report"
 exit $failed

@@ -29,7 +29,7 @@ ampkit/pytorch as the throughput ratio (target >= 1).
 
     tools/bench/throughput_comparison.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
         [--precisions fp32,bf16,fp16] [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0]
-        [--repeats 1] [--ranks 1] [--device cpu] [--pytorch-adamw fused] [--csv throughput.csv]
+        [--repeats 1] [--ranks 1] [--device cpu] [--pytorch-adamw fused] [--csv throughput.csv] [--data DIR]
 """
 import argparse
 import csv
@@ -149,6 +149,10 @@ def run_way(way, args, preset, precision, tmp):
               "--seed", str(args.seed), "--device", args.device]
     if args.threads > 0:
         common += ["--threads", str(args.threads)]
+    if args.data and p["workload"] == "fashion-mnist":
+        common += ["--data-dir", os.path.join(args.data, "fashion-mnist")]
+    if args.data and p["workload"] == "char-gpt":
+        common += ["--text-dir", os.path.join(args.data, "fortunes")]
     metrics = os.path.join(tmp, "metrics.jsonl")
     launcher = []
     if args.ranks > 1:
@@ -232,6 +236,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--batch-size", type=int, default=64, help="samples per step (sequences for gpt)")
+    ap.add_argument("--data", default="", help="a folder holding fashion-mnist/ and fortunes/ for cnn and gpt "
+                    "(default: each workload's own, /usr/share/datasets/fashion-mnist and /usr/share/games/fortunes)")
     ap.add_argument("--threads", type=int, default=0, help="LibTorch/torch CPU threads for every way; 0 keeps the library's choice")
     ap.add_argument("--repeats", type=int, default=1, help="runs per way; the median is reported")
     ap.add_argument("--libtorch-malloc", choices=("ampkit", "default"), default="ampkit",
