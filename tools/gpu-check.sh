@@ -197,7 +197,11 @@ if "$python" tools/bench/throughput_comparison.py --build "$build" --device "$de
     ${data:+--data "$data"} $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
   sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
 else
-  echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
+  # The table of the rows that ran, then each failed row's reason (one line each).
+  sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
+  echo >> "$report"
+  grep 'runs failed' "$out/throughput.log" | sed 's/^/FAILED: /' | cut -c1-250 >> "$report"
+  grep -q 'runs failed' "$out/throughput.log" || echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
   failed=1
 fi
 section throughput

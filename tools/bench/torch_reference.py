@@ -221,7 +221,7 @@ class Gpt(nn.Module):
 
     def forward(self, idx):
         T = idx.shape[1]
-        x = self.tokens(idx) + self.positions(torch.arange(T))
+        x = self.tokens(idx) + self.positions(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         return self.head(self.ln(x))
