@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
@@ -62,11 +63,13 @@ struct DeviceCheck {
 };
 BOOST_TEST_GLOBAL_FIXTURE(DeviceCheck);
 
-// The device path on every device: automatic on CUDA (asserted), forced on CPU tensors.
+// The device path on every device: automatic on CUDA (asserted), forced on CPU tensors with the
+// recipe a GPU runs (foreach_ops).
 void use_device_path(Trainer& trainer) {
-  if (test_device().is_cpu())
+  if (test_device().is_cpu()) {
     trainer.set_stats_path(Trainer::StatsPath::device);
-  else
+    set_device_stats_recipe(DeviceStatsRecipe::foreach_ops);
+  } else
     BOOST_TEST_REQUIRE(trainer.uses_device_stats());
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
@@ -25,6 +26,12 @@ using ampkit::test::TinyTrainer;
 using Plugins = ampkit::test::BuiltinPlugins;
 
 namespace {
+
+// The device path's recipe for a test: a GPU's (foreach_ops) or the CPU's (fused_scan).
+struct Recipe {
+  explicit Recipe(DeviceStatsRecipe r) { set_device_stats_recipe(r); }
+  ~Recipe() { set_device_stats_recipe(DeviceStatsRecipe::automatic); }
+};
 
 // Two trainers on identical models, data and strategies; one on each statistics path.
 struct PathPair {
@@ -48,37 +55,41 @@ at::Tensor tiny_loss(TinyModel& m, int64_t step, int micro, bool poisoned) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(device_path_steps_like_the_fast_path) {
-  PathPair pair({{"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}})},
-                 {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})}},
-                /*accumulate=*/2);
-  for (int64_t step = 0; step < 6; ++step) {
-    const bool poisoned = step == 3;
-    const StepOutcome a =
-        pair.fast.trainer.step([&](int m) { return tiny_loss(pair.fast.model, step, m, poisoned); });
-    const StepOutcome b =
-        pair.device.trainer.step([&](int m) { return tiny_loss(pair.device.model, step, m, poisoned); });
-    BOOST_TEST_CONTEXT("step " << step) {
-      BOOST_TEST(a.stats.found_inf == poisoned);
-      BOOST_TEST(b.stats.found_inf == a.stats.found_inf);
-      BOOST_TEST(b.stepped == a.stepped);
-      BOOST_TEST(b.stats.loss_finite == a.stats.loss_finite);
-      if (!poisoned) {
-        BOOST_TEST(b.stats.loss == a.stats.loss);  // float64 sums of the same float losses
-        BOOST_TEST(std::abs(b.stats.grad_norm - a.stats.grad_norm) <= 1e-6 * a.stats.grad_norm);
-        BOOST_TEST(b.stats.grad_max_abs == a.stats.grad_max_abs);
-        BOOST_TEST(b.stats.zero_fraction == a.stats.zero_fraction);
-        BOOST_TEST(b.stats.grad_elements == a.stats.grad_elements);
-        BOOST_TEST(std::abs(b.grad_norm_clipped - a.grad_norm_clipped) <= 1e-6 * a.grad_norm_clipped);
+  for (const auto recipe : {DeviceStatsRecipe::foreach_ops, DeviceStatsRecipe::fused_scan}) {
+    const Recipe use(recipe);
+    PathPair pair({{"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}})},
+                   {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})}},
+                  /*accumulate=*/2);
+    for (int64_t step = 0; step < 6; ++step) {
+      const bool poisoned = step == 3;
+      const StepOutcome a =
+          pair.fast.trainer.step([&](int m) { return tiny_loss(pair.fast.model, step, m, poisoned); });
+      const StepOutcome b =
+          pair.device.trainer.step([&](int m) { return tiny_loss(pair.device.model, step, m, poisoned); });
+      BOOST_TEST_CONTEXT("step " << step) {
+        BOOST_TEST(a.stats.found_inf == poisoned);
+        BOOST_TEST(b.stats.found_inf == a.stats.found_inf);
+        BOOST_TEST(b.stepped == a.stepped);
+        BOOST_TEST(b.stats.loss_finite == a.stats.loss_finite);
+        if (!poisoned) {
+          BOOST_TEST(b.stats.loss == a.stats.loss);  // float64 sums of the same float losses
+          BOOST_TEST(std::abs(b.stats.grad_norm - a.stats.grad_norm) <= 1e-6 * a.stats.grad_norm);
+          BOOST_TEST(b.stats.grad_max_abs == a.stats.grad_max_abs);
+          BOOST_TEST(b.stats.zero_fraction == a.stats.zero_fraction);
+          BOOST_TEST(b.stats.grad_elements == a.stats.grad_elements);
+          BOOST_TEST(std::abs(b.grad_norm_clipped - a.grad_norm_clipped) <= 1e-6 * a.grad_norm_clipped);
+        }
+        BOOST_TEST(b.scale_next == a.scale_next);
       }
-      BOOST_TEST(b.scale_next == a.scale_next);
     }
+    BOOST_TEST(max_rel_error(pair.device.model.params(), pair.fast.model.params()) <= 1e-6);
   }
-  BOOST_TEST(max_rel_error(pair.device.model.params(), pair.fast.model.params()) <= 1e-6);
 }
 
 // The device path reads the host once per healthy step, whatever the strategies: the
 // statistics and the loss come in one copy; the CPU fast path reads each micro-batch's loss.
 BOOST_AUTO_TEST_CASE(device_path_reads_the_host_once_per_healthy_step) {
+  const Recipe use(DeviceStatsRecipe::foreach_ops);
   int combinations = 0;
   for (const std::string scaler : {"none", "static", "dynamic", "predictive"})
     for (const std::string policy : {"skip", "backoff", "abort", "rollback"}) {

@@ -4,7 +4,10 @@
 // (python 2.11's foreach kernels), against the device's own copy bandwidth measured on the same
 // bytes. A program, not a test: tools/gpu-check.sh runs it on a GPU machine.
 //
-//   ampkit-bench-post-backward-device [--device cuda|cpu] [--reps N] [--warmup N]
+//   ampkit-bench-post-backward-device [--device cuda|cpu] [--reps N] [--warmup N] [--tensors N]
+//
+// --tensors N cuts the same 33.7M elements into N equal gradients (default: the 128 tensors of
+// ampkit-bench-post-backward): the device path's time should not grow with N (issue 32).
 //
 // Without a GPU, --device cuda prints one line and exits 0; --device cpu runs the same code on
 // CPU tensors (the device path forced), so the program is exercised where there is none.
@@ -33,13 +36,15 @@ struct Options {
   int warmup = 5;
   double scale = 65536.0;
   double max_norm = 1.0;
+  int tensors = 128;
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "ampkit-bench-post-backward-device: %s\n"
-               "usage: ampkit-bench-post-backward-device [--device cuda|cpu] [--reps N] [--warmup N]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "ampkit-bench-post-backward-device: %s\n"
+      "usage: ampkit-bench-post-backward-device [--device cuda|cpu] [--reps N] [--warmup N] [--tensors N]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -62,6 +67,8 @@ Options parse(int argc, char** argv) {
       o.reps = std::max(1, static_cast<int>(n));
     else if (a == "--warmup")
       o.warmup = static_cast<int>(n);
+    else if (a == "--tensors" && n >= 1)
+      o.tensors = static_cast<int>(n);
     else
       usage("unknown argument " + a);
   }
@@ -92,12 +99,14 @@ int main(int argc, char** argv) {
   at::manual_seed(0);
 
   // The 128 tensors of ampkit-bench-post-backward: big and small matrices and bias-sized vectors,
-  // 33.7M elements (135 MB of fp32), scaled as a GradScaler backward leaves them.
+  // 33.7M elements (135 MB of fp32), scaled as a GradScaler backward leaves them; or the same
+  // elements in --tensors equal parts.
   const int64_t pattern[] = {768 * 512, 4096, 768 * 768, 256 * 256};
+  const int64_t total = 32 * (pattern[0] + pattern[1] + pattern[2] + pattern[3]);
   std::vector<at::Tensor> grads, source;
   int64_t elements = 0;
-  for (int i = 0; i < 128; ++i) {
-    const int64_t n = pattern[i % 4];
+  for (int i = 0; i < opt.tensors; ++i) {
+    const int64_t n = opt.tensors == 128 ? pattern[i % 4] : total / opt.tensors;
     elements += n;
     grads.push_back(at::empty({n}, on));
     source.push_back(at::randn({n}, on) * (1e-3 * opt.scale));
@@ -106,15 +115,18 @@ int main(int argc, char** argv) {
   at::Tensor flat_src = at::randn({elements}, on), flat_dst = at::empty({elements}, on);
 
   double sink = 0;
-  // (a) ampkit's device path: stats and one host read, the norm clipper's coefficient, one multiply.
-  auto ampkit_way = [&] {
-    std::vector<double> scalars;
-    const ampkit::GradStats stats = ampkit::compute_grad_stats_on_device(grads, {}, scalars);
-    if (!stats.finite()) return;
-    const double norm = std::sqrt(stats.sum_squares) / opt.scale;
-    const double coef = std::min(1.0, opt.max_norm / (norm + 1e-6));
-    ampkit::scale_grads_(grads, coef / opt.scale);
-    sink += norm;
+  // (a) ampkit's device path: stats and one host read, the norm clipper's coefficient, one multiply;
+  // with the recipe a GPU runs and, on CPU tensors, with the CPU's fused scan too.
+  auto ampkit_way = [&](ampkit::DeviceStatsRecipe recipe) {
+    return [&, recipe] {
+      std::vector<double> scalars;
+      const ampkit::GradStats stats = ampkit::compute_grad_stats_on_device(grads, {}, scalars, recipe);
+      if (!stats.finite()) return;
+      const double norm = std::sqrt(stats.sum_squares) / opt.scale;
+      const double coef = std::min(1.0, opt.max_norm / (norm + 1e-6));
+      ampkit::scale_grads_(grads, coef / opt.scale);
+      sink += norm;
+    };
   };
   // (b) PyTorch: GradScaler.unscale_ (fused check-and-unscale; step() reads found_inf), then
   // clip_grad_norm_ as python 2.11 runs it: _foreach_norm, norm of the norms, clamp, _foreach_mul_.
@@ -136,9 +148,19 @@ int main(int argc, char** argv) {
     double traffic;  // minimal bytes moved, in gradient bytes
     std::vector<double> ms;
   };
-  std::vector<Way> ways = {{"ampkit: device stats (1 host read) + coef + scale_grads_", ampkit_way, 3, {}},
-                           {"torch: unscale_ + clip_grad_norm_ (python 2.11: foreach)", torch_way, 5, {}},
-                           {"copy: flat tensor copy_ (the device's bandwidth)", copy_way, 2, {}}};
+  // traffic: the bytes each way moves, in gradient bytes: the foreach recipe reads three times
+  // (norm, max-abs, signs' norm) and writes the signs once, then multiplies (read-write).
+  std::vector<Way> ways = {{"torch: unscale_ + clip_grad_norm_ (python 2.11: foreach)", torch_way, 5, {}},
+                           {"copy: flat tensor copy_ (the device's bandwidth)", copy_way, 2, {}},
+                           {"ampkit: device stats, foreach_ops (a GPU's) + coef + scale_grads_",
+                            ampkit_way(ampkit::DeviceStatsRecipe::foreach_ops),
+                            7,
+                            {}}};
+  if (!cuda)
+    ways.push_back({"ampkit: device stats, fused_scan (a CPU's) + coef + scale_grads_",
+                    ampkit_way(ampkit::DeviceStatsRecipe::fused_scan),
+                    3,
+                    {}});
   for (int rep = 0; rep < opt.warmup + opt.reps; ++rep)
     for (auto& w : ways) {
       at::_foreach_copy_(grads, source);
@@ -150,22 +172,23 @@ int main(int argc, char** argv) {
       if (rep >= opt.warmup) w.ms.push_back(ms);
     }
 
-  const double copy_gbs = 2 * bytes / (median(ways[2].ms) * 1e6);
+  const double copy_gbs = 2 * bytes / (median(ways[1].ms) * 1e6);
   std::printf("ampkit-bench-post-backward-device  torch %s, device %s\n", TORCH_VERSION, opt.device.c_str());
   std::printf(
-      "gradients: 128 fp32 tensors, %lld elements (%.1f MB), loss scale %g, max_norm %g; median of %d "
+      "gradients: %d fp32 tensors, %lld elements (%.1f MB), loss scale %g, max_norm %g; median of %d "
       "repetitions after %d warm-up, each ending in a device synchronisation\n\n",
-      static_cast<long long>(elements), bytes / 1e6, opt.scale, opt.max_norm, opt.reps, opt.warmup);
-  std::printf("%-60s %9s %8s %8s %10s %10s\n", "way", "ms", "traffic", "GB/s", "vs torch", "of copy");
+      opt.tensors, static_cast<long long>(elements), bytes / 1e6, opt.scale, opt.max_norm, opt.reps,
+      opt.warmup);
+  std::printf("%-68s %9s %8s %8s %10s %10s\n", "way", "ms", "traffic", "GB/s", "vs torch", "of copy");
   for (const auto& w : ways) {
     const double ms = median(w.ms), gbs = w.traffic * bytes / (ms * 1e6);
     char traffic[16];
     std::snprintf(traffic, sizeof traffic, "%gx", w.traffic);
-    std::printf("%-60s %9.3f %8s %8.1f %9.2fx %9.0f%%\n", w.name, ms, traffic, gbs, median(ways[1].ms) / ms,
+    std::printf("%-68s %9.3f %8s %8.1f %9.2fx %9.0f%%\n", w.name, ms, traffic, gbs, median(ways[0].ms) / ms,
                 100.0 * gbs / copy_gbs);
   }
   std::printf(
-      "\ntraffic: minimal bytes moved in units of the gradient bytes (read 1, read-write 2); GB/s =\n"
+      "\ntraffic: bytes the way moves in units of the gradient bytes (read 1, read-write 2); GB/s =\n"
       "traffic / time; of copy = that rate as a share of the copy's (the device's practical bandwidth).\n");
   if (sink == 12345.678) std::printf(" \n");
   return 0;

@@ -211,7 +211,7 @@ Partial scan_generic(const at::Tensor& g) {
 }  // namespace
 
 bool GradStats::finite() const {
-  return std::isfinite(sum_squares);
+  return std::isfinite(sum_squares) && !std::isnan(max_abs);
 }
 
 GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
@@ -259,47 +259,6 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
     stats.zeros += p.zeros;
     stats.elements += g.numel();
   }
-  return stats;
-}
-
-GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
-                                       const std::vector<at::Tensor>& scalars,
-                                       std::vector<double>& scalar_values) {
-  std::vector<at::Tensor> live;
-  for (const auto& g : grads)
-    if (g.defined() && g.numel() > 0) live.push_back(g);
-  const at::Device device = !live.empty()      ? live.front().device()
-                            : !scalars.empty() ? scalars.front().device()
-                                               : at::Device(at::kCPU);
-  std::vector<at::Tensor> parts;
-  if (!live.empty()) {
-    const std::vector<at::Tensor> l2 = at::_foreach_norm(live, 2, at::kDouble);
-    const std::vector<at::Tensor> linf = at::_foreach_norm(live, INFINITY, at::kDouble);
-    std::vector<at::Tensor> nonzeros;
-    nonzeros.reserve(live.size());
-    for (const auto& g : live) nonzeros.push_back(at::count_nonzero(g));
-    parts.push_back(at::stack(l2).pow(2));
-    parts.push_back(at::stack(linf).max().reshape({1}));
-    parts.push_back(at::stack(nonzeros).sum().to(at::kDouble).reshape({1}));
-  }
-  for (const auto& s : scalars) parts.push_back(s.detach().to(device, at::kDouble).reshape({1}));
-  GradStats stats;
-  scalar_values.clear();
-  if (parts.empty()) return stats;
-  const at::Tensor host = read_to_host(at::cat(parts)).contiguous();  // the step's one read
-  const double* v = host.data_ptr<double>();
-  size_t next = 0;
-  for (const auto& g : grads) {
-    const bool counted = g.defined() && g.numel() > 0;
-    stats.tensor_sum_squares.push_back(counted ? v[next++] : 0.0);
-    stats.sum_squares += stats.tensor_sum_squares.back();
-    stats.elements += counted ? g.numel() : 0;
-  }
-  if (!live.empty()) {
-    stats.max_abs = v[next++];
-    stats.zeros = stats.elements - static_cast<int64_t>(v[next++]);
-  }
-  for (size_t i = 0; i < scalars.size(); ++i) scalar_values.push_back(v[next++]);
   return stats;
 }
 

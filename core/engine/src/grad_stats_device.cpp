@@ -1,0 +1,155 @@
+// The device path of the statistics pass (issue 32): a fixed number of multi-tensor kernels per
+// dtype and per 64 MiB, whatever the number of gradients, packed into one host read.
+#include <ATen/Functions.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <vector>
+
+#include "ampkit/grad_stats.h"
+#include "ampkit/host_reads.h"
+
+namespace ampkit {
+
+namespace {
+
+// The largest temporary (the signs of one group) and the largest part of one gradient.
+constexpr int64_t kGroupBytes = int64_t{64} << 20;
+
+std::atomic<DeviceStatsRecipe> g_recipe{DeviceStatsRecipe::automatic};
+
+int64_t bytes_of(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// A gradient, or a contiguous view of at most kGroupBytes of one.
+struct Part {
+  size_t tensor;
+  at::Tensor data;
+};
+
+std::vector<Part> cut_into_parts(const std::vector<at::Tensor>& grads) {
+  std::vector<Part> parts;
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const at::Tensor& g = grads[t];
+    if (!g.defined() || g.numel() == 0) continue;
+    if (bytes_of(g) <= kGroupBytes || !g.is_contiguous()) {
+      parts.push_back({t, g});
+      continue;
+    }
+    const at::Tensor flat = g.view({-1});
+    const int64_t step = kGroupBytes / static_cast<int64_t>(g.element_size());
+    for (int64_t begin = 0; begin < g.numel(); begin += step)
+      parts.push_back({t, flat.narrow(0, begin, std::min(step, g.numel() - begin))});
+  }
+  return parts;
+}
+
+// For parts of one dtype: [sums of squares..., max-abs..., non-zero counts...], float64. The
+// non-zero count is the L1 norm of the signs, made in groups of at most kGroupBytes.
+at::Tensor foreach_columns(const std::vector<at::Tensor>& xs) {
+  const at::Tensor squares = at::stack(at::_foreach_norm(xs, 2, at::kDouble)).pow(2);
+  const at::Tensor max_abs = at::stack(at::_foreach_norm(xs, INFINITY)).to(at::kDouble);
+  std::vector<at::Tensor> nonzeros, group;
+  int64_t group_bytes = 0;
+  auto count_group = [&] {
+    if (group.empty()) return;
+    for (const at::Tensor& n : at::_foreach_norm(at::_foreach_sign(group), 1, at::kDouble))
+      nonzeros.push_back(n);
+    group.clear();
+    group_bytes = 0;
+  };
+  for (const at::Tensor& x : xs) {
+    if (group_bytes + bytes_of(x) > kGroupBytes) count_group();
+    group.push_back(x);
+    group_bytes += bytes_of(x);
+  }
+  count_group();
+  return at::cat({squares, max_abs, at::stack(nonzeros)});
+}
+
+bool all_cpu_float(const std::vector<at::Tensor>& grads) {
+  return std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) {
+    return !g.defined() || (g.device().is_cpu() && g.scalar_type() == at::kFloat);
+  });
+}
+
+at::Device device_of(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars) {
+  for (const auto& g : grads)
+    if (g.defined() && g.numel() > 0) return g.device();
+  return scalars.empty() ? at::Device(at::kCPU) : scalars.front().device();
+}
+
+// The scalars, packed and read once: the fused scan's only read.
+void read_scalars(const std::vector<at::Tensor>& scalars, std::vector<double>& values) {
+  values.clear();
+  if (scalars.empty()) return;
+  std::vector<at::Tensor> packed;
+  for (const auto& s : scalars) packed.push_back(s.detach().to(at::kDouble).reshape({1}));
+  const at::Tensor host = read_to_host(at::cat(packed)).contiguous();
+  values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                            std::vector<double>& values) {
+  const std::vector<Part> parts = cut_into_parts(grads);
+  const at::Device device = device_of(grads, scalars);
+  std::map<at::ScalarType, std::vector<size_t>> by_dtype;  // part indices; a fixed order
+  for (size_t i = 0; i < parts.size(); ++i) by_dtype[parts[i].data.scalar_type()].push_back(i);
+  std::vector<at::Tensor> packed;
+  for (const auto& [dtype, indices] : by_dtype) {
+    std::vector<at::Tensor> xs;
+    for (size_t i : indices) xs.push_back(parts[i].data);
+    packed.push_back(foreach_columns(xs));
+  }
+  for (const auto& s : scalars) packed.push_back(s.detach().to(device, at::kDouble).reshape({1}));
+  GradStats stats;
+  stats.tensor_sum_squares.assign(grads.size(), 0.0);
+  values.clear();
+  if (packed.empty()) return stats;
+  const at::Tensor host = read_to_host(at::cat(packed)).contiguous();  // the step's one read
+  const double* v = host.data_ptr<double>();
+  for (const auto& [dtype, indices] : by_dtype) {
+    const size_t n = indices.size();
+    for (size_t k = 0; k < n; ++k) {
+      const Part& part = parts[indices[k]];
+      const double squares = v[k], max_abs = v[n + k], nonzero = v[2 * n + k];
+      stats.tensor_sum_squares[part.tensor] += squares;
+      stats.sum_squares += squares;
+      stats.max_abs =
+          std::isnan(max_abs) || std::isnan(stats.max_abs) ? std::nan("") : std::max(stats.max_abs, max_abs);
+      stats.elements += part.data.numel();
+      if (!std::isnan(max_abs)) stats.zeros += part.data.numel() - static_cast<int64_t>(nonzero);
+    }
+    v += 3 * n;
+  }
+  values.assign(v, v + scalars.size());
+  return stats;
+}
+
+}  // namespace
+
+void set_device_stats_recipe(DeviceStatsRecipe recipe) {
+  g_recipe.store(recipe);
+}
+
+DeviceStatsRecipe device_stats_recipe() {
+  return g_recipe.load();
+}
+
+GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
+                                       const std::vector<at::Tensor>& scalars,
+                                       std::vector<double>& scalar_values, DeviceStatsRecipe recipe) {
+  if (recipe == DeviceStatsRecipe::automatic) recipe = g_recipe.load();
+  if (recipe == DeviceStatsRecipe::automatic)
+    recipe = all_cpu_float(grads) ? DeviceStatsRecipe::fused_scan : DeviceStatsRecipe::foreach_ops;
+  if (recipe == DeviceStatsRecipe::foreach_ops) return foreach_ops_stats(grads, scalars, scalar_values);
+  GradStats stats = compute_grad_stats(grads);
+  read_scalars(scalars, scalar_values);
+  return stats;
+}
+
+}  // namespace ampkit
