@@ -48,17 +48,19 @@ std::vector<Part> cut_into_parts(const std::vector<at::Tensor>& grads) {
   return parts;
 }
 
-// For parts of one dtype: [sums of squares..., max-abs..., non-zero counts...], float64. The
-// non-zero count is the L1 norm of the signs, made in groups of at most kGroupBytes.
+// For parts of one dtype: [norms..., max-abs..., non-zero counts...], float64, stacked in one
+// operator. The non-zero count is the L1 norm of the signs, made in groups of at most
+// kGroupBytes (the signs are the one temporary).
 at::Tensor foreach_columns(const std::vector<at::Tensor>& xs) {
-  const at::Tensor squares = at::stack(at::_foreach_norm(xs, 2, at::kDouble)).pow(2);
-  const at::Tensor max_abs = at::stack(at::_foreach_norm(xs, INFINITY)).to(at::kDouble);
-  std::vector<at::Tensor> nonzeros, group;
+  std::vector<at::Tensor> columns = at::_foreach_norm(xs, 2, at::kDouble);
+  const std::vector<at::Tensor> max_abs = at::_foreach_norm(xs, INFINITY, at::kDouble);
+  columns.insert(columns.end(), max_abs.begin(), max_abs.end());
+  std::vector<at::Tensor> group;
   int64_t group_bytes = 0;
   auto count_group = [&] {
     if (group.empty()) return;
-    for (const at::Tensor& n : at::_foreach_norm(at::_foreach_sign(group), 1, at::kDouble))
-      nonzeros.push_back(n);
+    const std::vector<at::Tensor> nonzeros = at::_foreach_norm(at::_foreach_sign(group), 1, at::kDouble);
+    columns.insert(columns.end(), nonzeros.begin(), nonzeros.end());
     group.clear();
     group_bytes = 0;
   };
@@ -68,7 +70,7 @@ at::Tensor foreach_columns(const std::vector<at::Tensor>& xs) {
     group_bytes += bytes_of(x);
   }
   count_group();
-  return at::cat({squares, max_abs, at::stack(nonzeros)});
+  return at::stack(columns);
 }
 
 bool all_cpu_float(const std::vector<at::Tensor>& grads) {
@@ -116,7 +118,7 @@ GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vec
     const size_t n = indices.size();
     for (size_t k = 0; k < n; ++k) {
       const Part& part = parts[indices[k]];
-      const double squares = v[k], max_abs = v[n + k], nonzero = v[2 * n + k];
+      const double squares = v[k] * v[k], max_abs = v[n + k], nonzero = v[2 * n + k];
       stats.tensor_sum_squares[part.tensor] += squares;
       stats.sum_squares += squares;
       stats.max_abs =
