@@ -34,6 +34,7 @@
 #include "session/nan_reports.h"
 #include "session/precision_checks.h"
 #include "session/rank_sync.h"
+#include "session/thread_policy.h"
 #include "workloads/workload.h"
 
 namespace ampkit::test {
@@ -915,3 +916,16 @@ BOOST_AUTO_TEST_CASE(the_locating_report_leads_its_step_and_names_located_by) {
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace ampkit::test
+
+// Issue 32, item 4: ranks sharing a node split its cores unless told otherwise.
+BOOST_AUTO_TEST_CASE(ranks_of_a_node_split_its_cores_unless_told_otherwise) {
+  using ampkit::threads_for_rank;
+  BOOST_TEST(threads_for_rank(0, 2, false, 2) == 1);
+  BOOST_TEST(threads_for_rank(0, 4, false, 16) == 4);
+  BOOST_TEST(threads_for_rank(0, 3, false, 16) == 5);
+  BOOST_TEST(threads_for_rank(0, 8, false, 2) == 1);   // never 0 threads
+  BOOST_TEST(threads_for_rank(3, 2, false, 16) == 3);  // an explicit --threads wins
+  BOOST_TEST(threads_for_rank(0, 2, true, 16) == 0);   // OMP_NUM_THREADS set: LibTorch follows it
+  BOOST_TEST(threads_for_rank(0, 1, false, 16) == 0);  // one rank: LibTorch's own choice
+  BOOST_TEST(threads_for_rank(0, 2, false, 0) == 1);   // hardware_concurrency unknown
+}

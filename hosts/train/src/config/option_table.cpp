@@ -121,7 +121,7 @@ std::vector<HostOption> run_options() {
           .shared_by_ranks(),
       text("device", "cpu", "cpu | cuda (the first visible GPU).", field(&TrainConfig::device))
           .one_of({"cpu", "cuda"}),
-      integer("threads", "0", "CPU threads for LibTorch; 0 keeps LibTorch's choice.",
+      integer("threads", "0", "CPU threads for LibTorch; 0: cores / ranks on the node, or OMP_NUM_THREADS.",
               field(&TrainConfig::threads))
           .range(0, 1024),
   };

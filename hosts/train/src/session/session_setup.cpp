@@ -33,6 +33,7 @@
 #include "session/rank_sync.h"
 #include "session/session.h"
 #include "session/stop_signals.h"
+#include "session/thread_policy.h"
 #include "workloads/registry.h"
 
 namespace ampkit::train {
@@ -103,15 +104,10 @@ void Session::load_strategies() {
 }
 
 void Session::set_threads_and_device() {
-  if (cfg_.threads > 0) {
-    at::set_num_threads(cfg_.threads);
-  } else if (cfg_.dist.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    // Ranks of one node share its cores; oversubscribed OpenMP threads spin against each other
-    // and a step can take 30x longer. torchrun sets OMP_NUM_THREADS=1 for the same reason.
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    at::set_num_threads(
-        static_cast<int>(std::max(1u, cores / static_cast<unsigned>(cfg_.dist.nproc_per_node))));
-  }
+  const int threads =
+      threads_for_rank(cfg_.threads, cfg_.dist.nproc_per_node, std::getenv("OMP_NUM_THREADS") != nullptr,
+                       std::thread::hardware_concurrency());
+  if (threads > 0) at::set_num_threads(threads);
   if (cfg_.device == "cuda" && !torch::cuda::is_available())
     throw Error(ErrorCategory::usage, "--device cuda, but no CUDA device is visible to LibTorch");
   if (cfg_.device == "cuda")
