@@ -3,11 +3,13 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -15,6 +17,14 @@
 namespace ampkit {
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
+  return run_step(closure, std::nullopt);
+}
+
+void FusedAdamW::step_unscaling(double grad_scale) {
+  run_step(nullptr, grad_scale);
+}
+
+at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double> grad_scale) {
   at::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure != nullptr) {
@@ -55,10 +65,16 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
                                           at::TensorOptions().dtype(at::kFloat).device(p.device())));
     }
     const auto [beta1, beta2] = options.betas();
-    for (auto& [key, b] : batches)
+    for (auto& [key, b] : batches) {
+      // The kernel reads grad_scale as a float on the parameters' device (GradScaler's scale tensor).
+      std::optional<at::Tensor> scale;
+      if (grad_scale)
+        scale = at::full({}, *grad_scale,
+                         at::TensorOptions().dtype(at::kFloat).device(b.params.front().device()));
       at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
                         options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(),
-                        /*maximize=*/false);
+                        /*maximize=*/false, scale);
+    }
   }
   return loss;
 }

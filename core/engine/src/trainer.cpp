@@ -49,6 +49,7 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
       parameters_(std::move(parameters)),
       names_(std::move(names)),
       optimizer_(optimizer),
+      unscaling_(dynamic_cast<UnscalingOptimizer*>(&optimizer)),
       strategies_(strategies),
       amp_(amp_strategies(strategies)),
       schedule_(schedule) {
@@ -121,8 +122,10 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   amp_.measure(grads, out.stats, device_loss_.defined(), device_loss_);  // 4
   const NanAction action = amp_.decide(out);                             // 5
   if (action == NanAction::proceed || action == NanAction::clip) {
-    amp_.unscale_and_clip(parameters_, grads, out, false);  // 6 (a clip decision caps the norm further)
-    take_optimizer_step(out);                               // 7
+    // 6 (a clip decision caps the norm further): the factor the gradients still need, 1 when
+    // they were multiplied here, folded into the optimizer's own pass otherwise.
+    const double factor = amp_.unscale_and_clip(parameters_, grads, out, folds_unscale());
+    take_optimizer_step(out, factor);  // 7
   } else {
     recover(action, out, forward);  // 5: skip, backoff or rollback
   }
@@ -250,9 +253,13 @@ void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at
   set_lr(scheduled_lr());
 }
 
-// 7. The optimizer step; the schedule advances only with it.
-void Trainer::take_optimizer_step(StepOutcome& out) {
-  optimizer_.step();
+// 7. The optimizer step; the schedule advances only with it. A folded factor reaches the optimizer as
+// torch's grad_scale, its inverse: the kernel divides each gradient by it on its way through.
+void Trainer::take_optimizer_step(StepOutcome& out, double factor) {
+  if (factor != 1.0)
+    unscaling_->step_unscaling(1.0 / factor);
+  else
+    optimizer_.step();
   ++taken_;
   set_lr(scheduled_lr());
   out.stepped = true;

@@ -4,13 +4,15 @@
 // save/load: checkpoints written with torch::optim::AdamW load into it and the other way round.
 #pragma once
 
+#include <ampkit/unscaling_optimizer.h>
 #include <torch/optim/adamw.h>
 
+#include <optional>
 #include <vector>
 
 namespace ampkit {
 
-class FusedAdamW : public torch::optim::AdamW {
+class FusedAdamW : public torch::optim::AdamW, public UnscalingOptimizer {
  public:
   explicit FusedAdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults = {})
       : torch::optim::AdamW(std::move(params), std::move(defaults)) {}
@@ -19,6 +21,14 @@ class FusedAdamW : public torch::optim::AdamW {
   // incremented before the update), then one _fused_adamw_ call per parameter group,
   // device and dtype.
   at::Tensor step(LossClosure closure = nullptr) override;
+
+  // The same step with every gradient divided by `grad_scale` in the kernel's own pass (its
+  // grad_scale argument, as torch.amp.GradScaler passes it to torch.optim.AdamW(fused=True)), the
+  // quotient stored back into .grad.
+  void step_unscaling(double grad_scale) override;
+
+ private:
+  at::Tensor run_step(const LossClosure& closure, std::optional<double> grad_scale);
 };
 
 }  // namespace ampkit

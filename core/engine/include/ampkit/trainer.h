@@ -1,4 +1,5 @@
-// The AMP step pipeline: autocast forward, scaled backward, one stats pass, policy, one multiply.
+// The AMP step pipeline: autocast forward, scaled backward, one stats pass, policy, one multiply
+// (none with a fused optimizer that unscales in its own pass).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +11,7 @@
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
 #include <ampkit/step.h>
+#include <ampkit/unscaling_optimizer.h>
 
 #include <functional>
 #include <memory>
@@ -106,6 +108,13 @@ class Trainer {
   void set_stats_path(StatsPath path) { stats_path_ = path; }
   bool uses_device_stats() const;
 
+  // Unscale and clip folded into the optimizer (step 6): where it is an UnscalingOptimizer
+  // (FusedAdamW) and the clipper takes one coefficient for all gradients, the gradients are not
+  // multiplied; the optimizer divides them by scale / clip_coefficient in its own pass. On by
+  // default; off gives the one multiply pass every other optimizer gets (tests compare the two).
+  void set_fold_unscale(bool fold) { fold_unscale_ = fold; }
+  bool folds_unscale() const { return fold_unscale_ && unscaling_ != nullptr; }
+
   // Every attempted step is exactly one of: taken (its update is in the parameters), skipped
   // (a bad step, never applied) or discarded (applied, then undone by a rollback).
   int64_t steps_attempted() const { return attempted_; }
@@ -130,7 +139,7 @@ class Trainer {
   double forward_backward(const std::function<at::Tensor(int)>& forward, double scale);             // 1, 2
   std::vector<at::Tensor> average_across_ranks(StepStats& stats);                                   // 3
   void recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
-  void take_optimizer_step(StepOutcome& out);                                                       // 7
+  void take_optimizer_step(StepOutcome& out, double factor);                                        // 7
   // 2 and 4-6, 8 are AmpStep's (amp_step.h), shared with the Python GradScaler.
 
   std::vector<at::Tensor> gradients() const;
@@ -143,6 +152,7 @@ class Trainer {
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> names_;
   torch::optim::Optimizer& optimizer_;
+  UnscalingOptimizer* unscaling_;  // optimizer_ when it unscales in its own pass, else null
   TrainerStrategies strategies_;
   AmpStep amp_;
   LrSchedule schedule_;
@@ -151,6 +161,7 @@ class Trainer {
   std::function<int64_t()> rollback_;
   BadStepObserver bad_step_observer_;
   StatsPath stats_path_ = StatsPath::automatic;
+  bool fold_unscale_ = true;
   at::Tensor device_loss_;  // the device path's step loss, read with the statistics
   bool started_ = false;
   int64_t attempted_ = 0;

@@ -1,0 +1,23 @@
+// An optimizer that unscales the gradients inside its own pass, so that the Trainer folds unscale
+// and clip into its step instead of multiplying the gradients first.
+#pragma once
+
+namespace ampkit {
+
+// The C++ side of torch.optim's `_step_supports_amp_scaling` (the fused Adam, AdamW and SGD, to which
+// torch.amp.GradScaler hands `grad_scale`): the step divides every gradient by `grad_scale` inside
+// its own pass over the parameter and stores the quotient back into .grad. A Trainer that would
+// otherwise multiply the gradients by clip_coefficient / scale (docs/architecture.md, "One optimizer
+// step", 6) hands scale / clip_coefficient to it instead: the multiply pass disappears, and .grad
+// after the step holds the same unscaled, clipped values. An optimizer declares it by also
+// deriving from this class (FusedAdamW does); the Trainer finds it with dynamic_cast.
+class UnscalingOptimizer {
+ public:
+  virtual ~UnscalingOptimizer() = default;
+
+  // One step on the gradients divided by `grad_scale` (finite, > 0; read as float32, as
+  // GradScaler's scale is). Skipping non-finite steps is the caller's business: it runs no step then.
+  virtual void step_unscaling(double grad_scale) = 0;
+};
+
+}  // namespace ampkit
