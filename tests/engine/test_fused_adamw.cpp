@@ -2,13 +2,16 @@
 // amsgrad, and the two optimizers read each other's saved state.
 #define BOOST_TEST_MODULE fused_adamw
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
+#include <map>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "ampkit/fused_adamw.h"
@@ -55,7 +58,55 @@ std::vector<at::Tensor> detached(const std::vector<at::Tensor>& v) {
   return out;
 }
 
+// Operator names called during one step (every depth), for the launch count of a step.
+thread_local std::map<std::string, int>* t_ops = nullptr;
+
+std::unique_ptr<at::ObserverContext> count_op(const at::RecordFunction& fn) {
+  if (t_ops) ++(*t_ops)[fn.name()];
+  return nullptr;
+}
+
+std::map<std::string, int> ops_of_step(AdamWRun& r, int k) {
+  give_grads(r, k);
+  std::map<std::string, int> ops;
+  t_ops = &ops;
+  const auto handle =
+      at::addThreadLocalCallback(at::RecordFunctionCallback(count_op).scopes({at::RecordScope::FUNCTION}));
+  r.optimizer->step();
+  at::removeCallback(handle);
+  t_ops = nullptr;
+  return ops;
+}
+
 }  // namespace
+
+// Issue 32: the step counts the kernel reads stay on the parameters' device between steps and
+// advance by one _foreach_add_ per kernel call (per dtype here: float and double), not by a new
+// tensor per parameter and step; a state whose count changed (a load) gets its count re-made, and
+// the update then still equals LibTorch's AdamW at that count.
+BOOST_AUTO_TEST_CASE(step_counts_stay_on_the_device_and_advance_in_one_call) {
+  AdamWRun fused = adamw_run(true, false), reference = adamw_run(false, false);
+  const std::map<std::string, int> first = ops_of_step(fused, 0);
+  BOOST_TEST(first.at("aten::scalar_tensor") == 5);  // made once per parameter
+  const std::map<std::string, int> second = ops_of_step(fused, 2);
+  BOOST_TEST(second.count("aten::scalar_tensor") == 0);
+  BOOST_TEST(second.at("aten::_foreach_add_") == 2);  // one per dtype
+  BOOST_TEST(second.at("aten::_fused_adamw_") == 2);
+  for (int k : {0, 2}) {
+    give_grads(reference, k);
+    reference.optimizer->step();
+  }
+  BOOST_TEST(max_rel_error(detached(fused.params), detached(reference.params)) <= 1e-5);
+  // A count set from outside (as a loaded checkpoint sets it): both jump to step 101.
+  for (AdamWRun* r : {&fused, &reference})
+    for (auto& [key, state] : r->optimizer->state())
+      static_cast<torch::optim::AdamWParamState&>(*state).step(100);
+  const std::map<std::string, int> jumped = ops_of_step(fused, 4);
+  BOOST_TEST(jumped.at("aten::scalar_tensor") == 5);
+  give_grads(reference, 4);
+  reference.optimizer->step();
+  BOOST_TEST(max_rel_error(detached(fused.params), detached(reference.params)) <= 1e-5);
+}
 
 BOOST_AUTO_TEST_CASE(fused_adamw_follows_libtorch_adamw_and_shares_its_checkpoints) {
   for (const bool amsgrad : {false, true}) {

@@ -2,6 +2,7 @@
 #include "ampkit/fused_adamw.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -22,6 +23,15 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
 
 void FusedAdamW::step_unscaling(double grad_scale) {
   run_step(nullptr, grad_scale);
+}
+
+at::Tensor FusedAdamW::device_step(const at::Tensor& param, int64_t count) {
+  DeviceStep& d = device_steps_[param.unsafeGetTensorImpl()];
+  if (!d.tensor.defined() || d.count != count || d.tensor.device() != param.device())
+    d.tensor = at::scalar_tensor(static_cast<double>(count),
+                                 at::TensorOptions().dtype(at::kFloat).device(param.device()));
+  d.count = count + 1;  // after this step's _foreach_add_
+  return d.tensor;
 }
 
 at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double> grad_scale) {
@@ -52,6 +62,7 @@ at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double
         slot = std::move(fresh);
       }
       auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
+      const at::Tensor step = device_step(p, state.step());
       state.step(state.step() + 1);
       Batch& b = batches[{p.device().str(), p.scalar_type()}];
       b.params.push_back(p);
@@ -59,13 +70,12 @@ at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double
       b.exp_avgs.push_back(state.exp_avg());
       b.exp_avg_sqs.push_back(state.exp_avg_sq());
       if (options.amsgrad()) b.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
-      // The kernel reads the (already incremented) step from a float tensor on the parameter's
-      // device, as python's fused AdamW keeps it.
-      b.steps.push_back(at::scalar_tensor(static_cast<double>(state.step()),
-                                          at::TensorOptions().dtype(at::kFloat).device(p.device())));
+      b.steps.push_back(step);
     }
     const auto [beta1, beta2] = options.betas();
     for (auto& [key, b] : batches) {
+      // The kernel reads the step after its increment, as python's fused AdamW runs it.
+      at::_foreach_add_(b.steps, at::Scalar(1.0));
       // The kernel reads grad_scale as a float on the parameters' device (GradScaler's scale tensor).
       std::optional<at::Tensor> scale;
       if (grad_scale)

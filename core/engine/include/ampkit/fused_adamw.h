@@ -7,7 +7,9 @@
 #include <ampkit/unscaling_optimizer.h>
 #include <torch/optim/adamw.h>
 
+#include <cstdint>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 namespace ampkit {
@@ -29,6 +31,17 @@ class FusedAdamW : public torch::optim::AdamW, public UnscalingOptimizer {
 
  private:
   at::Tensor run_step(const LossClosure& closure, std::optional<double> grad_scale);
+
+  // Each parameter's step count as the float tensor on its device that the kernel reads, kept
+  // between steps and advanced by one _foreach_add_ per call (as python's fused AdamW keeps
+  // state_steps), not made anew per parameter and step. `count` is the value it holds; a state
+  // whose count differs (a loaded checkpoint) gets a fresh tensor.
+  struct DeviceStep {
+    at::Tensor tensor;
+    int64_t count = 0;
+  };
+  at::Tensor device_step(const at::Tensor& param, int64_t count);
+  std::unordered_map<const c10::TensorImpl*, DeviceStep> device_steps_;
 };
 
 }  // namespace ampkit
