@@ -65,9 +65,10 @@ Parity one_vs_two(const std::string& args, int batch, int steps, const TempDir& 
   const Result a = run(train + " " + common + " --batch-size " + one_batch + " --metrics " + one.string() +
                        " --summary " + one_summary.string());
   BOOST_REQUIRE_MESSAGE(a.code == 0, a.output);
+  // --check-ranks: these tests prove that the ranks agree, so every step's decision is cross-checked.
   const Result b = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
-                       train + " " + common + " --batch-size " + std::to_string(batch) + " --metrics " +
-                       two.string() + " --summary " + summary.string());
+                       train + " " + common + " --check-ranks --batch-size " + std::to_string(batch) +
+                       " --metrics " + two.string() + " --summary " + summary.string());
   BOOST_REQUIRE_MESSAGE(b.code == 0, b.output);
   const auto ra = records(one), rb = records(two);
   BOOST_REQUIRE_EQUAL(ra.size(), static_cast<size_t>(steps));
@@ -138,8 +139,8 @@ BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
   const Result r =
       run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train + " " +
           mlp + " --progress never --threads 1 --steps 12 --batch-size 16 --inject nan@step=5,rank=1" +
-          " --nan-report-dir " + tmp.path.string() + " --metrics " + metrics.string() + " --summary " +
-          summary.string());
+          " --check-ranks" + " --nan-report-dir " + tmp.path.string() + " --metrics " + metrics.string() +
+          " --summary " + summary.string());
   BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto s = read_json(summary);
   BOOST_TEST(s["skipped_steps"].get<int>() == 1);

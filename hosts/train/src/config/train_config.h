@@ -78,6 +78,7 @@ struct TrainConfig {
   // SLURM, then Open MPI variables) > config file > default (docs/distributed-training.md).
   DistributedConfig dist;
   DataParallelOptions data_parallel;  // how gradients are bucketed (the engine's, not the backend's)
+  bool check_ranks = false;           // cross-check every step's decision across ranks (debug)
 
   bool help = false;
   bool print_config = false;
