@@ -105,7 +105,7 @@ BOOST_AUTO_TEST_CASE(every_option_is_declared_once_with_help_and_a_valid_default
       if (o.bounds.min && o.bounds.max) BOOST_TEST(*o.bounds.min <= *o.bounds.max);
     }
   }
-  BOOST_TEST(names.size() == 73u);  // every host option; a new one updates the docs and this count
+  BOOST_TEST(names.size() == 74u);  // every host option; a new one updates the docs and this count
   for (const KindInfo& k : kKinds)
     BOOST_TEST(names.count(kind_flag(k)) == 1u, kind_flag(k));  // one selector per kind
 }
@@ -743,8 +743,8 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
-// Rank 0 of a 2-rank job whose peer is scripted: every gather (all_reduce_mean over a tensor in
-// which each rank fills its own slot) gets rank 1's slot from `peer(call, n)`. The rank agreement
+// Rank 0 of a 2-rank job whose peer is scripted: every gather (an all_gather) gets rank 1's row
+// from `peer(call, n)`. The rank agreement
 // checks are reached in-process this way; the CLI stops differing ranks earlier (issue 18).
 class ScriptedPeerComm final : public CommBackend {
  public:
@@ -753,12 +753,11 @@ class ScriptedPeerComm final : public CommBackend {
   void init(const DistributedConfig&) override {}
   int rank() const override { return 0; }
   int world_size() const override { return 2; }
-  void all_reduce_mean(std::vector<at::Tensor>& tensors) override {
-    at::Tensor& t = tensors.at(0);
-    const size_t n = static_cast<size_t>(t.numel() / 2);
-    const std::vector<double> theirs = peer_(calls_++, n);
-    for (size_t i = 0; i < n; ++i) t[static_cast<int64_t>(n + i)] = theirs.at(i);
-    t.div_(2.0);
+  void all_reduce_mean(std::vector<at::Tensor>&) override { throw std::logic_error("not scripted"); }
+  at::Tensor all_gather(const at::Tensor& t) override {
+    const std::vector<double> theirs = peer_(calls_++, static_cast<size_t>(t.numel()));
+    const at::Tensor peer = at::tensor(at::ArrayRef<double>(theirs), at::TensorOptions().dtype(at::kDouble));
+    return at::stack({t.to(at::kDouble), peer.view(t.sizes())});
   }
   void broadcast(std::vector<at::Tensor>&, int) override {}
   void barrier() override {}
@@ -856,26 +855,33 @@ BOOST_AUTO_TEST_CASE(the_table_marks_the_settings_every_rank_must_share) {
                                           "find-unused-parameters",
                                           "broadcast-buffers",
                                           "gradient-as-bucket-view",
+                                          "check-ranks",
                                           "checkpoint-every",
                                           "nan-locate"};
   BOOST_TEST(shared == expected);
 }
 
-BOOST_AUTO_TEST_CASE(a_different_decision_or_scale_stops_the_job_and_a_stop_signal_travels) {
+BOOST_AUTO_TEST_CASE(a_stop_signal_travels_in_the_step_values) {
+  // Rank 0 and rank 1's rows of the step's packed collective: stop signal, samples/s share.
+  const train::RankStep r = train::read_step_rank_values({0, 50, 15, 48});
+  BOOST_TEST(r.stop_signal == 15);  // SIGTERM on rank 1 stops rank 0 after the same step
+  BOOST_REQUIRE_EQUAL(r.samples_per_second.size(), 2u);
+  BOOST_TEST(r.samples_per_second[0] == 50.0);
+  BOOST_TEST(r.samples_per_second[1] == 48.0);
+  BOOST_TEST(train::read_step_rank_values({0, 50, 0, 48}).stop_signal == 0);
+}
+
+BOOST_AUTO_TEST_CASE(check_ranks_stops_the_job_on_a_different_decision_or_scale) {
   StepOutcome out;
   out.decision.action = NanAction::skip;
   out.scale_next = 256;
-  int stop = 0;
-  // The peer's slot: samples/s share, stop signal, decision, next scale.
-  ScriptedPeerComm agree([](int, size_t) { return std::vector<double>{50, 15, 1, 256}; });
-  const auto sps = train::agree_on_step(agree, at::Device(at::kCPU), 7, 100, 0, out, stop);
-  BOOST_TEST(stop == 15);  // SIGTERM on rank 1 stops rank 0 after the same step
-  BOOST_REQUIRE_EQUAL(sps.size(), 2u);
-  BOOST_TEST(sps[0] == 50.0);
-  BOOST_TEST(sps[1] == 50.0);
-  ScriptedPeerComm differ([](int, size_t) { return std::vector<double>{50, 0, 0, 128}; });
+  // The peer's row: decision, next scale.
+  ScriptedPeerComm agree([](int, size_t) { return std::vector<double>{1, 256}; });
+  train::check_same_decision(agree, at::Device(at::kCPU), 7, out);
+  BOOST_TEST(agree.calls() == 1);
+  ScriptedPeerComm differ([](int, size_t) { return std::vector<double>{0, 128}; });
   try {
-    train::agree_on_step(differ, at::Device(at::kCPU), 7, 100, 0, out, stop);
+    train::check_same_decision(differ, at::Device(at::kCPU), 7, out);
     BOOST_FAIL("no error");
   } catch (const Error& e) {
     BOOST_TEST(static_cast<int>(e.category()) == static_cast<int>(ErrorCategory::distributed));

@@ -28,17 +28,20 @@ double AmpStep::scale() const {
 }
 
 void AmpStep::measure(const std::vector<at::Tensor>& grads, StepStats& stats, bool on_device,
-                      const at::Tensor& device_loss) const {
+                      const at::Tensor& packed, int ranks, std::vector<double>* packed_values) const {
   const double scale = stats.scale;
-  GradStats g;
-  if (on_device) {
-    std::vector<at::Tensor> scalars;
-    if (device_loss.defined()) scalars.push_back(device_loss);
-    std::vector<double> values;
-    g = compute_grad_stats_on_device(grads, scalars, values);
-    if (device_loss.defined()) stats.loss = values.at(0);
-  } else {
-    g = compute_grad_stats(grads);
+  std::vector<at::Tensor> scalars;
+  if (packed.defined()) scalars.push_back(packed);
+  std::vector<double> values;
+  // The fast path's fused scan reads no device memory; its only read is `packed`'s.
+  const GradStats g = compute_grad_stats_on_device(
+      grads, scalars, values, on_device ? DeviceStatsRecipe::automatic : DeviceStatsRecipe::fused_scan);
+  if (packed.defined()) {
+    const size_t row = values.size() / static_cast<size_t>(ranks);
+    double sum = 0.0;
+    for (int r = 0; r < ranks; ++r) sum += values.at(static_cast<size_t>(r) * row);
+    stats.loss = sum / ranks;
+    if (packed_values != nullptr) *packed_values = std::move(values);
   }
   stats.loss_finite = std::isfinite(stats.loss);
   stats.grad_norm_scaled = std::sqrt(g.sum_squares);

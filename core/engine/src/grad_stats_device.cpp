@@ -90,7 +90,7 @@ void read_scalars(const std::vector<at::Tensor>& scalars, std::vector<double>& v
   values.clear();
   if (scalars.empty()) return;
   std::vector<at::Tensor> packed;
-  for (const auto& s : scalars) packed.push_back(s.detach().to(at::kDouble).reshape({1}));
+  for (const auto& s : scalars) packed.push_back(s.detach().to(at::kDouble).reshape({-1}));
   const at::Tensor host = read_to_host(at::cat(packed)).contiguous();
   values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
@@ -107,7 +107,11 @@ GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vec
     for (size_t i : indices) xs.push_back(parts[i].data);
     packed.push_back(foreach_columns(xs));
   }
-  for (const auto& s : scalars) packed.push_back(s.detach().to(device, at::kDouble).reshape({1}));
+  int64_t scalar_count = 0;
+  for (const auto& s : scalars) {
+    packed.push_back(s.detach().to(device, at::kDouble).reshape({-1}));
+    scalar_count += s.numel();
+  }
   GradStats stats;
   stats.tensor_sum_squares.assign(grads.size(), 0.0);
   values.clear();
@@ -128,7 +132,7 @@ GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vec
     }
     v += 3 * n;
   }
-  values.assign(v, v + scalars.size());
+  values.assign(v, v + scalar_count);
   return stats;
 }
 

@@ -2,21 +2,19 @@
 #include "ampkit/trainer.h"
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/tensor.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <unordered_map>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
-#include "ampkit/host_reads.h"
 
 namespace ampkit {
 
@@ -117,10 +115,12 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   if (!started_) start(RunInfo{});
   StepOutcome out;
   begin_step(out);
-  out.stats.loss = forward_backward(forward, out.stats.scale);           // 1, 2
-  std::vector<at::Tensor> grads = average_across_ranks(out.stats);       // 3
-  amp_.measure(grads, out.stats, device_loss_.defined(), device_loss_);  // 4
-  const NanAction action = amp_.decide(out);                             // 5
+  forward_backward(forward, out.stats.scale);              // 1, 2
+  std::vector<at::Tensor> grads = average_across_ranks();  // 3
+  const int ranks = static_cast<int>(step_values_.size(0));
+  amp_.measure(grads, out.stats, uses_device_stats(), step_values_, ranks, &out.rank_values);  // 4
+  out.rank_values = rank_values_of(std::move(out.rank_values), ranks);
+  const NanAction action = amp_.decide(out);  // 5
   if (action == NanAction::proceed || action == NanAction::clip) {
     // 6 (a clip decision caps the norm further): the factor the gradients still need, 1 when
     // they were multiplied here, folded into the optimizer's own pass otherwise.
@@ -145,17 +145,16 @@ void Trainer::begin_step(StepOutcome& out) {
 }
 
 // 1, 2: each micro-batch's forward under autocast, then the backward of loss * scale / accumulate.
-// Returns the mean loss over the micro-batches (unscaled, this rank's).
-double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, double scale) {
+// The mean loss over the micro-batches (unscaled, this rank's) stays on the device, summed in
+// float64, until the step's one read (step 4).
+void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, double scale) {
   const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
   if (reducer_ && data_parallel_.broadcast_buffers && !data_parallel_.buffers.empty()) {
     at::NoGradGuard no_grad;
     strategies_.comm->broadcast(data_parallel_.buffers, 0);
   }
   zero_grad();
-  const bool on_device = uses_device_stats();
-  device_loss_ = at::Tensor();
-  double loss_sum = 0.0;
+  at::Tensor loss_sum;
   for (int micro = 0; micro < accumulation_steps_; ++micro) {
     // 3. With the Reducer, only the last micro-batch's backward communicates (DDP's no_sync for
     // the others): its autograd hooks do nothing unless prepare_for_backward armed them, which
@@ -173,22 +172,15 @@ double Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, 
     if (!loss.defined() || loss.numel() != 1)
       throw Error(ErrorCategory::internal, "the forward function must return a scalar loss");
     loss = loss.to(at::kFloat);
-    if (on_device)  // summed in float64 on the device, read with the statistics (step 4)
-      device_loss_ = device_loss_.defined() ? device_loss_ + loss.detach().to(at::kDouble)
-                                            : loss.detach().to(at::kDouble);
-    else
-      loss_sum += read_scalar(loss);
+    const at::Tensor loss64 = loss.detach().to(at::kDouble).reshape({1});
+    loss_sum = loss_sum.defined() ? loss_sum + loss64 : loss64;
     at::Tensor scaled = loss * (scale / accumulation_steps_);  // 2. scaled backward
     if (sync)
       reducer_->prepare_for_backward(data_parallel_.find_unused_parameters ? std::vector<at::Tensor>{scaled}
                                                                            : std::vector<at::Tensor>{});
     scaled.backward();
   }
-  if (on_device) {
-    device_loss_ = device_loss_ / static_cast<double>(accumulation_steps_);
-    return std::numeric_limits<double>::quiet_NaN();  // known after the statistics' read
-  }
-  return loss_sum / accumulation_steps_;
+  step_loss_ = loss_sum / static_cast<double>(accumulation_steps_);
 }
 
 bool Trainer::uses_device_stats() const {
@@ -199,26 +191,12 @@ bool Trainer::uses_device_stats() const {
 }
 
 // 3. Average across ranks: the gradients by the Reducer during backward, otherwise here (identity
-// for one process); the loss of the global batch always, so every rank logs the same number and a
-// non-finite loss on any rank makes every rank take the same decision.
-std::vector<at::Tensor> Trainer::average_across_ranks(StepStats& stats) {
+// for one process). Then the step's one small collective besides the gradients' (issue 32): every
+// rank's loss and the caller's values (set_rank_values) in one all_gather, read with the
+// statistics in step 4, so every rank logs the same mean loss and a non-finite loss on any rank
+// makes every rank take the same decision. One process: the loss alone, no collective.
+std::vector<at::Tensor> Trainer::average_across_ranks() {
   CommBackend& comm = *strategies_.comm;
-  if (device_loss_.defined()) {  // the device path: averaged on the device, read in step 4
-    if (comm.world_size() > 1) {
-      std::vector<at::Tensor> loss_tensor = {device_loss_.reshape({1})};
-      comm.all_reduce_mean(loss_tensor);
-      device_loss_ = loss_tensor[0];
-    }
-  } else if (comm.world_size() > 1) {
-    std::vector<at::Tensor> loss_tensor = {
-        at::full({1}, stats.loss,
-                 at::TensorOptions()
-                     .dtype(at::kDouble)
-                     .device(parameters_.empty() ? at::Device(at::kCPU) : parameters_.front().device()))};
-    comm.all_reduce_mean(loss_tensor);
-    stats.loss = read_scalar(loss_tensor[0]);
-  }
-  stats.loss_finite = std::isfinite(stats.loss);
   std::vector<at::Tensor> grads = gradients();
   if (!reducer_) {
     std::vector<at::Tensor> defined;
@@ -226,7 +204,31 @@ std::vector<at::Tensor> Trainer::average_across_ranks(StepStats& stats) {
       if (g.defined()) defined.push_back(g);
     comm.all_reduce_mean(defined);
   }
+  if (comm.world_size() == 1) {
+    step_values_ = step_loss_.reshape({1, 1});
+    return grads;
+  }
+  at::Tensor row = step_loss_;
+  if (rank_values_) {
+    const std::vector<double> mine = rank_values_();
+    if (!mine.empty())
+      row = at::cat(
+          {row,
+           at::tensor(at::ArrayRef<double>(mine), at::TensorOptions().dtype(at::kDouble)).to(row.device())});
+  }
+  step_values_ = comm.all_gather(row);
   return grads;
+}
+
+// The values of set_rank_values from step 4's read: every rank's row without its loss.
+std::vector<double> Trainer::rank_values_of(std::vector<double> packed, int ranks) const {
+  if (ranks == 1) return {};
+  const size_t row = packed.size() / static_cast<size_t>(ranks);
+  std::vector<double> out;
+  out.reserve(packed.size() - static_cast<size_t>(ranks));
+  for (size_t i = 0; i < packed.size(); ++i)
+    if (i % row != 0) out.push_back(packed[i]);
+  return out;
 }
 
 // 5. A step not taken: the bad-step observer (the host's NaN locator) sees it first, while the

@@ -1,7 +1,7 @@
 // Data parallelism of the Trainer: torch's C++ DDP Reducer attached to the parameters, after
 // every rank checked that all ranks hold the same model layout (docs/architecture.md, step 3).
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/tensor.h>
 
 #include <array>
 #include <cmath>
@@ -20,7 +20,7 @@ namespace ampkit {
 namespace {
 
 // Each rank's model layout: tensor count, elements, and a 32-bit hash of the shapes and dtypes
-// (small enough that the all_reduce_mean round trip below returns it exactly).
+// (each exact in a double).
 std::array<double, 3> layout_fingerprint(const std::vector<at::Tensor>& tensors) {
   uint64_t hash = 1469598103934665603ull;  // FNV-1a
   auto mix = [&hash](uint64_t v) {
@@ -45,12 +45,10 @@ void check_same_layout(CommBackend& comm, const std::vector<at::Tensor>& tensors
   const int world = comm.world_size();
   const std::array<double, 3> mine = layout_fingerprint(tensors);
   const at::Device device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
-  at::Tensor all = at::zeros({world * 3}, at::TensorOptions().dtype(at::kDouble));
-  for (int i = 0; i < 3; ++i) all[comm.rank() * 3 + i] = mine[static_cast<size_t>(i)];
-  std::vector<at::Tensor> buffer = {all.to(device)};
-  comm.all_reduce_mean(buffer);
-  const at::Tensor sum = read_to_host(buffer[0]) * static_cast<double>(world);
-  auto field = [&sum](int r, int i) { return std::llround(sum[r * 3 + i].item<double>()); };
+  const at::Tensor local =
+      at::tensor(at::ArrayRef<double>(mine.data(), mine.size()), at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor all = read_to_host(comm.all_gather(local.to(device))).contiguous();
+  auto field = [&all](int r, int i) { return std::llround(all.data_ptr<double>()[r * 3 + i]); };
   for (int r = 1; r < world; ++r) {
     if (field(r, 0) == field(0, 0) && field(r, 1) == field(0, 1) && field(r, 2) == field(0, 2)) continue;
     auto describe = [&](int q) {

@@ -46,15 +46,18 @@ struct Guard {
 };
 
 // start/save/load, for every wrapper.
-#define AMPKIT_GUARD_STRATEGY_CALLS                            \
-  void start(const RunInfo& info) override {                   \
-    g_.run("start()", [&] { g_.inner->start(info); });         \
-  }                                                            \
-  State save() const override {                                \
-    return g_.run("save()", [&] { return g_.inner->save(); }); \
-  }                                                            \
-  void load(const State& state) override {                     \
-    g_.run("load()", [&] { g_.inner->load(state); });          \
+#define AMPKIT_GUARD_STRATEGY_CALLS                                                  \
+  void start(const RunInfo& info) override {                                         \
+    g_.run("start()", [&] { g_.inner->start(info); });                               \
+  }                                                                                  \
+  State save() const override {                                                      \
+    return g_.run("save()", [&] { return g_.inner->save(); });                       \
+  }                                                                                  \
+  void load(const State& state) override {                                           \
+    g_.run("load()", [&] { g_.inner->load(state); });                                \
+  }                                                                                  \
+  void* find_function(const char* name) override {                                   \
+    return g_.run("find_function()", [&] { return g_.inner->find_function(name); }); \
   }
 
 class GuardedScaler final : public LossScaler {
@@ -135,13 +138,16 @@ class GuardedComm final : public CommBackend {
   void broadcast(std::vector<at::Tensor>& tensors, int root) override {
     g_.run("broadcast()", [&] { c_.broadcast(tensors, root); });
   }
+  at::Tensor all_gather(const at::Tensor& tensor) override {
+    return g_.run("all_gather()", [&] { return c_.all_gather(tensor); });
+  }
   void barrier() override {
     g_.run("barrier()", [&] { c_.barrier(); });
   }
   c10d::ProcessGroup* process_group() override {
     return g_.run("process_group()", [&] { return c_.process_group(); });
   }
-  std::string explain_failure(const std::string& what) override {
+  CommFailure explain_failure(const std::string& what) override {
     return g_.run("explain_failure()", [&] { return c_.explain_failure(what); });
   }
 

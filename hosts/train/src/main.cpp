@@ -48,9 +48,9 @@ int run(int argc, const char* const argv[]) {
 // 7 at once (destructors of a broken process group can block), never hang.
 [[noreturn]] void exit_lost_rank(const std::string& what, bool distributed_error) {
   ampkit::CommBackend* comm = ampkit::train::multi_rank_comm;
-  const std::string why = comm->explain_failure(what);
-  const bool lost = why.rfind("lost rank", 0) == 0;
-  std::fprintf(stderr, "ampkit-train: error: rank %d: %s\n", comm->rank(), why.c_str());
+  const ampkit::CommFailure why = comm->explain_failure(what);
+  const bool lost = why.reason == ampkit::CommFailure::Reason::lost_rank;
+  std::fprintf(stderr, "ampkit-train: error: rank %d: %s\n", comm->rank(), why.message.c_str());
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(ampkit::exit_status(lost || distributed_error ? ampkit::ExitCode::distributed

@@ -3,6 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Logging.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -262,14 +263,28 @@ void C10dCommBackend::broadcast(std::vector<at::Tensor>& tensors, int root) {
   });
 }
 
+at::Tensor C10dCommBackend::all_gather(const at::Tensor& tensor) {
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> shape = {config_.world_size};
+  shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+  at::Tensor all = at::empty(shape, tensor.options());
+  if (config_.world_size == 1) return all.copy_(tensor.unsqueeze(0));
+  std::vector<at::Tensor> input = {tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < config_.world_size; ++r) output[0].push_back(all[r]);  // views: written in place
+  backend_->allgather(output, input, c10d::AllgatherOptions{})->wait();
+  return all;
+}
+
 void C10dCommBackend::barrier() {
   if (config_.world_size == 1) return;
   backend_->barrier(c10d::BarrierOptions{})->wait();
 }
 
-std::string C10dCommBackend::explain_failure(const std::string& what) {
+CommFailure C10dCommBackend::explain_failure(const std::string& what) {
+  using Reason = CommFailure::Reason;
   const std::string cause = first_line(what);
-  if (config_.world_size == 1 || !probe_store_) return cause;
+  if (config_.world_size == 1 || !probe_store_) return {Reason::unknown, {}, cause};
   const auto wait = std::chrono::duration<double>(2.5 * heartbeat_seconds_);
   // Diagnosing must never block on a dead or stopped store: it runs in a thread of its own, and
   // after `wait` plus 1 + heartbeat_seconds the answer is "the store stopped answering", whatever
@@ -296,29 +311,41 @@ std::string C10dCommBackend::explain_failure(const std::string& what) {
   const std::string where = config_.master_addr + ":" + std::to_string(config_.master_port);
   if (!store_answered) {
     if (config_.store.rfind("file:", 0) == 0)
-      return "the rendezvous store " + config_.store.substr(5) + " stopped answering; " + name() + ": " +
-             cause;
+      return {
+          Reason::store_stopped,
+          {},
+          "the rendezvous store " + config_.store.substr(5) + " stopped answering; " + name() + ": " + cause};
     if (agent_store_)
-      return "the rendezvous store of torchrun's agent at " + where +
-             " stopped answering (the agent or its node is gone); " + name() + ": " + cause;
+      return {Reason::store_stopped,
+              {},
+              "the rendezvous store of torchrun's agent at " + where +
+                  " stopped answering (the agent or its node is gone); " + name() + ": " + cause};
     if (config_.rank != 0)
-      return "lost rank 0 (it hosts the rendezvous store at " + where +
-             ", which stopped answering: killed, crashed, stopped or unreachable); " + name() + ": " + cause;
-    return "the rendezvous store this rank hosts at " + where + " stopped answering; " + name() + ": " +
-           cause;
+      return {Reason::lost_rank,
+              {0},
+              "lost rank 0 (it hosts the rendezvous store at " + where +
+                  ", which stopped answering: killed, crashed, stopped or unreachable); " + name() + ": " +
+                  cause};
+    return {
+        Reason::store_stopped,
+        {},
+        "the rendezvous store this rank hosts at " + where + " stopped answering; " + name() + ": " + cause};
   }
   // Rank 0 keeps serving the store a little longer, so the other survivors can diagnose too.
   if (config_.rank == 0 && !agent_store_) std::this_thread::sleep_for(wait);
   if (lost.empty())
-    return "a collective failed but every rank still sends heartbeats (a rank may be stuck in its own "
-           "work, or the ranks disagree on the step); " +
-           name() + ": " + cause;
+    return {Reason::ranks_alive,
+            {},
+            "a collective failed but every rank still sends heartbeats (a rank may be stuck in its own "
+            "work, or the ranks disagree on the step); " +
+                name() + ": " + cause};
   std::string ranks;
   for (const int r : lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   char silent[32];
   std::snprintf(silent, sizeof silent, "%.1f", 2.5 * heartbeat_seconds_);
-  return std::string(lost.size() == 1 ? "lost rank " : "lost ranks ") + ranks + " (no heartbeat for " +
-         silent + " s: killed, crashed or hung); " + name() + ": " + cause;
+  return {Reason::lost_rank, lost,
+          std::string(lost.size() == 1 ? "lost rank " : "lost ranks ") + ranks + " (no heartbeat for " +
+              silent + " s: killed, crashed or hung); " + name() + ": " + cause};
 }
 
 }  // namespace ampkit::comm

@@ -28,9 +28,10 @@ class C10dCommBackend : public CommBackend {
   int world_size() const override { return config_.world_size; }
   void all_reduce_mean(std::vector<at::Tensor>& tensors) override;
   void broadcast(std::vector<at::Tensor>& tensors, int root) override;
+  at::Tensor all_gather(const at::Tensor& tensor) override;
   void barrier() override;
   c10d::ProcessGroup* process_group() override { return group_.get(); }
-  std::string explain_failure(const std::string& what) override;
+  CommFailure explain_failure(const std::string& what) override;
 
  protected:
   virtual c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,

@@ -10,6 +10,9 @@ class GlooCommBackend final : public ampkit::comm::C10dCommBackend {
  public:
   explicit GlooCommBackend(const ampkit::OptionValues& options)
       : C10dCommBackend(options), interface_(options.get_string("socket_ifname")) {}
+  void* find_function(const char* name) override {
+    return ampkit::offer_comm_facts<ampkit::kCommMultiProcess | ampkit::kCommStateEmpty>(name);
+  }
 
  protected:
   c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,

@@ -12,6 +12,10 @@ class NcclCommBackend final : public ampkit::comm::C10dCommBackend {
  public:
   explicit NcclCommBackend(const ampkit::OptionValues& options)
       : C10dCommBackend(options), high_priority_(options.get_bool("high_priority_stream")) {}
+  void* find_function(const char* name) override {
+    return ampkit::offer_comm_facts<ampkit::kCommMultiProcess | ampkit::kCommNeedsCuda |
+                                    ampkit::kCommStateEmpty>(name);
+  }
 
   void init(const ampkit::DistributedConfig& config) override {
     const int devices = static_cast<int>(c10::cuda::device_count());

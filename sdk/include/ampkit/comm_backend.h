@@ -5,6 +5,8 @@
 #include <ampkit/layout.h>
 #include <ampkit/strategy.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,40 @@ struct DistributedConfig {
   double timeout_seconds = 300.0;  // rendezvous and every collective
 };
 
+// What explain_failure() found after a collective failed: a typed reason the host decides on (a
+// lost rank is a distributed error, exit 7), the lost ranks where the backend can tell, and one
+// line for the user. Never parsed: the message is for people, the reason for programs.
+struct CommFailure {
+  enum class Reason : int32_t {
+    unknown = 0,        // the backend cannot tell more than the collective's own message
+    lost_rank = 1,      // lost_ranks stopped answering (killed, crashed, hung, or the store's host gone)
+    store_stopped = 2,  // the rendezvous store stopped answering and no rank can be named
+    ranks_alive = 3,    // every rank still answers: one is stuck in its own work, or they disagree
+  };
+  Reason reason = Reason::unknown;
+  std::vector<int> lost_ranks;
+  std::string message;
+};
+
+// What a comm plugin declares about itself, so the host checks a job without knowing plugin
+// names: the bits returned by the optional function kCommFactsFunction (see find_function).
+enum CommFact : uint32_t {
+  kCommMultiProcess = 1u << 0,  // runs more than one process (a world size above 1)
+  kCommNeedsCuda = 1u << 1,     // needs a visible CUDA device
+  kCommStateEmpty = 1u << 2,    // save() returns nothing: its checkpoint state binds no resume to it
+};
+// The optional function "ampkit_comm_facts": `uint32_t facts(void)`, the CommFact bits.
+inline constexpr const char* kCommFactsFunction = "ampkit_comm_facts";
+using CommFactsFunction = uint32_t (*)();
+
+// The bits of CommFact, read through the optional lookup; a plugin that offers no facts is taken
+// to run any world size, to need no CUDA and to keep state (nothing refused, nothing assumed).
+struct CommFacts {
+  bool multi_process = true;
+  bool needs_cuda = false;
+  bool state_empty = false;
+};
+
 // All collectives are blocking and in place. A backend for world_size 1 must still implement
 // them (as no-ops) so the engine has one code path.
 class AMPKIT_INTERFACE CommBackend : public Strategy {
@@ -43,6 +79,10 @@ class AMPKIT_INTERFACE CommBackend : public Strategy {
   // Sum across ranks, then divide by world_size.
   virtual void all_reduce_mean(std::vector<at::Tensor>& tensors) = 0;
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root) = 0;
+  // Every rank's `tensor`, in rank order: shape [world_size, *tensor.sizes()], on tensor's device
+  // and of its dtype (ABI 5). Every rank passes the same shape and dtype. The engine's one small
+  // collective per step (loss, stop signal, the host's values) is one all_gather.
+  virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
   // The c10d process group the engine builds torch's DDP Reducer on (bucketed all-reduce
   // overlapped with backward). nullptr: no process group (one process); the engine then averages
@@ -51,13 +91,37 @@ class AMPKIT_INTERFACE CommBackend : public Strategy {
   // group's get(). The engine takes its own reference once (unsafe_reclaim_from_nonowning, which
   // increments the count), so the group outlives the backend's pointer if the Reducer needs it.
   virtual c10d::ProcessGroup* process_group() { return nullptr; }
-  // After a collective failed with `what`: a one-line explanation naming the lost or hung rank
-  // where the backend can tell (heartbeats in the rendezvous store); `what` otherwise.
-  virtual std::string explain_failure(const std::string& what) { return what; }
+  // After a collective failed with `what`: why, typed, naming the lost or hung rank where the
+  // backend can tell (heartbeats in the rendezvous store); reason unknown with `what` otherwise.
+  virtual CommFailure explain_failure(const std::string& what) {
+    return {CommFailure::Reason::unknown, {}, what};
+  }
 };
 // AMPKIT_PLUGIN(comm, ...) implements this interface; the macro finds it by the kind's name.
 namespace interface_of {
 using comm = CommBackend;
+}
+
+// The plugin's facts (CommFact), or the defaults of CommFacts when it offers none.
+inline CommFacts comm_facts(Strategy& comm) {
+  CommFacts facts;
+  if (void* f = comm.find_function(kCommFactsFunction)) {
+    const uint32_t bits = reinterpret_cast<CommFactsFunction>(f)();
+    facts.multi_process = (bits & kCommMultiProcess) != 0;
+    facts.needs_cuda = (bits & kCommNeedsCuda) != 0;
+    facts.state_empty = (bits & kCommStateEmpty) != 0;
+  }
+  return facts;
+}
+
+// What a comm plugin's find_function returns for kCommFactsFunction, `Bits` being its CommFact bits:
+//   void* find_function(const char* name) override { return
+//   ampkit::offer_comm_facts<kCommMultiProcess>(name); }
+template <uint32_t Bits>
+void* offer_comm_facts(const char* name) {
+  if (name == nullptr || std::strcmp(name, kCommFactsFunction) != 0) return nullptr;
+  CommFactsFunction f = [] { return Bits; };
+  return reinterpret_cast<void*>(f);
 }
 
 namespace detail {
@@ -71,6 +135,8 @@ struct KindLayout<CommBackend> {
             offsetof(D, nproc_per_node), offsetof(D, device_ids), offsetof(D, store),
             offsetof(D, timeout_seconds)});
     t.type("Tensor", sizeof(at::Tensor), {});
+    using F = CommFailure;
+    t.type("CommFailure", sizeof(F), {offsetof(F, reason), offsetof(F, lost_ranks), offsetof(F, message)});
   }
 };
 }  // namespace detail

@@ -31,6 +31,14 @@ class AMPKIT_INTERFACE Strategy {
   // Everything needed to continue exactly where the run stopped; restored by load().
   virtual State save() const { return {}; }
   virtual void load(const State& state) { (void)state; }
+  // Optional functions, found by name (ggml's get_proc_address): from ABI 5 a capability added to
+  // a kind is a named C function a plugin may offer, with the signature its kind's header
+  // documents, not a new virtual method, so it costs no ABI bump. nullptr: not offered. The
+  // host calls what it finds outside the plugin-call guard: offer only functions that cannot fail.
+  virtual void* find_function(const char* name) {
+    (void)name;
+    return nullptr;
+  }
 };
 
 }  // namespace ampkit

@@ -17,7 +17,9 @@
 // 3: the layout record (section "ampkitly"), per-kind headers, the alias without Boost.DLL,
 //    AMPKIT_PLUGIN(kind, name, Class, summary, options...) checked against ampkit_add_plugin.
 // 4: NanAction::clip and NanDecision::clip_norm (a finite spike applied with its norm clipped).
-#define AMPKIT_ABI_VERSION 4
+// 5: Strategy::find_function (optional functions by name, so the next capability needs no bump),
+//    CommBackend::all_gather, CommFailure from explain_failure, the comm facts (CommFact).
+#define AMPKIT_ABI_VERSION 5
 #endif
 
 #define AMPKIT_STRINGIFY_(x) #x

@@ -22,6 +22,8 @@ struct StepOutcome {
   double scale_next = 1.0;         // the scale after the scaler's update
   double lr = 0.0;                 // learning rate used by this step
   bool aborted_by_scaler = false;  // the abort comes from the loss scaler (its update threw)
+  // Multi-rank steps: the values every rank gave Trainer::set_rank_values, rank after rank.
+  std::vector<double> rank_values;
 };
 
 // The three strategies one step consults; the comm backend is the data-parallel caller's.
@@ -51,9 +53,13 @@ class AmpStep {
 
   // 4. One statistics pass over the scaled gradients (undefined ones count as empty) into
   // `stats`, whose `scale` and `loss` the caller set; everything a strategy sees is unscaled.
-  // `on_device`: the device path, with `device_loss` (when defined) read in the same copy.
+  // `on_device`: the device path, else the CPU fast path. `packed` (when defined): a small float64
+  // tensor of `ranks` rows, each a rank's loss then its other values, read in the same copy as
+  // the device path's statistics (the step's one read); stats.loss becomes the mean of the rows'
+  // losses, summed in rank order, and `packed_values` (when given) receives every value.
   void measure(const std::vector<at::Tensor>& grads, StepStats& stats, bool on_device,
-               const at::Tensor& device_loss = at::Tensor()) const;
+               const at::Tensor& packed = at::Tensor(), int ranks = 1,
+               std::vector<double>* packed_values = nullptr) const;
 
   // 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters
   // would be destroyed), so its proceed is overruled then.

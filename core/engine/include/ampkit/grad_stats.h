@@ -25,8 +25,9 @@ struct GradStats {
 GradStats compute_grad_stats(const std::vector<at::Tensor>& grads);
 
 // The device path of the same pass, for gradients on a GPU (and, for tests, on the CPU): the
-// statistics and `scalars` (e.g. the step's loss) packed into one float64 tensor, read to the
-// host once (read_to_host); `scalar_values` receives the scalars. Two recipes compute them:
+// statistics and `scalars` (small tensors of any shape, e.g. the step's loss, or every rank's
+// loss and values) packed into one float64 tensor, read to the host once (read_to_host);
+// `scalar_values` receives the scalars' elements, flattened, in order. Two recipes compute them:
 //
 // * foreach_ops, what a GPU runs: multi-tensor (_foreach) kernels whose number does not grow
 //   with the number of gradients. Per dtype: _foreach_norm(2) accumulated in float64 (sums of

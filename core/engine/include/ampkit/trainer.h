@@ -100,10 +100,17 @@ class Trainer {
       std::function<void(const StepOutcome& outcome, const std::function<at::Tensor(int)>& forward)>;
   void set_bad_step_observer(BadStepObserver observer) { bad_step_observer_ = std::move(observer); }
 
+  // Values this rank adds to every multi-rank step's one small collective besides its loss
+  // (ampkit-train: its stop signal and throughput), asked for once per step, just before the
+  // collective; every rank gives the same number of values every step. StepOutcome::rank_values
+  // holds every rank's after the step. They cost no collective and no host read of their own.
+  void set_rank_values(std::function<std::vector<double>()> values) { rank_values_ = std::move(values); }
+
   // Where the statistics pass runs. automatic: the CPU fast path for fp32 CPU parameters, the
-  // device path otherwise (one host read per healthy step: the gradients' statistics and the
-  // loss in one copy; docs/architecture.md). device forces the device path, on CPU tensors too
-  // (tests compare it with the fast path and count its reads, see host_reads.h).
+  // device path otherwise. Either path reads the host once per healthy step (host_reads.h): the
+  // device path's statistics, the loss and the ranks' packed values in one copy; the fast path
+  // scans CPU memory and reads only the packed values. device forces the device path, on CPU
+  // tensors too (tests compare it with the fast path and count its reads).
   enum class StatsPath { automatic, cpu_fast, device };
   void set_stats_path(StatsPath path) { stats_path_ = path; }
   bool uses_device_stats() const;
@@ -136,8 +143,9 @@ class Trainer {
  private:
   // The phases of step(), numbered as docs/architecture.md's "One optimizer step".
   void begin_step(StepOutcome& out);  // counters, the scale read once (2), the lr
-  double forward_backward(const std::function<at::Tensor(int)>& forward, double scale);             // 1, 2
-  std::vector<at::Tensor> average_across_ranks(StepStats& stats);                                   // 3
+  void forward_backward(const std::function<at::Tensor(int)>& forward, double scale);  // 1, 2
+  std::vector<at::Tensor> average_across_ranks();                                      // 3
+  std::vector<double> rank_values_of(std::vector<double> packed, int ranks) const;
   void recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
   void take_optimizer_step(StepOutcome& out, double factor);                                        // 7
   // 2 and 4-6, 8 are AmpStep's (amp_step.h), shared with the Python GradScaler.
@@ -162,7 +170,9 @@ class Trainer {
   BadStepObserver bad_step_observer_;
   StatsPath stats_path_ = StatsPath::automatic;
   bool fold_unscale_ = true;
-  at::Tensor device_loss_;  // the device path's step loss, read with the statistics
+  std::function<std::vector<double>()> rank_values_;
+  at::Tensor step_loss_;    // this rank's mean loss of the step, float64 on the device
+  at::Tensor step_values_;  // [ranks, 1 + values]: every rank's loss and values, read in step 4
   bool started_ = false;
   int64_t attempted_ = 0;
   int64_t taken_ = 0;

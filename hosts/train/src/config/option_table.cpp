@@ -24,24 +24,6 @@ std::string capitalized(std::string s) {
   return s;
 }
 
-// --opt KIND.OPTION=VALUE, kept per kind as text for the registry to check against the plugin.
-void store_plugin_option(TrainConfig& cfg, const std::string& item) {
-  const auto dot = item.find('.'), eq = item.find('=');
-  if (dot == std::string::npos || eq == std::string::npos || dot == 0 || eq < dot + 2)
-    throw Error(ErrorCategory::usage,
-                "--opt must be KIND.OPTION=VALUE (e.g. scaler.scale=512), got '" + item + "'");
-  const std::string kind = item.substr(0, dot);
-  if (find_kind(kind) == nullptr) {
-    std::vector<std::string> names;
-    for (const KindInfo& k : kKinds) names.push_back(k.name);
-    const std::string hint = did_you_mean(kind, names);
-    throw Error(ErrorCategory::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
-                                          (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() +
-                                          ")");
-  }
-  cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
-}
-
 // --precision's choices: every precision, as to_string spells it.
 std::vector<std::string> precisions() {
   std::vector<std::string> names;
@@ -352,6 +334,11 @@ std::vector<HostOption> data_parallel_and_progress_options() {
           "others exit (code 7) after at most this plus a few seconds.",
           dist_field(&DistributedConfig::timeout_seconds))
           .range(1, std::nullopt),
+      flag("check-ranks",
+           "Distributed: after each step, check that every rank took the same decision with the same scale "
+           "(one more small collective per step; for debugging, and tests that prove ranks agree).",
+           field(&TrainConfig::check_ranks))
+          .shared_by_ranks(),
       text("progress", "auto",
            "auto (a redrawn line on a terminal, a plain line every --log-every steps otherwise) | never.",
            field(&TrainConfig::progress))

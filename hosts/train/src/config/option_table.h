@@ -105,6 +105,8 @@ std::optional<std::pair<std::string, std::string>> launcher_value(const HostOpti
                                                                   const EnvironmentLookup& getenv);
 // --device-ids: a comma list of CUDA device indices, each checked as an integer in [0, 2^20].
 void store_device_ids(TrainConfig& cfg, const HostOptionValue& v);
+// --opt KIND.OPTION=VALUE, kept per kind as text for the registry to check against the plugin.
+void store_plugin_option(TrainConfig& cfg, const std::string& item);
 // "node[01-04,07],gpu3" -> "node01": the first host of a SLURM node list (rank 0's host).
 std::string first_slurm_host(const std::string& list);
 

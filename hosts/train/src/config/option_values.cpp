@@ -1,4 +1,6 @@
 // Checking an option's text against its declaration, and what the launchers' environment says.
+#include <ampkit/kinds.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -154,6 +156,24 @@ void store_device_ids(TrainConfig& cfg, const HostOptionValue& v) {
     cfg.dist.device_ids.push_back(static_cast<int>(id.integer));
     at = comma + 1;
   }
+}
+
+// --opt KIND.OPTION=VALUE, kept per kind as text for the registry to check against the plugin.
+void store_plugin_option(TrainConfig& cfg, const std::string& item) {
+  const auto dot = item.find('.'), eq = item.find('=');
+  if (dot == std::string::npos || eq == std::string::npos || dot == 0 || eq < dot + 2)
+    throw Error(ErrorCategory::usage,
+                "--opt must be KIND.OPTION=VALUE (e.g. scaler.scale=512), got '" + item + "'");
+  const std::string kind = item.substr(0, dot);
+  if (find_kind(kind) == nullptr) {
+    std::vector<std::string> names;
+    for (const KindInfo& k : kKinds) names.push_back(k.name);
+    const std::string hint = did_you_mean(kind, names);
+    throw Error(ErrorCategory::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
+                                          (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() +
+                                          ")");
+  }
+  cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
 }
 
 }  // namespace ampkit

@@ -310,9 +310,8 @@ std::string train_options_help() {
 }
 
 // Ranges of single values are the table's; these are the job layout's consistency rules.
-void validate(const DistributedConfig& d, bool cuda_available) {
-  const std::string backend = std::filesystem::path(d.backend).stem().string();
-  auto is = [&](const std::string& name) { return backend == name || backend == "libampkit-comm-" + name; };
+void validate(const DistributedConfig& d, const std::string& comm, const CommFacts& facts,
+              bool cuda_available) {
   const auto text = [](int v) { return std::to_string(v); };
   require(d.rank < d.world_size, "rank " + text(d.rank) + " is outside world size " + text(d.world_size) +
                                      " (ranks are 0.." + text(d.world_size - 1) + ")");
@@ -323,10 +322,12 @@ void validate(const DistributedConfig& d, bool cuda_available) {
                                                            " != world size " + text(d.world_size));
   require(d.local_rank < d.nproc_per_node,
           "local rank " + text(d.local_rank) + " is outside nproc-per-node " + text(d.nproc_per_node));
-  require(!(is("local") && d.world_size > 1), "comm 'local' runs one process but the world size is " +
-                                                  text(d.world_size) + "; use --comm gloo or nccl");
-  require(!(is("nccl") && !cuda_available),
-          "comm 'nccl' needs CUDA and no CUDA device is visible; use --comm gloo (CPU) instead");
+  // What the comm plugin declares about itself (comm_backend.h's CommFact), not its name.
+  require(facts.multi_process || d.world_size == 1, "comm '" + comm +
+                                                        "' runs one process but the world size is " +
+                                                        text(d.world_size) + "; use --comm gloo or nccl");
+  require(!facts.needs_cuda || cuda_available,
+          "comm '" + comm + "' needs CUDA and no CUDA device is visible; use --comm gloo (CPU) instead");
 }
 
 TrainConfig parse_train_config(int argc, const char* const argv[]) {

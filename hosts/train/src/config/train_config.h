@@ -78,6 +78,7 @@ struct TrainConfig {
   // SLURM, then Open MPI variables) > config file > default (docs/distributed-training.md).
   DistributedConfig dist;
   DataParallelOptions data_parallel;  // how gradients are bucketed (the engine's, not the backend's)
+  bool check_ranks = false;           // cross-check every step's decision across ranks (debug)
 
   bool help = false;
   bool print_config = false;
@@ -93,9 +94,11 @@ struct TrainConfig {
 // Throws Error(usage) with one clear line.
 TrainConfig parse_train_config(int argc, const char* const argv[]);
 // Rejects an impossible job layout (rank >= world size, node counts that do not multiply to the
-// world size, nccl without CUDA, ...) with Error(usage) and one line; the option table has
-// already checked each value's own range.
-void validate(const DistributedConfig& dist, bool cuda_available);
+// world size, a one-process comm with several ranks, a comm that needs CUDA without it, ...) with
+// Error(usage) and one line; the option table has already checked each value's own range.
+// `comm` is the comm plugin's name and `facts` what it declares (comm_facts()).
+void validate(const DistributedConfig& dist, const std::string& comm, const CommFacts& facts,
+              bool cuda_available);
 // The --help text for the host options.
 std::string train_options_help();
 

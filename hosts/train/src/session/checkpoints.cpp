@@ -29,20 +29,10 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
       if (r.kind == p.kind) saved = &r;
     if (saved == nullptr)
       throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
-    if (p.kind == "comm" && saved->name != info.name && saved->name != "local") {
-      // The comm's state is tiny, but a full resume needs a plugin that can load it, so the hint
-      // offers the saved comm first (gloo runs with world size 1 too), then --weights-only. A
-      // checkpoint of comm 'local' (one process) gets the general hint below: 'local' cannot run N ranks.
-      const auto world_size = ckpt.manifest.config.find("world-size");
-      const std::string ranks =
-          world_size == ckpt.manifest.config.end() ? "" : " by " + world_size->second.value + " ranks";
-      throw Error(ErrorCategory::checkpoint,
-                  where + " was written" + ranks + " with comm '" + saved->name +
-                      "', this run selects comm '" + info.name + "'; add --comm " + saved->name +
-                      " to resume everything" +
-                      (saved->name == "gloo" ? " (it runs with any world size, 1 included)" : "") +
-                      ", or pass --weights-only to load only the parameters");
-    }
+    // A comm plugin that declares its state empty (CommFact) and a checkpoint that holds none for
+    // the comm: nothing of the comm's binds the resume, any comm continues it (a 2-rank run
+    // resumed in one process, gloo's checkpoint under nccl).
+    if (p.kind == "comm" && saved->state.empty() && comm_facts(strategies.comm()).state_empty) continue;
     if (saved->name != info.name || saved->version != info.version)
       throw Error(ErrorCategory::checkpoint,
                   where + " was written with " + p.kind + " '" + saved->name + "' " + saved->version +

@@ -1,8 +1,7 @@
-// Rank agreement: small all-gathers over the comm backend's all_reduce_mean.
+// Rank agreement: small all-gathers over the comm backend, each read to the host once (counted).
 #include "session/rank_sync.h"
 
-#include <ATen/TensorOperators.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/tensor.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,22 +11,18 @@
 #include <string>
 
 #include "ampkit/error.h"
+#include "ampkit/host_reads.h"
 
 namespace ampkit::train {
 
 CommBackend* multi_rank_comm = nullptr;
 
 std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device) {
-  const int64_t n = static_cast<int64_t>(local.size()), world = comm.world_size();
-  if (world == 1) return local;
-  at::Tensor all = at::zeros({world * n}, at::TensorOptions().dtype(at::kDouble));
-  for (int64_t i = 0; i < n; ++i) all[comm.rank() * n + i] = local[static_cast<size_t>(i)];
-  std::vector<at::Tensor> tensors = {all.to(device)};
-  comm.all_reduce_mean(tensors);
-  const at::Tensor sum = tensors[0].cpu() * static_cast<double>(world);
-  std::vector<double> out(static_cast<size_t>(world * n));
-  for (int64_t i = 0; i < world * n; ++i) out[static_cast<size_t>(i)] = sum[i].item<double>();
-  return out;
+  if (comm.world_size() == 1) return local;
+  const at::Tensor mine =
+      at::tensor(at::ArrayRef<double>(local), at::TensorOptions().dtype(at::kDouble)).to(device);
+  const at::Tensor all = read_to_host(comm.all_gather(mine)).contiguous();
+  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
 }
 
 std::vector<std::string> gather_strings(CommBackend& comm, const std::string& local,
@@ -103,28 +98,32 @@ void check_same_settings(CommBackend& comm, const at::Device& device,
                                                 "; start every rank with the same ones");
 }
 
-std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, int64_t step, double sps,
-                                  int stop_signal, const StepOutcome& out, int& agreed_stop) {
-  constexpr size_t kFields = 4;
-  const int world = comm.world_size();
-  const std::vector<double> all = gather(comm,
-                                         {sps / world, static_cast<double>(stop_signal),
-                                          static_cast<double>(out.decision.action), out.scale_next},
-                                         device);
-  std::vector<double> per_rank;
-  for (int r = 0; r < world; ++r) {
-    const double* f = &all[static_cast<size_t>(r) * kFields];
-    per_rank.push_back(f[0]);
-    if (f[1] != 0) agreed_stop = static_cast<int>(f[1]);
-    if (f[2] != all[2] || f[3] != all[3])
+std::vector<double> step_rank_values(int stop_signal, double samples_per_second) {
+  return {static_cast<double>(stop_signal), samples_per_second};
+}
+
+RankStep read_step_rank_values(const std::vector<double>& all) {
+  RankStep out;
+  for (size_t i = 0; i + 1 < all.size(); i += 2) {
+    if (all[i] != 0) out.stop_signal = static_cast<int>(all[i]);
+    out.samples_per_second.push_back(all[i + 1]);
+  }
+  return out;
+}
+
+void check_same_decision(CommBackend& comm, const at::Device& device, int64_t step, const StepOutcome& out) {
+  const std::vector<double> all =
+      gather(comm, {static_cast<double>(out.decision.action), out.scale_next}, device);
+  for (size_t r = 1; 2 * r < all.size(); ++r) {
+    const double* f = &all[2 * r];
+    if (f[0] != all[0] || f[1] != all[1])
       throw Error(ErrorCategory::distributed,
                   "ranks disagree at step " + std::to_string(step) + ": rank 0 decided " +
-                      to_string(static_cast<NanAction>(static_cast<int>(all[2]))) + " with scale " +
-                      std::to_string(all[3]) + ", rank " + std::to_string(r) + " decided " +
-                      to_string(static_cast<NanAction>(static_cast<int>(f[2]))) + " with scale " +
-                      std::to_string(f[3]) + " (a plugin that is not deterministic in its inputs?)");
+                      to_string(static_cast<NanAction>(static_cast<int>(all[0]))) + " with scale " +
+                      std::to_string(all[1]) + ", rank " + std::to_string(r) + " decided " +
+                      to_string(static_cast<NanAction>(static_cast<int>(f[0]))) + " with scale " +
+                      std::to_string(f[1]) + " (a plugin that is not deterministic in its inputs?)");
   }
-  return per_rank;
 }
 
 void add_rank_summaries(CommBackend& comm, const at::Device& device, RunSummary& summary) {

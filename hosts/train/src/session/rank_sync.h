@@ -1,5 +1,6 @@
 // What the ranks of a multi-process run tell each other beyond the gradients: every rank's
-// values (gather), the per-step agreement on the decision and on stopping, the final hashes.
+// values (gather), each step's packed values (stop signal, throughput), the debug cross-check of
+// decisions, the final hashes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,8 +20,7 @@ namespace ampkit::train {
 // failed collective (which rank was lost); null in a one-process run.
 extern CommBackend* multi_rank_comm;
 
-// Each rank's `local` values, in rank order, on every rank (an all-gather on all_reduce_mean:
-// every rank fills its own slot of a zero tensor).
+// Each rank's `local` values, in rank order, on every rank: one all_gather and one counted read.
 std::vector<double> gather(CommBackend& comm, const std::vector<double>& local, const at::Device& device);
 
 // Each rank's `local` text, in rank order, on every rank (two gathers: lengths, then bytes).
@@ -35,12 +35,20 @@ std::vector<std::string> gather_strings(CommBackend& comm, const std::string& lo
 void check_same_settings(CommBackend& comm, const at::Device& device,
                          const std::vector<std::pair<std::string, std::string>>& settings);
 
-// One small all-gather per step: each rank's throughput, a stop signal any rank received, and a
-// check that every rank took the same decision with the same scale (they must: they saw the same
-// averaged statistics). Returns the ranks' samples/s; sets `agreed_stop` when a rank was
-// signalled; a disagreement is a distributed error.
-std::vector<double> agree_on_step(CommBackend& comm, const at::Device& device, int64_t step, double sps,
-                                  int stop_signal, const StepOutcome& out, int& agreed_stop);
+// What each rank adds to every step's one small collective (Trainer::set_rank_values): the stop
+// signal it received (0: none) and its throughput, its share of the global samples/s measured from
+// the previous step's collective to this one. No collective and no host read of their own.
+std::vector<double> step_rank_values(int stop_signal, double samples_per_second);
+struct RankStep {
+  std::vector<double> samples_per_second;  // each rank's, in rank order
+  int stop_signal = 0;                     // a signal any rank received: every rank stops after this step
+};
+RankStep read_step_rank_values(const std::vector<double>& all);
+
+// --check-ranks (debugging, and the tests that prove ranks agree): one more small all_gather
+// after the step; every rank must have taken the same decision with the same scale (they must:
+// they saw the same averaged statistics), or every rank stops with a distributed error naming both.
+void check_same_decision(CommBackend& comm, const at::Device& device, int64_t step, const StepOutcome& out);
 
 // Every rank's parameter hash and samples/s into the summary, so one file shows that the replicas
 // stayed identical (a warning on stderr when they did not), and every rank's NaN reports.

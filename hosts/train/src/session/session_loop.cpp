@@ -15,6 +15,12 @@
 
 namespace ampkit::train {
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
 void Session::train() {
   CommBackend& comm = strategies_->comm();
   const int world = comm.world_size();
@@ -22,6 +28,13 @@ void Session::train() {
       std::make_unique<ProgressLine>(total_steps_, cfg_.log_every, cfg_.progress != "never" && is_root_);
   samples_per_step_ = static_cast<double>(cfg_.batch_size * cfg_.accumulate * world);
   train_start_ = std::chrono::steady_clock::now();
+  if (world > 1)  // packed into each step's one small collective (Trainer::set_rank_values)
+    trainer_->set_rank_values([this, world] {
+      const double now = seconds_since(train_start_);
+      const double sps = samples_per_step_ / world / std::max(now - last_exchange_, 1e-9);
+      last_exchange_ = now;
+      return step_rank_values(stop_signal(), sps);
+    });
   for (int64_t step = trainer_->steps_attempted(); step < total_steps_; ++step) {
     if ((world > 1 ? agreed_stop_ : stop_signal()) != 0) break;  // 1. a stop signal, agreed by all ranks
     const int64_t data_step = step + state_.data_skip;           // 2. the data this step trains on
@@ -33,7 +46,7 @@ void Session::train() {
     nan_reports_->before_step((first_batch + cfg_.accumulate) % workload_->batches_per_epoch());
     const StepOutcome out = run_step(step, first_batch);  // 3. Trainer::step, faults planted
     update_host_state(step, out);                         // 4. rollback data skip, snapshots, counters
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
+    const double now = seconds_since(train_start_);
     const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
     last_time_ = now;
     const StepRecord record = step_metrics(step, data_step, out, sps, now);  // 5. agreed across ranks
@@ -94,9 +107,12 @@ void Session::update_host_state(int64_t step, const StepOutcome& out) {
 StepRecord Session::step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
                                  double now) {
   StepRecord record = step_record(out, epoch_, trainer_->steps_skipped(), sps, now);
-  if (strategies_->comm().world_size() > 1)
-    record.rank_samples_per_second =
-        agree_on_step(strategies_->comm(), device_, step, sps, stop_signal(), out, agreed_stop_);
+  if (strategies_->comm().world_size() > 1) {
+    const RankStep ranks = read_step_rank_values(out.rank_values);
+    record.rank_samples_per_second = ranks.samples_per_second;
+    if (ranks.stop_signal != 0) agreed_stop_ = ranks.stop_signal;
+    if (cfg_.check_ranks) check_same_decision(strategies_->comm(), device_, step, out);
+  }
   record.data_step = data_step;
   record.steps_discarded = trainer_->steps_discarded();
   record.rollbacks = trainer_->rollbacks();

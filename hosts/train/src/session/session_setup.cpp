@@ -232,8 +232,9 @@ int Session::run() {
     print_config(cfg_, *strategies_);
     return 0;
   }
-  validate(cfg_.dist, torch::cuda::is_available());
   strategies_->create(static_cast<unsigned>(cfg_.plugin_timeout));
+  validate(cfg_.dist, strategies_->selected("comm").plugin->info().name, comm_facts(strategies_->comm()),
+           torch::cuda::is_available());
   // From here a crash or exit() in a plugin's own thread is reported too (plugin_call.h); the
   // guard ends it however run() ends, so the host's own exit is never taken for a plugin's.
   struct RunInProgress {

@@ -1,0 +1,169 @@
+// What one healthy data-parallel step costs besides the Reducer's gradient buckets (issue 32):
+// exactly one small collective (an all_gather of every rank's loss and the host's values) and
+// exactly one counted device-to-host read, on the CPU fast path and on the device statistics
+// path, with and without accumulation. Two ranks with comm gloo, each a forked process running a
+// Trainer in-process behind a comm that counts every call.
+#define BOOST_TEST_MODULE step_collectives
+#include <ampkit/comm_backend.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "ampkit/grad_stats.h"
+#include "ampkit/host_reads.h"
+#include "trainer_fixture.h"
+
+using namespace ampkit;
+using namespace ampkit::test;
+
+namespace {
+
+// Forwards to the gloo backend and counts each collective the engine asks of it. The Reducer's
+// buckets go to the process group directly, so they are not counted here.
+class CountingComm final : public CommBackend {
+ public:
+  explicit CountingComm(CommBackend& inner) : inner_(inner) {}
+  void init(const DistributedConfig& config) override { inner_.init(config); }
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  void all_reduce_mean(std::vector<at::Tensor>& t) override {
+    ++calls["all_reduce_mean"];
+    inner_.all_reduce_mean(t);
+  }
+  void broadcast(std::vector<at::Tensor>& t, int root) override {
+    ++calls["broadcast"];
+    inner_.broadcast(t, root);
+  }
+  at::Tensor all_gather(const at::Tensor& t) override {
+    ++calls["all_gather"];
+    return inner_.all_gather(t);
+  }
+  void barrier() override {
+    ++calls["barrier"];
+    inner_.barrier();
+  }
+  c10d::ProcessGroup* process_group() override { return inner_.process_group(); }
+  int total() const {
+    int n = 0;
+    for (const auto& [name, count] : calls) n += count;
+    return n;
+  }
+  std::map<std::string, int> calls;
+
+ private:
+  CommBackend& inner_;
+};
+
+struct Case {
+  std::string name;
+  int accumulate;
+  bool device_path;
+};
+
+// One rank's run: a first step (the Reducer builds its buckets), then 4 counted steps. Writes, per
+// counted step, the collectives and reads it made, its loss and both ranks' values, to `out`.
+void run_rank(int rank, int port, const Case& c, const std::string& out) {
+  at::set_num_threads(1);
+  if (c.device_path) set_device_stats_recipe(DeviceStatsRecipe::foreach_ops);
+  BuiltinPlugins plugins;
+  auto set = plugins.strategies({{"comm", BuiltinPlugins::choice("gloo")}});
+  DistributedConfig d;
+  d.world_size = 2;
+  d.rank = rank;
+  d.backend = "gloo";
+  d.master_port = port;
+  d.timeout_seconds = 60;
+  set->comm().init(d);
+  CountingComm comm(set->comm());
+  at::manual_seed(7);  // the same initial model on both ranks
+  TinyModel model;
+  torch::optim::SGD sgd(model.params(), torch::optim::SGDOptions(0.1));
+  Trainer trainer(Precision::fp32, c.accumulate, model.params(), model.names(), sgd,
+                  {&set->scaler(), &set->clipper(), &set->nan_policy(), &comm}, constant_lr(0.1));
+  trainer.set_stats_path(c.device_path ? Trainer::StatsPath::device : Trainer::StatsPath::cpu_fast);
+  trainer.enable_data_parallel({});
+  trainer.set_rank_values([rank] { return std::vector<double>{10.0 + rank, 20.0 + rank}; });
+  auto forward = [&](int64_t step) {
+    return [&model, step, rank, &c](int micro) {
+      return model.loss(batch_x(step * 10 + micro * 2 + rank)) * (1.0 + rank);
+    };
+  };
+  trainer.step(forward(0));
+  nlohmann::json steps = nlohmann::json::array();
+  for (int64_t step = 1; step <= 4; ++step) {
+    comm.calls.clear();
+    const int64_t reads = host_reads();
+    const StepOutcome o = trainer.step(forward(step));
+    steps.push_back({{"collectives", comm.total()},
+                     {"all_gather", comm.calls["all_gather"]},
+                     {"reads", host_reads() - reads},
+                     {"stepped", o.stepped},
+                     {"loss", o.stats.loss},
+                     {"rank_values", o.rank_values},
+                     {"weight0", model.layer->weight.view({-1})[0].item<double>()}});
+  }
+  std::ofstream(out) << steps.dump();
+}
+
+nlohmann::json run_two_ranks(const Case& c) {
+  static int n = 0;
+  const int port = 21000 + static_cast<int>(::getpid() % 2000) * 4 + (n++ % 4);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        run_rank(rank, port, c,
+                 "/tmp/ampkit-step-collectives-" + std::to_string(::getppid()) + "-" + std::to_string(rank) +
+                     ".json");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int rank = 0; rank < 2; ++rank) {
+    int status = 0;
+    ::waitpid(pids[static_cast<size_t>(rank)], &status, 0);
+    BOOST_REQUIRE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank " << rank << " failed");
+    const std::string file =
+        "/tmp/ampkit-step-collectives-" + std::to_string(::getpid()) + "-" + std::to_string(rank) + ".json";
+    std::ifstream in(file);
+    ranks.push_back(nlohmann::json::parse(in));
+    std::remove(file.c_str());
+  }
+  return ranks;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_healthy_step_makes_one_small_collective_and_one_host_read) {
+  for (const Case& c : {Case{"cpu fast path", 1, false}, Case{"cpu fast path, accumulate 3", 3, false},
+                        Case{"device path", 1, true}, Case{"device path, accumulate 3", 3, true}}) {
+    const nlohmann::json ranks = run_two_ranks(c);
+    for (size_t step = 0; step < 4; ++step)
+      for (int rank = 0; rank < 2; ++rank) {
+        const auto& s = ranks[rank][step];
+        BOOST_TEST_CONTEXT(c.name << ", counted step " << step + 1 << ", rank " << rank) {
+          BOOST_TEST(s["stepped"].get<bool>());
+          BOOST_TEST(s["collectives"].get<int>() == 1);  // besides the Reducer's buckets
+          BOOST_TEST(s["all_gather"].get<int>() == 1);
+          BOOST_TEST(s["reads"].get<int64_t>() == 1);
+          // Both ranks' values, in rank order, on both ranks; the same mean loss and weights.
+          BOOST_TEST(s["rank_values"].get<std::vector<double>>() == (std::vector<double>{10, 20, 11, 21}),
+                     boost::test_tools::per_element());
+          BOOST_TEST(s["loss"].get<double>() == ranks[0][step]["loss"].get<double>());
+          BOOST_TEST(s["weight0"].get<double>() == ranks[0][step]["weight0"].get<double>());
+        }
+      }
+  }
+}
