@@ -148,8 +148,8 @@ int main(int argc, char** argv) {
     double traffic;  // minimal bytes moved, in gradient bytes
     std::vector<double> ms;
   };
-  // traffic: the bytes each way moves, in gradient bytes: the foreach recipe reads three times
-  // (norm, max-abs, signs' norm) and writes the signs once, then multiplies (read-write).
+  // traffic: the bytes each way moves, in gradient bytes: the foreach recipe reads four times
+  // (norm, max-abs, sign, signs' norm), writes the signs once, then multiplies (read-write): 7.
   std::vector<Way> ways = {{"torch: unscale_ + clip_grad_norm_ (python 2.11: foreach)", torch_way, 5, {}},
                            {"copy: flat tensor copy_ (the device's bandwidth)", copy_way, 2, {}},
                            {"ampkit: device stats, foreach_ops (a GPU's) + coef + scale_grads_",
