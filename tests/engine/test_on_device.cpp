@@ -4,7 +4,8 @@
 //   - GradScaler parity through the Trainer: tests/data/gradscaler_sequences.json, or the file in
 //     AMPKIT_GRADSCALER_GOLDENS (gpu-check.sh writes one with torch.amp.GradScaler("cuda"));
 //   - the clippers on the device through the Trainer against tests/data/clipper_goldens.json;
-//   - exactly one counted host read per healthy step for the 16 scaler x NaN-policy pairs.
+//   - exactly one counted host read per healthy step for the 16 scaler x NaN-policy pairs;
+//   - the data-parallel step's values carried in the gradient buckets, bit for bit.
 #define BOOST_TEST_MODULE on_device
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -25,6 +26,7 @@
 
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/step_values_carrier.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
 #include "recording_sgd.h"
@@ -263,4 +265,29 @@ BOOST_AUTO_TEST_CASE(one_counted_host_read_per_healthy_step) {
       ++combinations;
     }
   BOOST_TEST(combinations == 16);
+}
+
+// The step's values carried in the gradient buckets (StepValuesCarrier) on the device: the
+// encoding runs there, and three ranks' pieces, multiplied by 1 / 3 in fp32 and summed as the
+// Reducer's buckets are, decode to the same bits. (tests/engine/test_step_values_carrier has the
+// special values and other world sizes on CPU tensors.)
+BOOST_AUTO_TEST_CASE(step_values_ride_the_buckets_bit_for_bit) {
+  const std::vector<double> rows = {0.1, -2.5e-8, std::numeric_limits<double>::infinity(), 7.0, 1e300, -0.0};
+  at::Tensor bucket;
+  for (int r = 0; r < 3; ++r) {
+    StepValuesCarrier carrier(3, r, at::TensorOptions(test_device()));
+    const at::Tensor w = at::ones({2}, at::TensorOptions(test_device())).requires_grad_(true);
+    const std::vector<double> row(rows.begin() + 2 * r, rows.begin() + 2 * r + 2);
+    carrier.attach(w.sum(), at::tensor(row, at::kDouble).to(test_device())).backward();
+    BOOST_TEST(w.grad().cpu().equal(at::ones({2})));
+    const at::Tensor divided = at::mul(carrier.gathered(), 1.0 / 3);
+    bucket = bucket.defined() ? bucket + divided : divided;
+  }
+  const at::Tensor read = bucket.to(at::kDouble).cpu().contiguous();
+  const std::vector<double> got =
+      StepValuesCarrier(3, 0, at::TensorOptions(test_device()))
+          .decode({read.data_ptr<double>(), read.data_ptr<double>() + read.numel()}, 2);
+  BOOST_REQUIRE(got.size() == rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) BOOST_TEST(std::signbit(got[i]) == std::signbit(rows[i]));
+  BOOST_TEST(got == rows, boost::test_tools::per_element());
 }

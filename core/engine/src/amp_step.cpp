@@ -28,7 +28,8 @@ double AmpStep::scale() const {
 }
 
 void AmpStep::measure(const std::vector<at::Tensor>& grads, StepStats& stats, bool on_device,
-                      const at::Tensor& packed, int ranks, std::vector<double>* packed_values) const {
+                      const at::Tensor& packed, int ranks, std::vector<double>* packed_values,
+                      const PackedDecoder& decode) const {
   const double scale = stats.scale;
   std::vector<at::Tensor> scalars;
   if (packed.defined()) scalars.push_back(packed);
@@ -37,6 +38,7 @@ void AmpStep::measure(const std::vector<at::Tensor>& grads, StepStats& stats, bo
   const GradStats g = compute_grad_stats_on_device(
       grads, scalars, values, on_device ? DeviceStatsRecipe::automatic : DeviceStatsRecipe::fused_scan);
   if (packed.defined()) {
+    if (decode) values = decode(values);
     const size_t row = values.size() / static_cast<size_t>(ranks);
     double sum = 0.0;
     for (int r = 0; r < ranks; ++r) sum += values.at(static_cast<size_t>(r) * row);

@@ -15,6 +15,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
+#include "ampkit/step_values_carrier.h"
 
 namespace ampkit {
 
@@ -108,6 +109,7 @@ void Trainer::set_lr(double lr) {
 
 void Trainer::zero_grad() {
   for (auto& p : parameters_) p.mutable_grad() = at::Tensor();
+  if (carrier_) carrier_->clear_gradient();
 }
 
 // One optimizer step, in the order of docs/architecture.md's "One optimizer step".
@@ -117,8 +119,11 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   begin_step(out);
   forward_backward(forward, out.stats.scale);              // 1, 2
   std::vector<at::Tensor> grads = average_across_ranks();  // 3
-  const int ranks = static_cast<int>(step_values_.size(0));
-  amp_.measure(grads, out.stats, uses_device_stats(), step_values_, ranks, &out.rank_values);  // 4
+  const int ranks = carrier_ ? carrier_->world() : static_cast<int>(step_values_.size(0));
+  AmpStep::PackedDecoder decode;
+  if (carrier_)
+    decode = [this](const std::vector<double>& read) { return carrier_->decode(read, row_length_); };
+  amp_.measure(grads, out.stats, uses_device_stats(), step_values_, ranks, &out.rank_values, decode);  // 4
   out.rank_values = rank_values_of(std::move(out.rank_values), ranks);
   const NanAction action = amp_.decide(out);  // 5
   if (action == NanAction::proceed || action == NanAction::clip) {
@@ -175,6 +180,10 @@ void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, do
     const at::Tensor loss64 = loss.detach().to(at::kDouble).reshape({1});
     loss_sum = loss_sum.defined() ? loss_sum + loss64 : loss64;
     at::Tensor scaled = loss * (scale / accumulation_steps_);  // 2. scaled backward
+    if (sync && carrier_) {  // 3. this rank's values ride in the gradient buckets
+      step_loss_ = loss_sum / static_cast<double>(accumulation_steps_);
+      scaled = carrier_->attach(scaled, rank_row());
+    }
     if (sync)
       reducer_->prepare_for_backward(data_parallel_.find_unused_parameters ? std::vector<at::Tensor>{scaled}
                                                                            : std::vector<at::Tensor>{});
@@ -190,11 +199,26 @@ bool Trainer::uses_device_stats() const {
   return false;
 }
 
+// This rank's loss then the caller's values (set_rank_values), float64 on the loss's device.
+at::Tensor Trainer::rank_row() {
+  at::Tensor row = step_loss_;
+  if (rank_values_) {
+    const std::vector<double> mine = rank_values_();
+    if (!mine.empty())
+      row = at::cat(
+          {row,
+           at::tensor(at::ArrayRef<double>(mine), at::TensorOptions().dtype(at::kDouble)).to(row.device())});
+  }
+  row_length_ = row.numel();
+  return row;
+}
+
 // 3. Average across ranks: the gradients by the Reducer during backward, otherwise here (identity
-// for one process). Then the step's one small collective besides the gradients' (issue 32): every
-// rank's loss and the caller's values (set_rank_values) in one all_gather, read with the
-// statistics in step 4, so every rank logs the same mean loss and a non-finite loss on any rank
-// makes every rank take the same decision. One process: the loss alone, no collective.
+// for one process). Every rank's loss and the caller's values (set_rank_values) reach every rank,
+// read with the statistics in step 4, so every rank logs the same mean loss and a non-finite loss
+// on any rank makes every rank take the same decision (issue 32). With the Reducer they rode in
+// its buckets (StepValuesCarrier): no collective besides the gradients'. Without it, one small
+// all_gather. One process: the loss alone, no collective.
 std::vector<at::Tensor> Trainer::average_across_ranks() {
   CommBackend& comm = *strategies_.comm;
   std::vector<at::Tensor> grads = gradients();
@@ -208,15 +232,7 @@ std::vector<at::Tensor> Trainer::average_across_ranks() {
     step_values_ = step_loss_.reshape({1, 1});
     return grads;
   }
-  at::Tensor row = step_loss_;
-  if (rank_values_) {
-    const std::vector<double> mine = rank_values_();
-    if (!mine.empty())
-      row = at::cat(
-          {row,
-           at::tensor(at::ArrayRef<double>(mine), at::TensorOptions().dtype(at::kDouble)).to(row.device())});
-  }
-  step_values_ = comm.all_gather(row);
+  step_values_ = carrier_ ? carrier_->gathered() : comm.all_gather(rank_row());
   return grads;
 }
 

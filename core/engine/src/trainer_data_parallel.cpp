@@ -13,6 +13,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/step_values_carrier.h"
 #include "ampkit/trainer.h"
 
 namespace ampkit {
@@ -102,15 +103,26 @@ void Trainer::enable_data_parallel(const DataParallelOptions& options) {
   // all-reduce starts early, then bucket_cap_mb; buckets in reverse order (backward's order).
   const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   const int64_t first_cap = 1024 * 1024;
+  // The step's values ride in the buckets beside the gradients (StepValuesCarrier): one more
+  // small fp32 parameter, which the bucket assignment places like any other. One rank has no
+  // values to exchange (step 3 keeps its loss), so no carrier.
+  std::vector<at::Tensor> reduced = parameters_;
+  if (comm.world_size() > 1) {
+    const at::Device device = parameters_.empty() ? at::Device(at::kCPU) : parameters_.front().device();
+    carrier_ = std::make_unique<StepValuesCarrier>(comm.world_size(), comm.rank(),
+                                                   at::TensorOptions().device(device));
+    reduced.push_back(carrier_->parameter());
+  }
   auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
-      parameters_, {static_cast<size_t>(first_cap), static_cast<size_t>(cap)},
-      std::vector<bool>(parameters_.size(), false));
+      reduced, {static_cast<size_t>(first_cap), static_cast<size_t>(cap)},
+      std::vector<bool>(reduced.size(), false));
   std::reverse(indices.begin(), indices.end());
   std::vector<int64_t> limit_list(limits.rbegin(), limits.rend());
   std::unordered_map<size_t, std::string> param_names;
   for (size_t i = 0; i < names_.size(); ++i) param_names[i] = names_[i];
+  if (carrier_) param_names[names_.size()] = "ampkit.step_values";
   reducer_ = std::make_unique<c10d::Reducer>(
-      parameters_, std::move(indices), group, std::vector<bool>(parameters_.size(), false), cap,
+      reduced, std::move(indices), group, std::vector<bool>(reduced.size(), false), cap,
       options.find_unused_parameters, options.gradient_as_bucket_view, std::move(param_names), first_cap,
       /*skip_all_reduce_unused_params=*/false,
       /*use_python_reducer=*/false, std::move(limit_list));

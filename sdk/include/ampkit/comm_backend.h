@@ -80,8 +80,9 @@ class AMPKIT_INTERFACE CommBackend : public Strategy {
   virtual void all_reduce_mean(std::vector<at::Tensor>& tensors) = 0;
   virtual void broadcast(std::vector<at::Tensor>& tensors, int root) = 0;
   // Every rank's `tensor`, in rank order: shape [world_size, *tensor.sizes()], on tensor's device
-  // and of its dtype (ABI 5). Every rank passes the same shape and dtype. The engine's one small
-  // collective per step (loss, stop signal, the host's values) is one all_gather.
+  // and of its dtype (ABI 5). Every rank passes the same shape and dtype. Without a process group
+  // the engine sends each step's small values (loss, stop signal, the host's values) in one
+  // all_gather; with one, they ride in the Reducer's gradient buckets and need no collective.
   virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
   // The c10d process group the engine builds torch's DDP Reducer on (bucketed all-reduce

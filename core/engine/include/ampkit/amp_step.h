@@ -7,6 +7,7 @@
 #include <ampkit/nan_policy.h>
 #include <ampkit/step.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,12 @@ class AmpStep {
   // tensor of `ranks` rows, each a rank's loss then its other values, read in the same copy as
   // the device path's statistics (the step's one read); stats.loss becomes the mean of the rows'
   // losses, summed in rank order, and `packed_values` (when given) receives every value.
+  // `decode` (when given) turns the numbers read from `packed` into those rows first (the
+  // Trainer's values carried in the gradient buckets arrive encoded).
+  using PackedDecoder = std::function<std::vector<double>(const std::vector<double>&)>;
   void measure(const std::vector<at::Tensor>& grads, StepStats& stats, bool on_device,
                const at::Tensor& packed = at::Tensor(), int ranks = 1,
-               std::vector<double>* packed_values = nullptr) const;
+               std::vector<double>* packed_values = nullptr, const PackedDecoder& decode = nullptr) const;
 
   // 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters
   // would be destroyed), so its proceed is overruled then.

@@ -27,6 +27,8 @@ class Reducer;
 
 namespace ampkit {
 
+class StepValuesCarrier;
+
 // Learning rate as a function of the number of optimizer steps actually taken. The cosine's
 // horizon is in steps taken too: a run of total_steps attempts that loses some (skipped, or
 // discarded by a rollback) takes fewer, so each lost step shortens the horizon by one and the
@@ -100,10 +102,12 @@ class Trainer {
       std::function<void(const StepOutcome& outcome, const std::function<at::Tensor(int)>& forward)>;
   void set_bad_step_observer(BadStepObserver observer) { bad_step_observer_ = std::move(observer); }
 
-  // Values this rank adds to every multi-rank step's one small collective besides its loss
-  // (ampkit-train: its stop signal and throughput), asked for once per step, just before the
-  // collective; every rank gives the same number of values every step. StepOutcome::rank_values
-  // holds every rank's after the step. They cost no collective and no host read of their own.
+  // Values this rank sends every other rank each multi-rank step besides its loss (ampkit-train:
+  // its stop signal and throughput; at most StepValuesCarrier::kMaxValues), asked for once per
+  // step, just before the last micro-batch's backward (they ride in its gradient buckets) or,
+  // without a Reducer, before the step's all_gather; every rank gives the same number of values
+  // every step. StepOutcome::rank_values holds every rank's after the step. They cost no
+  // collective and no host read of their own.
   void set_rank_values(std::function<std::vector<double>()> values) { rank_values_ = std::move(values); }
 
   // Where the statistics pass runs. automatic: the CPU fast path for fp32 CPU parameters, the
@@ -145,6 +149,7 @@ class Trainer {
   void begin_step(StepOutcome& out);  // counters, the scale read once (2), the lr
   void forward_backward(const std::function<at::Tensor(int)>& forward, double scale);  // 1, 2
   std::vector<at::Tensor> average_across_ranks();                                      // 3
+  at::Tensor rank_row();
   std::vector<double> rank_values_of(std::vector<double> packed, int ranks) const;
   void recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
   void take_optimizer_step(StepOutcome& out, double factor);                                        // 7
@@ -166,13 +171,15 @@ class Trainer {
   LrSchedule schedule_;
   DataParallelOptions data_parallel_;
   std::unique_ptr<c10d::Reducer> reducer_;
+  std::unique_ptr<StepValuesCarrier> carrier_;  // with the Reducer: the step's values in its buckets
   std::function<int64_t()> rollback_;
   BadStepObserver bad_step_observer_;
   StatsPath stats_path_ = StatsPath::automatic;
   bool fold_unscale_ = true;
   std::function<std::vector<double>()> rank_values_;
   at::Tensor step_loss_;    // this rank's mean loss of the step, float64 on the device
-  at::Tensor step_values_;  // [ranks, 1 + values]: every rank's loss and values, read in step 4
+  at::Tensor step_values_;  // every rank's loss and values (carrier_: encoded), read in step 4
+  int64_t row_length_ = 1;  // this step's values per rank, loss included
   bool started_ = false;
   int64_t attempted_ = 0;
   int64_t taken_ = 0;

@@ -35,9 +35,9 @@ std::vector<std::string> gather_strings(CommBackend& comm, const std::string& lo
 void check_same_settings(CommBackend& comm, const at::Device& device,
                          const std::vector<std::pair<std::string, std::string>>& settings);
 
-// What each rank adds to every step's one small collective (Trainer::set_rank_values): the stop
+// What each rank sends every other rank with each step's loss (Trainer::set_rank_values): the stop
 // signal it received (0: none) and its throughput, its share of the global samples/s measured from
-// the previous step's collective to this one. No collective and no host read of their own.
+// the previous step's exchange to this one. No collective and no host read of their own.
 std::vector<double> step_rank_values(int stop_signal, double samples_per_second);
 struct RankStep {
   std::vector<double> samples_per_second;  // each rank's, in rank order

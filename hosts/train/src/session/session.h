@@ -112,7 +112,7 @@ class Session {
   std::unique_ptr<ProgressLine> progress_;
   int64_t first_step_ = 0, epoch_ = -1;
   double samples_per_step_ = 0, last_time_ = 0;
-  double last_exchange_ = 0;  // seconds into training of the last step's collective
+  double last_exchange_ = 0;  // seconds into training of the last step's exchange of values
   int agreed_stop_ = 0;       // with several ranks, all stop after the same step
   std::chrono::steady_clock::time_point train_start_;
 };

@@ -28,7 +28,7 @@ void Session::train() {
       std::make_unique<ProgressLine>(total_steps_, cfg_.log_every, cfg_.progress != "never" && is_root_);
   samples_per_step_ = static_cast<double>(cfg_.batch_size * cfg_.accumulate * world);
   train_start_ = std::chrono::steady_clock::now();
-  if (world > 1)  // packed into each step's one small collective (Trainer::set_rank_values)
+  if (world > 1)  // sent with each step's loss, in its gradient buckets (Trainer::set_rank_values)
     trainer_->set_rank_values([this, world] {
       const double now = seconds_since(train_start_);
       const double sps = samples_per_step_ / world / std::max(now - last_exchange_, 1e-9);
