@@ -148,7 +148,7 @@ section training
   echo '| check | result |'
   echo '|---|---|'
 } >> "$report"
-# GradScaler("cuda")'s own sequences, then the three checks of test_on_device on the GPU.
+# GradScaler("cuda")'s own sequences, then the checks of test_on_device on the GPU.
 goldens="$out/gradscaler_cuda.json"
 if ! "$python" tools/golden/gradscaler_sequences.py --device "$device" --output "$goldens" > "$out/golden.log" 2>&1; then
   echo "| GradScaler(\"$device\") reference sequences | FAILED: $(tail -1 "$out/golden.log" | cut -c1-150) |" >> "$report"
@@ -157,7 +157,9 @@ if ! "$python" tools/golden/gradscaler_sequences.py --device "$device" --output 
 fi
 for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.GradScaler(\"$device\"), 10 patterns, 4562 steps" \
              clippers_on_the_device_equal_their_references:"norm (L2, inf), value, agc = their references, 1e-6" \
-             one_counted_host_read_per_healthy_step:"1 host read per healthy step, 16 scaler x NaN-policy pairs"; do
+             one_counted_host_read_per_healthy_step:"1 host read per healthy step, 16 scaler x NaN-policy pairs" \
+             step_values_ride_the_buckets_bit_for_bit:"data-parallel step values through the buckets' encoding, bit for bit" \
+             the_statistics_kernel_agrees_with_the_foreach_recipe:"statistics kernel (chunk_kernel) = foreach recipe, fp32/fp16/bf16, inf, NaN"; do
   name=${check%%:*}
   if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
   if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \

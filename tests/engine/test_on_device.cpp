@@ -5,7 +5,8 @@
 //     AMPKIT_GRADSCALER_GOLDENS (gpu-check.sh writes one with torch.amp.GradScaler("cuda"));
 //   - the clippers on the device through the Trainer against tests/data/clipper_goldens.json;
 //   - exactly one counted host read per healthy step for the 16 scaler x NaN-policy pairs;
-//   - the data-parallel step's values carried in the gradient buckets, bit for bit.
+//   - the data-parallel step's values carried in the gradient buckets, bit for bit;
+//   - the statistics kernel (the chunk_kernel recipe) against the foreach recipe.
 #define BOOST_TEST_MODULE on_device
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "ampkit/grad_stats.h"
+#include "ampkit/grad_stats_chunks.h"
 #include "ampkit/host_reads.h"
 #include "ampkit/step_values_carrier.h"
 #include "ampkit/trainer.h"
@@ -290,4 +292,46 @@ BOOST_AUTO_TEST_CASE(step_values_ride_the_buckets_bit_for_bit) {
   BOOST_REQUIRE(got.size() == rows.size());
   for (size_t i = 0; i < rows.size(); ++i) BOOST_TEST(std::signbit(got[i]) == std::signbit(rows[i]));
   BOOST_TEST(got == rows, boost::test_tools::per_element());
+}
+
+// The chunk_kernel recipe (one read per element, ampkit's own CUDA kernel) against the foreach
+// recipe on the same gradients: float, half and bfloat16, chunk boundaries crossed, exact zeros,
+// then an infinity and a NaN; one counted read each. On CPU tensors the chunks are computed on
+// the host (tests/engine/test_stats_chunk_kernel has the details).
+BOOST_AUTO_TEST_CASE(the_statistics_kernel_agrees_with_the_foreach_recipe) {
+  if (!test_device().is_cpu())
+    BOOST_TEST_REQUIRE(chunk_kernel_built(), "this build has no statistics kernel");
+  at::manual_seed(11);
+  std::vector<at::Tensor> grads;
+  for (const at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    at::Tensor big = at::randn({65536 * 3 + 11}) * 100;
+    big.narrow(0, 65000, 2000).zero_();
+    grads.push_back(big.to(test_device(), dtype));
+    grads.push_back(at::randn({7, 5}).to(test_device(), dtype));
+  }
+  auto both = [&](const char* when) {
+    std::vector<double> values;
+    const int64_t before = host_reads();
+    const GradStats k = compute_grad_stats_on_device(grads, {}, values, DeviceStatsRecipe::chunk_kernel);
+    BOOST_TEST(host_reads() - before == 1, when);
+    const GradStats f = compute_grad_stats_on_device(grads, {}, values, DeviceStatsRecipe::foreach_ops);
+    BOOST_TEST_CONTEXT(when) {
+      if (std::isfinite(f.sum_squares))
+        BOOST_TEST(k.sum_squares == f.sum_squares, boost::test_tools::tolerance(1e-6));
+      else
+        BOOST_TEST(std::isnan(k.sum_squares) == std::isnan(f.sum_squares));
+      BOOST_TEST((k.max_abs == f.max_abs || (std::isnan(k.max_abs) && std::isnan(f.max_abs))));
+      BOOST_TEST(k.zeros == f.zeros);
+      BOOST_TEST(k.elements == f.elements);
+      for (size_t t = 0; t < grads.size(); ++t)
+        if (std::isfinite(f.tensor_sum_squares[t]))
+          BOOST_TEST(k.tensor_sum_squares[t] == f.tensor_sum_squares[t], boost::test_tools::tolerance(1e-6));
+    }
+    return k;
+  };
+  BOOST_TEST(both("finite").zeros >= 3 * 2000);
+  grads[2].view({-1})[65536 + 5] = std::numeric_limits<float>::infinity();
+  BOOST_TEST(std::isinf(both("an infinity").max_abs));
+  grads[4].view({-1})[131072 + 9] = std::numeric_limits<float>::quiet_NaN();
+  BOOST_TEST(std::isnan(both("a NaN").max_abs));
 }

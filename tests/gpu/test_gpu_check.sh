@@ -30,9 +30,9 @@ for section in "## NCCL" "## Training on cpu" "## Parity and host reads on cpu t
 done
 ! grep -q "FAILED" "$report" || fail "the dry run's report has a failure: $(grep -m1 FAILED "$report")"
 n=$(grep -c "| passed |" "$report")
-[ "$n" = 3 ] || fail "$n of the 3 parity and host-read checks passed"
+[ "$n" = 5 ] || fail "$n of the 5 parity, host-read, step-values and kernel checks passed"
 n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
 grep -q "^copy: flat tensor copy_" "$report" || fail "no copy bandwidth row"
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 3 checks, 3 runs, 2 throughput rows"
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 5 checks, 3 runs, 2 throughput rows"

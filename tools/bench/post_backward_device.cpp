@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ampkit/grad_stats.h"
+#include "ampkit/grad_stats_chunks.h"
 
 namespace {
 
@@ -161,6 +162,14 @@ int main(int argc, char** argv) {
                     ampkit_way(ampkit::DeviceStatsRecipe::fused_scan),
                     3,
                     {}});
+  // The one-read kernel (on CPU tensors its chunks are computed on the host, one thread).
+  if (!cuda || ampkit::chunk_kernel_built())
+    ways.push_back(
+        {cuda ? "ampkit: device stats, chunk_kernel (one read) + coef + scale_grads_"
+              : "ampkit: device stats, chunk_kernel (host emulation, 1 thread) + coef + scale_grads_",
+         ampkit_way(ampkit::DeviceStatsRecipe::chunk_kernel),
+         3,
+         {}});
   for (int rep = 0; rep < opt.warmup + opt.reps; ++rep)
     for (auto& w : ways) {
       at::_foreach_copy_(grads, source);

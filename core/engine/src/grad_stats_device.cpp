@@ -1,5 +1,5 @@
-// The device path of the statistics pass (issue 32): a fixed number of multi-tensor kernels per
-// dtype and per 64 MiB, whatever the number of gradients, packed into one host read.
+// The device path of the statistics pass (issue 32): a number of kernels that grows with bytes
+// and dtypes, never with the number of gradients, packed into one host read.
 #include <ATen/Functions.h>
 
 #include <algorithm>
@@ -9,7 +9,9 @@
 #include <map>
 #include <vector>
 
+#include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
+#include "ampkit/grad_stats_chunks.h"
 #include "ampkit/host_reads.h"
 
 namespace ampkit {
@@ -136,6 +138,35 @@ GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vec
   return stats;
 }
 
+// One read of every element: the chunks' four numbers (on the device by the kernel, on CPU
+// tensors by the host), then the scalars, packed and read once.
+GradStats chunk_kernel_stats(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                             std::vector<double>& values) {
+  const StatsPlan plan = plan_stats_chunks(grads);
+  const at::Device device = device_of(grads, scalars);
+  const int64_t numbers = 4 * static_cast<int64_t>(plan.chunks.size());
+  std::vector<at::Tensor> packed;
+  if (numbers > 0) {
+    at::Tensor partials = at::empty({numbers}, at::TensorOptions().device(device).dtype(at::kDouble));
+    if (device.is_cuda()) {
+      launch_chunk_kernel(plan, partials);
+    } else {
+      double* out = partials.data_ptr<double>();
+      for (const StatsLaunch& launch : plan.launches)
+        for (size_t c = launch.first; c < launch.first + launch.count; ++c)
+          chunk_stats_on_host(plan.chunks[c], launch.dtype, out + 4 * c);
+    }
+    packed.push_back(partials);
+  }
+  for (const auto& s : scalars) packed.push_back(s.detach().to(device, at::kDouble).reshape({-1}));
+  values.clear();
+  if (packed.empty()) return combine_chunk_stats(plan, grads, nullptr);
+  const at::Tensor host = read_to_host(packed.size() == 1 ? packed.front() : at::cat(packed)).contiguous();
+  const double* v = host.data_ptr<double>();
+  values.assign(v + numbers, v + host.numel());
+  return combine_chunk_stats(plan, grads, v);
+}
+
 }  // namespace
 
 void set_device_stats_recipe(DeviceStatsRecipe recipe) {
@@ -152,6 +183,12 @@ GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
   if (recipe == DeviceStatsRecipe::automatic) recipe = g_recipe.load();
   if (recipe == DeviceStatsRecipe::automatic)
     recipe = all_cpu_float(grads) ? DeviceStatsRecipe::fused_scan : DeviceStatsRecipe::foreach_ops;
+  if (recipe == DeviceStatsRecipe::chunk_kernel) {
+    if (!chunk_kernel_dtypes(grads))
+      throw Error(ErrorCategory::usage,
+                  "the chunk_kernel statistics recipe takes float, half and bfloat16 gradients only");
+    return chunk_kernel_stats(grads, scalars, scalar_values);
+  }
   if (recipe == DeviceStatsRecipe::foreach_ops) return foreach_ops_stats(grads, scalars, scalar_values);
   GradStats stats = compute_grad_stats(grads);
   read_scalars(scalars, scalar_values);

@@ -39,9 +39,17 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads);
 //   zero_fraction undercounts, the fast path counts exactly.
 // * fused_scan, for CPU tensors: compute_grad_stats's fused scan, then the same packing and one
 //   read (a CPU has no launches to save).
+// * chunk_kernel: one read of every element in ampkit's own CUDA kernel
+//   (core/engine/src/cuda/grad_stats_kernel.cu) for float, half and bfloat16 gradients: chunks
+//   of at most 65,536 elements, one block each, at most 250 chunks per launch, so the launches
+//   grow with bytes (one per 64 MiB of fp32) and never with the tensor count; each block writes
+//   four float64 numbers (sum of squares accumulated in float64, max-abs, zeros, NaNs) into one
+//   buffer, read with the scalars. On CPU tensors the same chunks are computed on the host (how
+//   the tests check the recipe's logic); on CUDA tensors it needs a build that found nvcc.
+//   It has not yet run on a GPU: automatic does not pick it until tools/gpu-check.sh has.
 //
 // automatic picks fused_scan when every gradient is a CPU tensor, foreach_ops otherwise.
-enum class DeviceStatsRecipe { automatic, foreach_ops, fused_scan };
+enum class DeviceStatsRecipe { automatic, foreach_ops, fused_scan, chunk_kernel };
 
 GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
                                        const std::vector<at::Tensor>& scalars,
