@@ -82,6 +82,8 @@ struct Case {
   std::string name;
   int accumulate;
   bool device_path;
+  DataParallelOptions options = {};
+  int group_collectives = 1;  // the buckets' all-reduce (TinyModel fits in one bucket)
 };
 
 // One rank's run: two first steps (the Reducer builds its buckets), then 4 counted steps. Writes, per
@@ -105,11 +107,14 @@ void run_rank(int rank, int port, const Case& c, const std::string& out) {
   Trainer trainer(Precision::fp32, c.accumulate, model.params(), model.names(), sgd,
                   {&set->scaler(), &set->clipper(), &set->nan_policy(), &comm}, constant_lr(0.1));
   trainer.set_stats_path(c.device_path ? Trainer::StatsPath::device : Trainer::StatsPath::cpu_fast);
-  trainer.enable_data_parallel({});
+  trainer.enable_data_parallel(c.options);
   trainer.set_rank_values([rank] { return std::vector<double>{10.0 + rank, 20.0 + rank}; });
+  double local_loss = 0;  // this rank's loss of the step, summed as the Trainer sums it
   auto forward = [&](int64_t step) {
-    return [&model, step, rank, &c](int micro) {
-      return model.loss(batch_x(step * 10 + micro * 2 + rank)) * (1.0 + rank);
+    return [&model, &local_loss, step, rank, &c](int micro) {
+      const at::Tensor loss = model.loss(batch_x(step * 10 + micro * 2 + rank)) * (1.0 + rank);
+      local_loss = (micro == 0 ? 0.0 : local_loss) + loss.item<float>();
+      return loss;
     };
   };
   trainer.step(forward(0));  // records the order gradients arrive in
@@ -122,11 +127,13 @@ void run_rank(int rank, int port, const Case& c, const std::string& out) {
     g_group_collective_names.clear();
     const int64_t reads = host_reads();
     const StepOutcome o = trainer.step(forward(step));
+    const int64_t step_reads = host_reads() - reads;  // before the test's own reads below
     steps.push_back({{"collectives", comm.total()},
                      {"group_collectives", g_group_collectives.load()},
                      {"group_collective_names", g_group_collective_names},
                      {"all_gather", comm.calls["all_gather"]},
-                     {"reads", host_reads() - reads},
+                     {"reads", step_reads},
+                     {"local_loss", local_loss / c.accumulate},
                      {"stepped", o.stepped},
                      {"loss", o.stats.loss},
                      {"rank_values", o.rank_values},
@@ -173,8 +180,14 @@ nlohmann::json run_two_ranks(const Case& c) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_healthy_step_makes_no_collective_besides_the_buckets_and_one_host_read) {
+  DataParallelOptions bucket_view, find_unused;
+  bucket_view.gradient_as_bucket_view = true;
+  find_unused.find_unused_parameters = true;
   for (const Case& c : {Case{"cpu fast path", 1, false}, Case{"cpu fast path, accumulate 3", 3, false},
-                        Case{"device path", 1, true}, Case{"device path, accumulate 3", 3, true}}) {
+                        Case{"device path", 1, true}, Case{"device path, accumulate 3", 3, true},
+                        Case{"gradients as bucket views", 1, false, bucket_view},
+                        // DDP's own extra all-reduce of which parameters were used, as torch's:
+                        Case{"find unused parameters, accumulate 3", 3, true, find_unused, 2}}) {
     const nlohmann::json ranks = run_two_ranks(c);
     for (size_t step = 0; step < 4; ++step)
       for (int rank = 0; rank < 2; ++rank) {
@@ -183,12 +196,19 @@ BOOST_AUTO_TEST_CASE(a_healthy_step_makes_no_collective_besides_the_buckets_and_
           BOOST_TEST(s["stepped"].get<bool>());
           BOOST_TEST(s["collectives"].get<int>() == 0);  // besides the Reducer's buckets
           BOOST_TEST(s["all_gather"].get<int>() == 0);
-          BOOST_TEST(s["group_collectives"].get<int>() == 1, s["group_collective_names"].dump());
+          BOOST_TEST(s["group_collectives"].get<int>() == c.group_collectives,
+                     s["group_collective_names"].dump());
           BOOST_TEST(s["reads"].get<int64_t>() == 1);
           // Both ranks' values, in rank order, on both ranks; the same mean loss and weights.
           BOOST_TEST(s["rank_values"].get<std::vector<double>>() == (std::vector<double>{10, 20, 11, 21}),
                      boost::test_tools::per_element());
           BOOST_TEST(s["loss"].get<double>() == ranks[0][step]["loss"].get<double>());
+          // The mean of both ranks' own losses, exactly: the values arrived bit for bit.
+          BOOST_TEST(
+              s["loss"].get<double>() ==
+              (ranks[0][step]["local_loss"].get<double>() + ranks[1][step]["local_loss"].get<double>()) / 2);
+          BOOST_TEST(ranks[1][step]["local_loss"].get<double>() !=
+                     ranks[0][step]["local_loss"].get<double>());
           BOOST_TEST(s["weight0"].get<double>() == ranks[0][step]["weight0"].get<double>());
         }
       }

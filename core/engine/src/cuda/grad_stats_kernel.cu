@@ -76,10 +76,12 @@ __device__ void chunk_stats(const ampkit_stats_chunk* chunks, double* out) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(AMPKIT_STATS_THREADS) ampkit_grad_stats_float(const ampkit_stats_chunk* chunks, double* out) {
+extern "C" __global__ void __launch_bounds__(AMPKIT_STATS_THREADS)
+    ampkit_grad_stats_float(const ampkit_stats_chunk* chunks, double* out) {
   chunk_stats<float>(chunks, out);
 }
-extern "C" __global__ void __launch_bounds__(AMPKIT_STATS_THREADS) ampkit_grad_stats_half(const ampkit_stats_chunk* chunks, double* out) {
+extern "C" __global__ void __launch_bounds__(AMPKIT_STATS_THREADS)
+    ampkit_grad_stats_half(const ampkit_stats_chunk* chunks, double* out) {
   chunk_stats<__half>(chunks, out);
 }
 extern "C" __global__ void __launch_bounds__(AMPKIT_STATS_THREADS)
