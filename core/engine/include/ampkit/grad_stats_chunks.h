@@ -53,7 +53,7 @@ GradStats combine_chunk_stats(const StatsPlan& plan, const std::vector<at::Tenso
 namespace ampkit {
 
 // Whether this library holds the CUDA kernel (built where nvcc and LibTorch's CUDA libraries
-// were found; docs/building.md).
+// were found; README.md, the build section).
 bool chunk_kernel_built();
 
 // Runs `plan`'s launches on the current stream of `out`'s CUDA device, each chunk's four numbers
