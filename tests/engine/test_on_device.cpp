@@ -299,6 +299,10 @@ BOOST_AUTO_TEST_CASE(step_values_ride_the_buckets_bit_for_bit) {
 // then an infinity and a NaN; one counted read each. On CPU tensors the chunks are computed on
 // the host (tests/engine/test_stats_chunk_kernel has the details).
 BOOST_AUTO_TEST_CASE(the_statistics_kernel_agrees_with_the_foreach_recipe) {
+  // The kernel sums squares in float64; CUDA's _foreach_norm accumulates in float through a
+  // tree of partial sums, within about log2(n) roundings of float (1e-6 over these 196,619
+  // elements); max-abs and the counts are exact on both.
+  const double kSquaresTolerance = test_device().is_cpu() ? 1e-9 : 1e-5;
   if (!test_device().is_cpu())
     BOOST_TEST_REQUIRE(chunk_kernel_built(), "this build has no statistics kernel");
   at::manual_seed(11);
@@ -317,7 +321,7 @@ BOOST_AUTO_TEST_CASE(the_statistics_kernel_agrees_with_the_foreach_recipe) {
     const GradStats f = compute_grad_stats_on_device(grads, {}, values, DeviceStatsRecipe::foreach_ops);
     BOOST_TEST_CONTEXT(when) {
       if (std::isfinite(f.sum_squares))
-        BOOST_TEST(k.sum_squares == f.sum_squares, boost::test_tools::tolerance(1e-6));
+        BOOST_TEST(k.sum_squares == f.sum_squares, boost::test_tools::tolerance(kSquaresTolerance));
       else
         BOOST_TEST(std::isnan(k.sum_squares) == std::isnan(f.sum_squares));
       BOOST_TEST((k.max_abs == f.max_abs || (std::isnan(k.max_abs) && std::isnan(f.max_abs))));
@@ -325,7 +329,8 @@ BOOST_AUTO_TEST_CASE(the_statistics_kernel_agrees_with_the_foreach_recipe) {
       BOOST_TEST(k.elements == f.elements);
       for (size_t t = 0; t < grads.size(); ++t)
         if (std::isfinite(f.tensor_sum_squares[t]))
-          BOOST_TEST(k.tensor_sum_squares[t] == f.tensor_sum_squares[t], boost::test_tools::tolerance(1e-6));
+          BOOST_TEST(k.tensor_sum_squares[t] == f.tensor_sum_squares[t],
+                     boost::test_tools::tolerance(kSquaresTolerance));
     }
     return k;
   };
