@@ -41,8 +41,8 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads);
 //   read (a CPU has no launches to save).
 // * chunk_kernel: one read of every element in ampkit's own CUDA kernel
 //   (core/engine/src/cuda/grad_stats_kernel.cu) for float, half and bfloat16 gradients: chunks
-//   of at most 65,536 elements, one block each, at most 250 chunks per launch, so the launches
-//   grow with bytes (one per 64 MiB of fp32) and never with the tensor count; each block writes
+//   of at most 65,536 elements, one block each, their table copied to the device once and one
+//   launch per dtype present, so the launches never grow with the tensor count; each block writes
 //   four float64 numbers (sum of squares accumulated in float64, max-abs, zeros, NaNs) into one
 //   buffer, read with the scalars. On CPU tensors the same chunks are computed on the host (how
 //   the tests check the recipe's logic); on CUDA tensors it needs a build that found nvcc.
