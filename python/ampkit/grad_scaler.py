@@ -71,6 +71,10 @@ class GradScaler:
         plugin_dirs: folders searched for plugins before ``AMPKIT_PLUGIN_PATH``.
         allow_untrusted_plugins: load plugin files that are writable by others (loud warning).
         model: names the gradients in :attr:`last_step` ("top_layers") by module path.
+        stats_recipe: how the gradient statistics are computed (``automatic``: ``fused_scan`` for
+            fp32 CPU parameters, ``chunk_kernel`` on a GPU where this build holds ampkit's kernel,
+            ``foreach_ops`` otherwise; docs/architecture.md). Chosen once per optimizer, on its
+            first step; :attr:`last_step` says which ran.
 
     Raises:
         ValueError: an unknown plugin kind or option, or a bad option value (the message names
@@ -95,6 +99,7 @@ class GradScaler:
         plugin_dirs: Optional[Sequence[Union[str, os.PathLike]]] = None,
         allow_untrusted_plugins: bool = False,
         model: Optional[torch.nn.Module] = None,
+        stats_recipe: str = "automatic",
     ) -> None:
         self._device = str(device)
         self._enabled = bool(enabled)
@@ -113,6 +118,7 @@ class GradScaler:
             "precision": precision or "fp16",
             "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
+            "stats_recipe": str(stats_recipe),
         }
         for name, value in torch_args.items():
             if value != _TORCH_DEFAULTS[name]:
@@ -128,6 +134,10 @@ class GradScaler:
         self._loss_sum: Optional[torch.Tensor] = None  # this iteration's losses given to scale()
         self._loss_count = 0
         self._pass_loss = True
+        # id(optimizer) -> (slot, the param lists it was bound with): its parameters are handed to
+        # the C++ side once, and again only when its param_groups change.
+        self._bound: Dict[int, Any] = {}
+        self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
         if self._enabled:
             self._core = self._make_core()
 
@@ -140,9 +150,10 @@ class GradScaler:
         # Under DDP every rank sees the same averaged gradients but its own loss: a decision that
         # read the loss could differ between ranks, so the policy sees the gradients only.
         self._pass_loss = world == 1
+        self._bound = {}
         make = cpp(lambda: torch.classes.ampkit.ScalerCore(
             c["plugins"], c["opt"], c["precision"], dirs, c["allow_untrusted"], self._device.startswith("cuda"),
-            rank, world))
+            rank, world, c["stats_recipe"]))
         return make()
 
     @classmethod
@@ -230,9 +241,9 @@ class GradScaler:
         stepped = bool(state["step"])
         if stepped:
             if state["factor"] != 1.0:  # unscale and clip folded into the fused optimizer's step
-                device = self._grads_device(optimizer)
-                optimizer.grad_scale = torch.full((), 1.0 / state["factor"], dtype=torch.float32, device=device)
-                optimizer.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+                grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
+                grad_scale.fill_(1.0 / state["factor"])
+                optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
                 try:
                     optimizer.step(*args, **kwargs)
                 finally:
@@ -365,6 +376,7 @@ class GradScaler:
         state["_scale_per_device"] = {}
         state["_per_optimizer_states"] = {}
         state["_loss_sum"], state["_loss_count"] = None, 0
+        state["_bound"], state["_fused_args"] = {}, {}
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -380,10 +392,13 @@ class GradScaler:
 
     @property
     def last_step(self) -> Dict[str, Any]:
-        """The last unscale's record, as ampkit-train's metrics record: scale, scale_next,
-        grad_norm (unscaled), grad_norm_clipped, clip_coef, clip_threshold, action, reason,
-        stepped, found_inf, zero_fraction, top_layers ([{name, grad_norm}], largest first), layer_norms
-        ({name: grad_norm} for every gradient; names need ``model=``)."""
+        """The last unscale's record, the keys of ampkit-train's metrics record (docs/configuration.md)
+        but the host's (epoch, lr, samples_per_second, time): step, loss, scale, scale_next,
+        grad_norm (unscaled), grad_norm_clipped, grad_max_abs, zero_fraction, clip_coef,
+        clip_threshold, clipped, found_inf, action, reason ("" where the policy gave none), stepped,
+        skipped_steps, top_layers ([{name, grad_norm}], largest first); plus layer_norms
+        ({name: grad_norm} for every parameter; names need ``model=``) and stats_recipe (the
+        statistics recipe that ran)."""
         if not self._enabled:
             return {}
         return dict(cpp(self._core.record)())
@@ -450,33 +465,37 @@ class GradScaler:
                     return p.grad.device
         return torch.device(self._device)
 
+    def _fused_step_args(self, device: torch.device) -> Any:
+        """grad_scale and found_inf for a fused optimizer on ``device``: made once, filled per step
+        (found_inf stays 0: a bad step never reaches the optimizer)."""
+        args = self._fused_args.get(device)
+        if args is None:
+            args = (torch.ones((), dtype=torch.float32, device=device), torch.zeros((), dtype=torch.float32, device=device))
+            self._fused_args[device] = args
+        return args
+
+    def _slot(self, optimizer: torch.optim.Optimizer) -> int:
+        """The C++ side's table of ``optimizer``'s parameters, bound on its first step and again
+        when its param_groups change (a group added, a params list replaced or resized)."""
+        groups = optimizer.param_groups
+        key = tuple((id(group["params"]), len(group["params"])) for group in groups)
+        bound = self._bound.get(id(optimizer))
+        if bound is not None and bound[1] == key:
+            return bound[0]
+        slot = bound[0] if bound is not None else len(self._bound)
+        params = [p for group in groups for p in group["params"]]
+        names = [self._names.get(id(p), f"param_groups[{g}][{i}]")
+                 for g, group in enumerate(groups) for i, p in enumerate(group["params"])]
+        cpp(self._core.bind)(slot, params, names)
+        self._bound[id(optimizer)] = (slot, key)
+        return slot
+
     def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
-        grads: List[torch.Tensor] = []
-        params: List[torch.Tensor] = []
-        names: List[str] = []
-        with torch.no_grad():
-            for g, group in enumerate(optimizer.param_groups):
-                for i, param in enumerate(group["params"]):
-                    if param.grad is None:
-                        continue
-                    if param.grad.dtype == torch.float16:
-                        raise ValueError("Attempting to unscale FP16 gradients.")
-                    grad = param.grad
-                    if grad.is_sparse:
-                        # One multiply of the values unscales the sparse gradient in place; a
-                        # coalesce first, as torch's, so duplicates sum before the finite check.
-                        param.grad = grad.coalesce()
-                        grad = param.grad._values()
-                        fold = False
-                    grads.append(grad)
-                    params.append(param.detach())
-                    names.append(self._names.get(id(param), f"param_groups[{g}][{i}]"))
-        if not grads:
-            state["step"] = None
-            return
+        slot = self._slot(optimizer)
         loss = self._loss_sum / self._loss_count if self._loss_count and self._pass_loss else None
-        step, factor = cpp(self._core.unscale)(grads, params, names, fold, loss)
-        state["step"] = bool(step)
+        with torch.no_grad():
+            recorded, step, factor = cpp(self._core.unscale)(slot, fold, loss)
+        state["step"] = bool(step) if recorded else None
         state["factor"] = float(factor)
 
     def _plugin(self, kind: str) -> List[str]:

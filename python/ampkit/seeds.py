@@ -301,6 +301,7 @@ class GradientClipper:
         """Starts the clipper afresh (an adaptive clipper forgets its norm history)."""
         # Scale 1 (scaler "none"): the step's unscale is the identity and only the clipper acts.
         self._scaler = GradScaler("cpu", **self._kwargs)
+        self._bound: Optional[tuple] = None  # the parameters the scaler's table holds, by id
 
     def clip(self, parameters: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]]) -> Dict[str, Any]:
         """Clips the gradients of ``parameters`` (a module, a tensor or tensors) in place; returns
@@ -316,10 +317,14 @@ class GradientClipper:
             return {"grad_norm": 0.0, "grad_norm_clipped": 0.0, "clip_coef": 1.0, "clipped": False}
         if any(p.grad.is_sparse for _, p in named):
             raise ValueError("GradientClipper does not clip sparse gradients; use ampkit.GradScaler(clipper=...)")
+        core = self._scaler._core
+        key = tuple(id(p) for _, p in named)
+        if key != self._bound:  # the engine's gradient table, made again only for other parameters
+            cpp(core.bind)(0, [p for _, p in named], [n for n, _ in named])
+            self._bound = key
         with torch.no_grad():
-            grads, params, names = [p.grad for _, p in named], [p.detach() for _, p in named], [n for n, _ in named]
-            cpp(self._scaler._core.unscale)(grads, params, names, False, None)  # no fold, no loss
-            cpp(self._scaler._core.update)()
+            cpp(core.unscale)(0, False, None)  # no fold, no loss
+            cpp(core.update)()
         return _clipping_stats(self._scaler.last_step)
 
     def get_recommended_threshold(self, precision: Optional[str] = None) -> Optional[float]:

@@ -53,8 +53,9 @@ TORCH_LIBRARY(ampkit, m) {
   using ampkit::python::ScalerCore;
   m.class_<ScalerCore>("ScalerCore")
       .def(torch::init<c10::Dict<std::string, std::string>, c10::Dict<std::string, std::string>, std::string,
-                       std::vector<std::string>, bool, bool, int64_t, int64_t>())
+                       std::vector<std::string>, bool, bool, int64_t, int64_t, std::string>())
       .def("scale", &ScalerCore::scale)
+      .def("bind", &ScalerCore::bind)
       .def("unscale", &ScalerCore::unscale)
       .def("update", &ScalerCore::update)
       .def("set_scale", &ScalerCore::set_scale)

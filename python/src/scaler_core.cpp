@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
 #include "ampkit/metrics.h"
+#include "ampkit/outcome_record.h"
 #include "ampkit/plugin_call.h"
 #include "ampkit/plugin_options.h"
 #include "errors.h"
@@ -98,13 +100,44 @@ StateValue from_ivalue(const std::string& key, const c10::IValue& v) {
                                         "; a plugin state holds bool, int, float, str or a list of floats");
 }
 
+// A StepRecord field (StepRecord::visit) as an IValue.
+c10::IValue record_value(int64_t v) {
+  return v;
+}
+c10::IValue record_value(double v) {
+  return v;
+}
+c10::IValue record_value(bool v) {
+  return v;
+}
+c10::IValue record_value(const std::string& v) {
+  return v;
+}
+c10::IValue record_value(const std::vector<double>& v) {
+  return c10::List<double>(v);
+}
+c10::IValue record_value(const nlohmann::json& v) {
+  return v.dump();
+}
+c10::IValue record_value(const std::vector<LayerNorm>& layers) {
+  c10::List<c10::IValue> out(c10::AnyType::get());
+  for (const LayerNorm& l : layers) {
+    c10::Dict<std::string, c10::IValue> layer = any_dict();
+    layer.insert("name", l.name);
+    layer.insert("grad_norm", l.grad_norm);
+    out.push_back(c10::IValue(layer));
+  }
+  return out;
+}
+
 }  // namespace
 
 ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
                        c10::Dict<std::string, std::string> options, std::string precision,
                        std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda, int64_t rank,
-                       int64_t world_size) {
+                       int64_t world_size, std::string stats_recipe) {
   guarded([&] {
+    recipe_ = parse_stats_recipe(stats_recipe);
     std::map<std::string, StrategyChoice> choices;
     for (const char* kind : kStepKinds) choices[kind] = StrategyChoice{};
     for (const auto& entry : plugins) {
@@ -145,74 +178,61 @@ double ScalerCore::scale() const {
   return guarded([&] { return step_->scale(); });
 }
 
-std::tuple<bool, double> ScalerCore::unscale(std::vector<at::Tensor> grads,
-                                             std::vector<at::Tensor> parameters,
-                                             std::vector<std::string> names, bool fold,
-                                             std::optional<at::Tensor> loss) {
+std::string ScalerCore::bind(int64_t slot, std::vector<at::Tensor> parameters,
+                             std::vector<std::string> names) {
   return guarded([&] {
-    if (grads.size() != parameters.size() || names.size() != parameters.size())
-      throw Error(ErrorCategory::internal, "unscale: gradients, parameters and names differ in count");
-    if (!started_) {
-      RunInfo info = info_;
-      info.parameter_names = names;
-      step_->start(info);
-      started_ = true;
+    if (names.size() != parameters.size())
+      throw Error(ErrorCategory::internal, "bind: parameters and names differ in count");
+    auto table = std::make_shared<GradientTable>(std::move(parameters), std::move(names), recipe_);
+    const std::string recipe = to_string(table->recipe());
+    tables_[slot] = std::move(table);
+    return recipe;
+  });
+}
+
+RunInfo ScalerCore::run_info(const GradientTable& table) const {
+  RunInfo info = info_;
+  info.parameter_names = table.names();
+  return info;
+}
+
+std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std::optional<at::Tensor> loss) {
+  return guarded([&] {
+    const auto found = tables_.find(slot);
+    if (found == tables_.end())
+      throw Error(ErrorCategory::internal, "unscale: no parameters bound to this optimizer");
+    GradientTable& table = *found->second;
+    const std::vector<at::Tensor>& grads = table.read_gradients();
+    // torch.amp.GradScaler's checks on what it unscales: no fp16 gradients; a sparse gradient is
+    // coalesced (duplicates summed before the finite check) and its values unscaled in place.
+    bool any = false;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const at::Tensor& g = grads[i];
+      if (!g.defined()) continue;
+      any = true;
+      if (g.scalar_type() == at::kHalf)
+        throw Error(ErrorCategory::usage, "Attempting to unscale FP16 gradients.");
+      if (g.is_sparse()) {
+        const at::Tensor coalesced = g.coalesce();
+        table.parameters()[i].mutable_grad() = coalesced;
+        table.replace_gradient(i, coalesced._values());
+        fold = false;
+      }
     }
-    StepOutcome out;
-    out.stats.step = step_index_;
-    out.stats.scale = step_->scale();
-    out.stats.consecutive_skips = consecutive_skips_;
-    const bool on_device = prefers_device_stats(parameters);
-    at::Tensor device_loss;
-    if (loss && loss->defined()) {
-      if (on_device)
-        device_loss = loss->detach().to(at::kDouble).reshape({1});
-      else
-        out.stats.loss = read_scalar(loss->detach());
-    }
-    step_->measure(grads, out.stats, on_device, device_loss);
-    const NanAction action = step_->decide(out);
-    double factor = 1.0;
-    if (action == NanAction::proceed || action == NanAction::clip) {
-      factor = step_->unscale_and_clip(parameters, grads, out, fold);
-      out.stepped = true;
-    } else {
-      // Not stepped: the gradients are unscaled all the same, as GradScaler.unscale_ does.
-      scale_grads_(grads, 1.0 / out.stats.scale);
-      if (action == NanAction::skip_backoff) step_->back_off();
-    }
-    last_ = out;
-    last_names_ = std::move(names);
-    iteration_.push_back(std::move(out));
-    return std::make_tuple(last_.stepped, factor);
+    if (!any) return std::make_tuple(false, false, 1.0);
+    if (!step_->started()) step_->start(run_info(table));
+    StepOutcome out = step_->begin_iteration();  // the same scale and step for every optimizer
+    const at::Tensor device_loss = loss ? *loss : at::Tensor();  // read with the statistics
+    const double factor =
+        step_->after_backward({table, fold, SkippedGradients::unscale, device_loss, nullptr}, out);
+    last_table_ = found->second;
+    return std::make_tuple(true, out.stepped, factor);
   });
 }
 
 double ScalerCore::update() {
   return guarded([&] {
-    if (iteration_.empty()) throw Error(ErrorCategory::usage, "No inf checks were recorded prior to update.");
-    // The iteration's statistics over all its optimizers: overflow anywhere counts; norms add.
-    StepOutcome merged = iteration_.front();
-    double squares = merged.stats.grad_norm_scaled * merged.stats.grad_norm_scaled;
-    for (size_t i = 1; i < iteration_.size(); ++i) {
-      const StepStats& s = iteration_[i].stats;
-      squares += s.grad_norm_scaled * s.grad_norm_scaled;
-      merged.stats.found_inf = merged.stats.found_inf || s.found_inf;
-      merged.stats.grad_max_abs_scaled = std::max(merged.stats.grad_max_abs_scaled, s.grad_max_abs_scaled);
-      merged.stats.grad_elements += s.grad_elements;
-      merged.stats.tensor_norms.insert(merged.stats.tensor_norms.end(), s.tensor_norms.begin(),
-                                       s.tensor_norms.end());
-      merged.stepped = merged.stepped && iteration_[i].stepped;
-      if (merged.decision.action == NanAction::proceed) merged.decision = iteration_[i].decision;
-    }
-    merged.stats.grad_norm_scaled = std::sqrt(squares);
-    merged.stats.grad_norm = merged.stats.grad_norm_scaled / merged.stats.scale;
-    merged.stats.grad_max_abs = merged.stats.grad_max_abs_scaled / merged.stats.scale;
-    iteration_.clear();
-    ++step_index_;
-    consecutive_skips_ = merged.stepped ? 0 : consecutive_skips_ + 1;
-    step_->update_scaler(merged, merged.decision.action);
-    last_.scale_next = merged.scale_next;
+    const StepOutcome merged = step_->finish_iteration();
     if (merged.decision.action == NanAction::abort) throw TrainingAborted(merged.decision.reason);
     return merged.scale_next;
   });
@@ -223,15 +243,11 @@ void ScalerCore::set_scale(double scale) {
     if (!(scale > 0.0) || !std::isfinite(scale))
       throw Error(ErrorCategory::usage,
                   "new_scale must be a positive finite number, got " + format_number(scale));
-    State state = strategy("scaler").save();
-    if (!state.has("scale"))
+    if (!strategy("scaler").save().has("scale"))
       throw Error(ErrorCategory::usage,
                   "scaler '" + plugin("scaler").at(0) +
                       "' keeps no scale in its state, so update(new_scale) cannot set it");
-    state.set("scale", static_cast<double>(static_cast<float>(scale)));
-    strategy("scaler").load(state);
-    iteration_.clear();
-    ++step_index_;
+    step_->finish_iteration_with_scale(scale);
   });
 }
 
@@ -247,33 +263,16 @@ std::string ScalerCore::option(const std::string& kind, const std::string& name)
 void ScalerCore::set_option(const std::string& kind, const std::string& name, const std::string& value) {
   guarded([&] {
     check_step_kind(kind);
-    SelectedStrategy& s = set_->selected(kind);
     OptionInputs inputs;
-    for (const auto& setting : s.options.settings)
+    for (const auto& setting : set_->selected(kind).options.settings)
       if (setting.source != "default" && setting.set && setting.source.rfind("default for", 0) != 0)
         inputs.command_line[setting.name] = setting.value;
     inputs.command_line[name] = value;
     inputs.precision = info_.precision;
-    ResolvedOptions resolved = resolve_options(s.plugin->descriptor(), inputs);
-    std::unique_ptr<Strategy> made;
-    {
-      PluginCall call(kind.c_str(), "its constructor");
-      made = s.plugin->create(resolved.values);
-    }
-    if (started_) {
-      RunInfo info = info_;
-      info.parameter_names = last_names_;
-      PluginCall call(kind.c_str(), "start()");
-      made->start(info);
-    }
-    const State saved = s.strategy->save();
-    {
-      PluginCall call(kind.c_str(), "load()");
-      made->load(saved);
-    }
-    s.strategy = std::move(made);
-    s.options = std::move(resolved);
-    step_ = std::make_unique<AmpStep>(AmpStrategies{&set_->scaler(), &set_->clipper(), &set_->nan_policy()});
+    std::optional<RunInfo> started;
+    if (step_->started()) started = last_table_ ? run_info(*last_table_) : info_;
+    set_->reconfigure(kind, inputs, started ? &*started : nullptr);
+    step_->set_strategies({&set_->scaler(), &set_->clipper(), &set_->nan_policy()});
   });
 }
 
@@ -334,35 +333,22 @@ void ScalerCore::load_state(const std::string& kind, c10::Dict<std::string, c10:
 
 c10::Dict<std::string, c10::IValue> ScalerCore::record() const {
   return guarded([&] {
-    const StepOutcome& o = last_;
+    const StepOutcome& o = step_->last_outcome();
+    StepRecord record = step_record(o, 0, step_->counters().skipped(), 0.0, 0.0);
+    const std::vector<std::string> no_names;
+    const std::vector<std::string>& names = last_table_ ? last_table_->names() : no_names;
+    const bool named = names.size() == o.stats.tensor_norms.size();
+    if (named) record.top_layers = top_layers(names, o.stats.tensor_norms, 5);
     c10::Dict<std::string, c10::IValue> r = any_dict();
-    r.insert("step", o.stats.step);
-    r.insert("scale", o.stats.scale);
-    r.insert("scale_next", o.scale_next);
-    r.insert("grad_norm", o.stats.grad_norm);
-    r.insert("grad_norm_clipped", o.grad_norm_clipped);
-    r.insert("grad_max_abs", o.stats.grad_max_abs);
-    r.insert("zero_fraction", o.stats.zero_fraction);
-    r.insert("clip_coef", o.clip_coefficient);
-    r.insert("clip_threshold", o.clip_threshold);
-    r.insert("clipped", o.stepped && o.clip_coefficient < 1.0);
-    r.insert("found_inf", o.stats.found_inf);
-    r.insert("action", std::string(to_string(o.decision.action)));
-    r.insert("reason", o.decision.reason);
-    r.insert("stepped", o.stepped);
-    c10::List<c10::IValue> top(c10::AnyType::get());
-    if (last_names_.size() == o.stats.tensor_norms.size())
-      for (size_t i : largest_norms(o.stats.tensor_norms, 5)) {
-        c10::Dict<std::string, c10::IValue> layer = any_dict();
-        layer.insert("name", last_names_[i]);
-        layer.insert("grad_norm", o.stats.tensor_norms[i]);
-        top.push_back(c10::IValue(layer));
-      }
-    r.insert("top_layers", c10::IValue(top));
+    record.visit([&](const char* key, const auto& value) { r.insert(key, record_value(value)); },
+                 /*host_fields=*/false);
+    if (!r.contains("reason")) r.insert("reason", std::string());  // always there for Python callers
     c10::Dict<std::string, c10::IValue> layers = any_dict();
-    if (last_names_.size() == o.stats.tensor_norms.size())
-      for (size_t i = 0; i < last_names_.size(); ++i) layers.insert(last_names_[i], o.stats.tensor_norms[i]);
+    if (named)
+      for (size_t i = 0; i < names.size(); ++i) layers.insert(names[i], o.stats.tensor_norms[i]);
     r.insert("layer_norms", c10::IValue(layers));
+    r.insert("stats_recipe",
+             std::string(last_table_ ? to_string(last_table_->recipe()) : to_string(recipe_)));
     return r;
   });
 }

@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/custom_class.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,34 +13,42 @@
 #include <vector>
 
 #include "ampkit/amp_step.h"
+#include "ampkit/gradient_table.h"
 #include "ampkit/registry.h"
 #include "ampkit/strategy_set.h"
 
 namespace ampkit::python {
 
 // One GradScaler's strategies (scaler, clipper, NaN policy; loaded by name with the CLI's option
-// rules) and the step state between its calls. Python drives it in torch.amp.GradScaler's order:
-// scale() for the loss, unscale() once per optimizer after backward, the optimizer's own step,
-// update() once per iteration. Each unscale() is one AmpStep decision over that optimizer's
-// gradients (torch skips per optimizer); update() gives the scaler the iteration's statistics
-// merged over its optimizers (an overflow in any of them counts, as GradScaler's does).
+// rules) and its engine, the AmpStep the Trainer runs (core/engine/include/ampkit/amp_step.h).
+// Python drives it in torch.amp.GradScaler's order: scale() for the loss, unscale() once per
+// optimizer after backward, the optimizer's own step, update() once per iteration. Each optimizer's
+// parameters are bound once (bind(), again only when its parameter list changes): the gradient
+// table and the statistics recipe are chosen then, so a step's host work does not grow with the
+// number of parameters. This class adds only what is Python's: the bindings, torch's checks on
+// the gradients, and the record as a dict.
 class ScalerCore : public torch::CustomClassHolder {
  public:
   // `plugins`: kind -> plugin name or path (scaler, clipper, nan_policy; missing kinds take their
   // defaults); `options`: "KIND.OPTION" -> text, as --opt; `precision` picks per-precision
-  // defaults; `plugin_dirs` are searched before AMPKIT_PLUGIN_PATH.
+  // defaults; `plugin_dirs` are searched before AMPKIT_PLUGIN_PATH; `stats_recipe` is one of
+  // grad_stats.h's recipes (automatic: chosen per optimizer from its parameters).
   ScalerCore(c10::Dict<std::string, std::string> plugins, c10::Dict<std::string, std::string> options,
              std::string precision, std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda,
-             int64_t rank, int64_t world_size);
+             int64_t rank, int64_t world_size, std::string stats_recipe);
 
   double scale() const;
-  // Statistics, the policy's decision and unscale+clip for one optimizer's gradients. Returns
-  // (step: whether the optimizer may step, factor: what its fused step still has to multiply the
-  // gradients by, 1 when they were multiplied here). `fold`: the optimizer takes grad_scale.
-  // `loss`: the iteration's mean unscaled loss when the caller knows it (a non-finite loss is a
-  // bad step too, and spike detection reads it); read with the statistics.
-  std::tuple<bool, double> unscale(std::vector<at::Tensor> grads, std::vector<at::Tensor> parameters,
-                                   std::vector<std::string> names, bool fold, std::optional<at::Tensor> loss);
+  // The parameters of one optimizer (in its param_groups' order) and their names, as table `slot`
+  // (a number the caller picks; binding a slot again replaces its table). Returns the recipe
+  // chosen for them.
+  std::string bind(int64_t slot, std::vector<at::Tensor> parameters, std::vector<std::string> names);
+  // Statistics, the policy's decision and unscale+clip for the gradients of table `slot`. Returns
+  // (recorded: false when no parameter has a gradient, step: whether the optimizer may step,
+  // factor: what its fused step still has to multiply the gradients by, 1 when they were
+  // multiplied here). `fold`: the optimizer takes grad_scale. `loss`: the iteration's mean
+  // unscaled loss when the caller knows it (a non-finite loss is a bad step too, and spike
+  // detection reads it); read with the statistics.
+  std::tuple<bool, bool, double> unscale(int64_t slot, bool fold, std::optional<at::Tensor> loss);
   // The scaler's update with the iteration's merged statistics; returns the next scale. An
   // iteration whose policy or scaler aborted raises.
   double update();
@@ -47,7 +56,7 @@ class ScalerCore : public torch::CustomClassHolder {
   void set_scale(double scale);
 
   // The resolved value of a plugin option ("" when unset), and setting one: the plugin is made
-  // again with it and given its saved state, as a resumed run would.
+  // again with it (StrategySet::reconfigure: guarded, started, given its saved state).
   std::string option(const std::string& kind, const std::string& name) const;
   void set_option(const std::string& kind, const std::string& name, const std::string& value);
   // Every option of a kind: (name, value, source) rows.
@@ -61,23 +70,21 @@ class ScalerCore : public torch::CustomClassHolder {
   c10::Dict<std::string, c10::IValue> state(const std::string& kind) const;
   void load_state(const std::string& kind, c10::Dict<std::string, c10::IValue> state);
 
-  // The last unscale()'s record: the metrics record's fields (loss scale, raw and clipped norm,
-  // clip coefficient, action, reason, top layers, every gradient's norm by name...).
+  // The last unscale()'s record: ampkit-train's metrics record (StepRecord::visit, without the
+  // host's fields), plus layer_norms (every gradient's norm by name) and stats_recipe.
   c10::Dict<std::string, c10::IValue> record() const;
-  int64_t steps_in_iteration() const { return static_cast<int64_t>(iteration_.size()); }
+  int64_t steps_in_iteration() const { return static_cast<int64_t>(step_->iteration_size()); }
 
  private:
   Strategy& strategy(const std::string& kind) const;
+  RunInfo run_info(const GradientTable& table) const;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<StrategySet> set_;
   std::unique_ptr<AmpStep> step_;
   RunInfo info_;
-  bool started_ = false;
-  int64_t step_index_ = 0;
-  int64_t consecutive_skips_ = 0;
-  std::vector<StepOutcome> iteration_;  // this iteration's unscale() outcomes
-  StepOutcome last_;
-  std::vector<std::string> last_names_;
+  DeviceStatsRecipe recipe_ = DeviceStatsRecipe::automatic;
+  std::map<int64_t, std::shared_ptr<GradientTable>> tables_;
+  std::shared_ptr<const GradientTable> last_table_;  // the last unscale()'s
 };
 
 // What the registry finds: (kind, name, version, summary, path) rows, and one plugin's options

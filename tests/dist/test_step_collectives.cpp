@@ -90,7 +90,6 @@ struct Case {
 // counted step, the collectives and reads it made, its loss and both ranks' values, to `out`.
 void run_rank(int rank, int port, const Case& c, const std::string& out) {
   at::set_num_threads(1);
-  if (c.device_path) set_device_stats_recipe(DeviceStatsRecipe::foreach_ops);
   BuiltinPlugins plugins;
   auto set = plugins.strategies({{"comm", BuiltinPlugins::choice("gloo")}});
   DistributedConfig d;
@@ -106,7 +105,7 @@ void run_rank(int rank, int port, const Case& c, const std::string& out) {
   torch::optim::SGD sgd(model.params(), torch::optim::SGDOptions(0.1));
   Trainer trainer(Precision::fp32, c.accumulate, model.params(), model.names(), sgd,
                   {&set->scaler(), &set->clipper(), &set->nan_policy(), &comm}, constant_lr(0.1));
-  trainer.set_stats_path(c.device_path ? Trainer::StatsPath::device : Trainer::StatsPath::cpu_fast);
+  if (c.device_path) trainer.set_stats_recipe(DeviceStatsRecipe::foreach_ops);
   trainer.enable_data_parallel(c.options);
   trainer.set_rank_values([rank] { return std::vector<double>{10.0 + rank, 20.0 + rank}; });
   double local_loss = 0;  // this rank's loss of the step, summed as the Trainer sums it

@@ -67,14 +67,15 @@ struct DeviceCheck {
 };
 BOOST_TEST_GLOBAL_FIXTURE(DeviceCheck);
 
-// The device path on every device: automatic on CUDA (asserted), forced on CPU tensors with the
-// recipe a GPU runs (foreach_ops).
+// The device path on every device: automatic on CUDA (asserted: the chunk kernel where this build
+// holds it, foreach_ops otherwise), forced on CPU tensors with the recipe a GPU runs.
 void use_device_path(Trainer& trainer) {
-  if (test_device().is_cpu()) {
-    trainer.set_stats_path(Trainer::StatsPath::device);
-    set_device_stats_recipe(DeviceStatsRecipe::foreach_ops);
-  } else
-    BOOST_TEST_REQUIRE(trainer.uses_device_stats());
+  if (test_device().is_cpu())
+    trainer.set_stats_recipe(chunk_kernel_built() ? DeviceStatsRecipe::chunk_kernel
+                                                  : DeviceStatsRecipe::foreach_ops);
+  else
+    BOOST_TEST_REQUIRE((trainer.stats_recipe() == (chunk_kernel_built() ? DeviceStatsRecipe::chunk_kernel
+                                                                        : DeviceStatsRecipe::foreach_ops)));
 }
 
 json read_json(const std::string& path) {

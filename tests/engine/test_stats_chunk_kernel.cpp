@@ -9,11 +9,13 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/grad_stats_chunks.h"
+#include "ampkit/gradient_table.h"
 
 using namespace ampkit;
 
@@ -133,4 +135,87 @@ BOOST_AUTO_TEST_CASE(other_dtypes_are_refused_in_one_line) {
     BOOST_TEST((e.category() == ErrorCategory::usage));
     BOOST_TEST(std::string(e.what()).find("float, half and bfloat16") != std::string::npos, e.what());
   }
+}
+
+// The recipe is chosen once, from the parameters and the build (issue 41): automatic runs the chunk
+// kernel on one CUDA device where it is built, and says why where it falls back.
+BOOST_AUTO_TEST_CASE(automatic_takes_the_chunk_kernel_on_a_gpu_where_it_is_built) {
+  StatsRecipeFacts gpu;
+  gpu.cuda_devices = 1;
+  gpu.kernel_dtypes = true;
+  gpu.kernel_built = true;
+  ResolvedStatsRecipe r = choose_stats_recipe(DeviceStatsRecipe::automatic, gpu);
+  BOOST_TEST((r.recipe == DeviceStatsRecipe::chunk_kernel));
+  BOOST_TEST(r.fallback.empty());
+
+  StatsRecipeFacts unbuilt = gpu;
+  unbuilt.kernel_built = false;
+  r = choose_stats_recipe(DeviceStatsRecipe::automatic, unbuilt);
+  BOOST_TEST((r.recipe == DeviceStatsRecipe::foreach_ops));
+  BOOST_TEST(r.fallback.find("no statistics kernel") != std::string::npos, r.fallback);
+  StatsRecipeFacts two = gpu;
+  two.cuda_devices = 2;
+  BOOST_TEST(
+      (choose_stats_recipe(DeviceStatsRecipe::automatic, two).recipe == DeviceStatsRecipe::foreach_ops));
+  StatsRecipeFacts float64 = gpu;
+  float64.kernel_dtypes = false;
+  r = choose_stats_recipe(DeviceStatsRecipe::automatic, float64);
+  BOOST_TEST((r.recipe == DeviceStatsRecipe::foreach_ops));
+  BOOST_TEST(r.fallback.find("neither float, half nor bfloat16") != std::string::npos, r.fallback);
+
+  StatsRecipeFacts cpu_float;
+  cpu_float.all_cpu_float = cpu_float.kernel_dtypes = cpu_float.cpu_tensors = true;
+  cpu_float.kernel_built = true;
+  r = choose_stats_recipe(DeviceStatsRecipe::automatic, cpu_float);
+  BOOST_TEST((r.recipe == DeviceStatsRecipe::fused_scan));
+  BOOST_TEST(r.fallback.empty());  // nothing to say on a CPU
+  StatsRecipeFacts cpu_bf16 = cpu_float;
+  cpu_bf16.all_cpu_float = false;
+  BOOST_TEST(
+      (choose_stats_recipe(DeviceStatsRecipe::automatic, cpu_bf16).recipe == DeviceStatsRecipe::foreach_ops));
+
+  // Forced: kept, checked. The chunk kernel on CPU tensors is the host's emulation, always there.
+  BOOST_TEST((choose_stats_recipe(DeviceStatsRecipe::chunk_kernel, cpu_float).recipe ==
+              DeviceStatsRecipe::chunk_kernel));
+  BOOST_CHECK_THROW(choose_stats_recipe(DeviceStatsRecipe::chunk_kernel, unbuilt), Error);
+  BOOST_CHECK_THROW(choose_stats_recipe(DeviceStatsRecipe::chunk_kernel, float64), Error);
+  // The real parameters of this (CPU) test: what automatic resolves them to.
+  BOOST_TEST((resolve_stats_recipe(DeviceStatsRecipe::automatic, {at::ones({3})}).recipe ==
+              DeviceStatsRecipe::fused_scan));
+  BOOST_TEST((resolve_stats_recipe(DeviceStatsRecipe::automatic, {at::ones({3}, at::kBFloat16)}).recipe ==
+              DeviceStatsRecipe::foreach_ops));
+  BOOST_TEST((parse_stats_recipe("chunk_kernel") == DeviceStatsRecipe::chunk_kernel));
+  BOOST_CHECK_THROW(parse_stats_recipe("chunk"), Error);
+}
+
+// A GradientTable plans its chunks once while the gradients stay where they are, plans again when
+// one moves, and measures what a fresh pass measures.
+BOOST_AUTO_TEST_CASE(a_gradient_table_plans_once_while_the_gradients_stay) {
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (int i = 0; i < 5; ++i) {
+    params.push_back(at::zeros({70000 + i}).set_requires_grad(true));
+    params.back().mutable_grad() = at::randn({70000 + i});
+    names.push_back("p" + std::to_string(i));
+  }
+  GradientTable table(params, names, DeviceStatsRecipe::chunk_kernel);
+  BOOST_TEST((table.recipe() == DeviceStatsRecipe::chunk_kernel));
+  const at::Tensor loss = at::full({1}, 2.5, at::kDouble);
+  for (int step = 0; step < 3; ++step) {
+    table.read_gradients();
+    std::vector<double> values;
+    const GradStats got = table.measure({loss}, values);
+    BOOST_TEST(values == std::vector<double>{2.5});
+    check_close(got, recipe(table.gradients(), DeviceStatsRecipe::chunk_kernel), 0.0);
+  }
+  BOOST_TEST(table.plans_made() == 1);
+  params[2].mutable_grad() = at::randn({70002});  // a new gradient: another address
+  std::vector<double> values;
+  table.read_gradients();
+  check_close(table.measure({}, values), recipe(table.gradients(), DeviceStatsRecipe::chunk_kernel), 0.0);
+  BOOST_TEST(table.plans_made() == 2);
+  params[2].mutable_grad() = at::Tensor();  // no gradient: planned again, counted as empty
+  table.read_gradients();
+  BOOST_TEST(table.measure({}, values).elements == 4 * 70000 + 0 + 1 + 3 + 4);
+  BOOST_TEST(table.plans_made() == 3);
 }

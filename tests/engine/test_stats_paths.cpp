@@ -27,23 +27,18 @@ using Plugins = ampkit::test::BuiltinPlugins;
 
 namespace {
 
-// The device path's recipe for a test: a GPU's (foreach_ops) or the CPU's (fused_scan).
-struct Recipe {
-  explicit Recipe(DeviceStatsRecipe r) { set_device_stats_recipe(r); }
-  ~Recipe() { set_device_stats_recipe(DeviceStatsRecipe::automatic); }
-};
-
-// Two trainers on identical models, data and strategies; one on each statistics path.
+// Two trainers on identical models, data and strategies: one with the CPU's recipe (fused_scan,
+// what automatic picks here), one with `recipe`, a GPU's, forced on these CPU tensors.
 struct PathPair {
   Plugins plugins;
   TinyTrainer fast, device;
 
-  PathPair(const std::map<std::string, StrategyChoice>& choices, int accumulate)
+  PathPair(const std::map<std::string, StrategyChoice>& choices, int accumulate, DeviceStatsRecipe recipe)
       : fast(plugins, choices, constant_lr(0.1), Precision::fp32, accumulate),
         device(plugins, choices, constant_lr(0.1), Precision::fp32, accumulate) {
     device.model.copy_weights_from(fast.model);
-    fast.trainer.set_stats_path(Trainer::StatsPath::cpu_fast);
-    device.trainer.set_stats_path(Trainer::StatsPath::device);
+    BOOST_TEST_REQUIRE((fast.trainer.stats_recipe() == DeviceStatsRecipe::fused_scan));
+    device.trainer.set_stats_recipe(recipe);
   }
 };
 
@@ -55,11 +50,10 @@ at::Tensor tiny_loss(TinyModel& m, int64_t step, int micro, bool poisoned) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(device_path_steps_like_the_fast_path) {
-  for (const auto recipe : {DeviceStatsRecipe::foreach_ops, DeviceStatsRecipe::fused_scan}) {
-    const Recipe use(recipe);
+  for (const auto recipe : {DeviceStatsRecipe::foreach_ops, DeviceStatsRecipe::chunk_kernel}) {
     PathPair pair({{"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}})},
                    {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})}},
-                  /*accumulate=*/2);
+                  /*accumulate=*/2, recipe);
     for (int64_t step = 0; step < 6; ++step) {
       const bool poisoned = step == 3;
       const StepOutcome a =
@@ -89,14 +83,14 @@ BOOST_AUTO_TEST_CASE(device_path_steps_like_the_fast_path) {
 // The device path reads the host once per healthy step, whatever the strategies: the
 // statistics and the loss come in one copy; the CPU fast path reads the step loss once too.
 BOOST_AUTO_TEST_CASE(both_paths_read_the_host_once_per_healthy_step) {
-  const Recipe use(DeviceStatsRecipe::foreach_ops);
   int combinations = 0;
   for (const std::string scaler : {"none", "static", "dynamic", "predictive"})
     for (const std::string policy : {"skip", "backoff", "abort", "rollback"}) {
       PathPair pair({{"scaler", Plugins::choice(scaler)},
                      {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})},
                      {"nan_policy", Plugins::choice(policy)}},
-                    /*accumulate=*/3);
+                    /*accumulate=*/3,
+                    combinations % 2 ? DeviceStatsRecipe::chunk_kernel : DeviceStatsRecipe::foreach_ops);
       for (int64_t step = 0; step < 4; ++step) {
         const int64_t before_device = host_reads();
         const StepOutcome b =

@@ -19,6 +19,7 @@ import ampkit
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 scaler = ampkit.GradScaler("cpu", scaler="update_segv", plugin_dirs=[{faults!r}])
+{reconfigure}
 for step in range(2):  # the plugin crashes in its second update()
     opt.zero_grad()
     scaler.scale(model(torch.ones(2, 4)).sum()).backward()
@@ -29,8 +30,11 @@ print("not reached")
 """
 
 
-def test_a_plugin_crash_ends_python_with_one_line_naming_it():
-    script = SCRIPT.format(python=os.path.join(BUILD, "python"), faults=os.path.join(BROKEN, "faults"))
+@pytest.mark.parametrize("reconfigure", ["", "scaler.set_growth_interval(7)"], ids=["as_made", "options_replaced"])
+def test_a_plugin_crash_ends_python_with_one_line_naming_it(reconfigure):
+    # Replacing an option makes the plugin again (StrategySet::reconfigure): still guarded.
+    script = SCRIPT.format(python=os.path.join(BUILD, "python"), faults=os.path.join(BROKEN, "faults"),
+                           reconfigure=reconfigure)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, AMPKIT_PLUGIN_PATH=""))
     assert run.returncode == 3

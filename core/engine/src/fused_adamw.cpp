@@ -4,7 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_fused_adamw.h>
-#include <ATen/ops/full.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -32,6 +32,12 @@ at::Tensor FusedAdamW::device_step(const at::Tensor& param, int64_t count) {
                                  at::TensorOptions().dtype(at::kFloat).device(param.device()));
   d.count = count + 1;  // after this step's _foreach_add_
   return d.tensor;
+}
+
+at::Tensor& FusedAdamW::grad_scale_on(const at::Device& device) {
+  at::Tensor& t = grad_scales_[device.str()];
+  if (!t.defined()) t = at::empty({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  return t;
 }
 
 at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double> grad_scale) {
@@ -78,9 +84,7 @@ at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double
       at::_foreach_add_(b.steps, at::Scalar(1.0));
       // The kernel reads grad_scale as a float on the parameters' device (GradScaler's scale tensor).
       std::optional<at::Tensor> scale;
-      if (grad_scale)
-        scale = at::full({}, *grad_scale,
-                         at::TensorOptions().dtype(at::kFloat).device(b.params.front().device()));
+      if (grad_scale) scale = grad_scale_on(b.params.front().device()).fill_(*grad_scale);
       at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
                         options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(),
                         /*maximize=*/false, scale);

@@ -45,11 +45,17 @@ bool chunk_kernel_dtypes(const std::vector<at::Tensor>& grads) {
 
 StatsPlan plan_stats_chunks(const std::vector<at::Tensor>& grads) {
   StatsPlan plan;
+  plan.addresses.assign(grads.size(), nullptr);
+  plan.sizes.assign(grads.size(), 0);
+  plan.dtypes.assign(grads.size(), at::ScalarType::Undefined);
   for (const at::ScalarType dtype : kDtypes) {
     const size_t launch_first = plan.chunks.size();
     for (size_t t = 0; t < grads.size(); ++t) {
       const at::Tensor& g = grads[t];
       if (!g.defined() || g.numel() == 0 || g.scalar_type() != dtype) continue;
+      plan.addresses[t] = g.is_contiguous() ? g.data_ptr() : nullptr;  // a copy: made again each step
+      plan.sizes[t] = g.numel();
+      plan.dtypes[t] = dtype;
       const at::Tensor data = g.is_contiguous() ? g : g.contiguous();
       plan.data.push_back(data);
       const auto* base = static_cast<const char*>(data.data_ptr());
@@ -61,6 +67,22 @@ StatsPlan plan_stats_chunks(const std::vector<at::Tensor>& grads) {
       plan.launches.push_back({dtype, launch_first, plan.chunks.size() - launch_first});
   }
   return plan;
+}
+
+bool plan_matches(const StatsPlan& plan, const std::vector<at::Tensor>& grads) {
+  if (plan.addresses.size() != grads.size()) return false;
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const at::Tensor& g = grads[t];
+    if (!g.defined() || g.numel() == 0) {
+      if (plan.sizes[t] != 0) return false;
+      continue;
+    }
+    // A gradient the plan copied (not contiguous) has no stable address: plan again.
+    if (plan.addresses[t] == nullptr || !g.is_contiguous() || g.data_ptr() != plan.addresses[t] ||
+        g.numel() != plan.sizes[t] || g.scalar_type() != plan.dtypes[t])
+      return false;
+  }
+  return true;
 }
 
 void chunk_stats_on_host(const StatsChunk& chunk, at::ScalarType dtype, double out[4]) {

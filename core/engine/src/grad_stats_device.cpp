@@ -3,16 +3,17 @@
 #include <ATen/Functions.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats.h"
-#include "ampkit/grad_stats_chunks.h"
+#include "ampkit/gradient_table.h"
 #include "ampkit/host_reads.h"
+#include "stats_recipes.h"
 
 namespace ampkit {
 
@@ -20,8 +21,6 @@ namespace {
 
 // The largest temporary (the signs of one group) and the largest part of one gradient.
 constexpr int64_t kGroupBytes = int64_t{64} << 20;
-
-std::atomic<DeviceStatsRecipe> g_recipe{DeviceStatsRecipe::automatic};
 
 int64_t bytes_of(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
@@ -138,57 +137,80 @@ GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vec
   return stats;
 }
 
-// One read of every element: the chunks' four numbers (on the device by the kernel, on CPU
-// tensors by the host), then the scalars, packed and read once.
-GradStats chunk_kernel_stats(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
-                             std::vector<double>& values) {
-  const StatsPlan plan = plan_stats_chunks(grads);
-  const at::Device device = device_of(grads, scalars);
-  const int64_t numbers = 4 * static_cast<int64_t>(plan.chunks.size());
-  std::vector<at::Tensor> packed;
-  if (numbers > 0) {
-    at::Tensor partials = at::empty({numbers}, at::TensorOptions().device(device).dtype(at::kDouble));
-    if (device.is_cuda()) {
-      launch_chunk_kernel(plan, partials);
-    } else {
-      double* out = partials.data_ptr<double>();
-      for (const StatsLaunch& launch : plan.launches)
-        for (size_t c = launch.first; c < launch.first + launch.count; ++c)
-          chunk_stats_on_host(plan.chunks[c], launch.dtype, out + 4 * c);
-    }
-    packed.push_back(partials);
-  }
-  for (const auto& s : scalars) packed.push_back(s.detach().to(device, at::kDouble).reshape({-1}));
-  values.clear();
-  if (packed.empty()) return combine_chunk_stats(plan, grads, nullptr);
-  const at::Tensor host = read_to_host(packed.size() == 1 ? packed.front() : at::cat(packed)).contiguous();
-  const double* v = host.data_ptr<double>();
-  values.assign(v + numbers, v + host.numel());
-  return combine_chunk_stats(plan, grads, v);
-}
-
 }  // namespace
 
-void set_device_stats_recipe(DeviceStatsRecipe recipe) {
-  g_recipe.store(recipe);
+const char* to_string(DeviceStatsRecipe recipe) {
+  switch (recipe) {
+    case DeviceStatsRecipe::automatic:
+      return "automatic";
+    case DeviceStatsRecipe::foreach_ops:
+      return "foreach_ops";
+    case DeviceStatsRecipe::fused_scan:
+      return "fused_scan";
+    case DeviceStatsRecipe::chunk_kernel:
+      return "chunk_kernel";
+  }
+  return "?";
 }
 
-DeviceStatsRecipe device_stats_recipe() {
-  return g_recipe.load();
+DeviceStatsRecipe parse_stats_recipe(const std::string& text) {
+  std::string names;
+  for (const DeviceStatsRecipe r : kStatsRecipes) {
+    if (text == to_string(r)) return r;
+    names += (names.empty() ? "" : ", ") + std::string(to_string(r));
+  }
+  throw Error(ErrorCategory::usage, "statistics recipe '" + text + "' is not one of " + names);
+}
+
+ResolvedStatsRecipe choose_stats_recipe(DeviceStatsRecipe requested, const StatsRecipeFacts& f) {
+  if (requested == DeviceStatsRecipe::chunk_kernel) {
+    if (!f.kernel_dtypes)
+      throw Error(ErrorCategory::usage,
+                  "the chunk_kernel statistics recipe takes float, half and bfloat16 gradients only");
+    if (f.cuda_devices > 0) require_chunk_kernel_in(f.kernel_built);
+  }
+  if (requested != DeviceStatsRecipe::automatic) return {requested, ""};
+  if (f.all_cpu_float) return {DeviceStatsRecipe::fused_scan, ""};
+  if (f.cuda_devices == 0) return {DeviceStatsRecipe::foreach_ops, ""};
+  std::string why;
+  if (!f.kernel_built)
+    why = "this build has no statistics kernel (nvcc was not found when it was configured)";
+  else if (f.cuda_devices > 1 || f.cpu_tensors)
+    why = "the parameters are not all on one CUDA device";
+  else if (!f.kernel_dtypes)
+    why = "some parameters are neither float, half nor bfloat16";
+  if (why.empty()) return {DeviceStatsRecipe::chunk_kernel, ""};
+  return {DeviceStatsRecipe::foreach_ops, "gradient statistics: foreach_ops instead of chunk_kernel: " + why};
+}
+
+ResolvedStatsRecipe resolve_stats_recipe(DeviceStatsRecipe requested,
+                                         const std::vector<at::Tensor>& parameters) {
+  StatsRecipeFacts f;
+  f.all_cpu_float = all_cpu_float(parameters);
+  f.kernel_dtypes = chunk_kernel_dtypes(parameters);
+  f.kernel_built = chunk_kernel_built();
+  std::vector<at::Device> devices;
+  for (const auto& p : parameters) {
+    if (!p.defined()) continue;
+    if (!p.is_cuda()) {
+      f.cpu_tensors = true;
+      continue;
+    }
+    if (std::find(devices.begin(), devices.end(), p.device()) == devices.end()) devices.push_back(p.device());
+  }
+  f.cuda_devices = static_cast<int>(devices.size());
+  return choose_stats_recipe(requested, f);
 }
 
 GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
                                        const std::vector<at::Tensor>& scalars,
                                        std::vector<double>& scalar_values, DeviceStatsRecipe recipe) {
-  if (recipe == DeviceStatsRecipe::automatic) recipe = g_recipe.load();
-  if (recipe == DeviceStatsRecipe::automatic)
-    recipe = all_cpu_float(grads) ? DeviceStatsRecipe::fused_scan : DeviceStatsRecipe::foreach_ops;
-  if (recipe == DeviceStatsRecipe::chunk_kernel) {
-    if (!chunk_kernel_dtypes(grads))
-      throw Error(ErrorCategory::usage,
-                  "the chunk_kernel statistics recipe takes float, half and bfloat16 gradients only");
-    return chunk_kernel_stats(grads, scalars, scalar_values);
-  }
+  return GradStatsPass(resolve_stats_recipe(recipe, grads).recipe).run(grads, scalars, scalar_values);
+}
+
+// The recipes that keep nothing between steps; GradStatsPass::run (gradient_table.cpp) calls them.
+GradStats run_stateless_recipe(DeviceStatsRecipe recipe, const std::vector<at::Tensor>& grads,
+                               const std::vector<at::Tensor>& scalars, std::vector<double>& scalar_values) {
   if (recipe == DeviceStatsRecipe::foreach_ops) return foreach_ops_stats(grads, scalars, scalar_values);
   GradStats stats = compute_grad_stats(grads);
   read_scalars(scalars, scalar_values);

@@ -111,12 +111,9 @@ bool chunk_kernel_built() {
   return true;
 }
 
-void launch_chunk_kernel(const StatsPlan& plan, at::Tensor& out) {
-  if (plan.chunks.empty()) return;
-  const DeviceScope scope(out.device().index());
-  const Kernels& k = kernels_on(out.device().index());
-  // The chunk table, copied to the device on the stream from pinned memory (the host allocator
-  // keeps the buffer until the copy has run): one copy, whatever the number of chunks.
+at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device) {
+  // Copied on the stream from pinned memory; the host allocator keeps the buffer until the copy
+  // has run.
   static_assert(sizeof(ampkit_stats_chunk) == 2 * sizeof(int64_t), "a chunk is two 64-bit numbers");
   at::Tensor table = at::empty({static_cast<int64_t>(2 * plan.chunks.size())},
                                at::TensorOptions().dtype(at::kLong).pinned_memory(true));
@@ -124,11 +121,17 @@ void launch_chunk_kernel(const StatsPlan& plan, at::Tensor& out) {
   for (size_t c = 0; c < plan.chunks.size(); ++c)
     entries[c] = {reinterpret_cast<unsigned long long>(plan.chunks[c].address),
                   static_cast<long long>(plan.chunks[c].elements)};
-  const at::Tensor on_device = table.to(out.device(), /*non_blocking=*/true);
+  return table.to(device, /*non_blocking=*/true);
+}
+
+void launch_chunk_kernel(const StatsPlan& plan, const at::Tensor& table, at::Tensor& out) {
+  if (plan.chunks.empty()) return;
+  const DeviceScope scope(out.device().index());
+  const Kernels& k = kernels_on(out.device().index());
   void* stream = c10::cuda::getCurrentCUDAStream(out.device().index()).stream();
   for (const StatsLaunch& launch : plan.launches) {
     const auto* chunks =
-        reinterpret_cast<const ampkit_stats_chunk*>(on_device.data_ptr<int64_t>()) + launch.first;
+        reinterpret_cast<const ampkit_stats_chunk*>(table.data_ptr<int64_t>()) + launch.first;
     double* partials = out.data_ptr<double>() + 4 * launch.first;
     void* args[] = {&chunks, &partials};
     check(driver().launch_kernel(k[kernel_index(launch.dtype)], static_cast<unsigned>(launch.count), 1, 1,
@@ -143,12 +146,22 @@ bool chunk_kernel_built() {
   return false;
 }
 
-void launch_chunk_kernel(const StatsPlan&, at::Tensor&) {
-  throw Error(ErrorCategory::usage,
-              "the chunk_kernel statistics recipe needs CUDA: this build has no statistics kernel (nvcc or "
-              "LibTorch's CUDA libraries were not found when it was configured)");
+at::Tensor upload_chunk_table(const StatsPlan&, const at::Device&) {
+  require_chunk_kernel_in(false);
+  return {};
+}
+
+void launch_chunk_kernel(const StatsPlan&, const at::Tensor&, at::Tensor&) {
+  require_chunk_kernel_in(false);
 }
 
 #endif
+
+void require_chunk_kernel_in(bool built) {
+  if (!built)
+    throw Error(ErrorCategory::usage,
+                "the chunk_kernel statistics recipe needs CUDA: this build has no statistics kernel (nvcc or "
+                "LibTorch's CUDA libraries were not found when it was configured)");
+}
 
 }  // namespace ampkit

@@ -14,6 +14,11 @@ at::Tensor read_to_host(const at::Tensor& t) {
   return t.device().is_cpu() ? t : t.to(at::kCPU);
 }
 
+void read_into_host(at::Tensor& host, const at::Tensor& t) {
+  g_reads.fetch_add(1, std::memory_order_relaxed);
+  if (!host.is_same(t)) host.copy_(t);  // blocking: the copy has landed when it returns
+}
+
 double read_scalar(const at::Tensor& t) {
   g_reads.fetch_add(1, std::memory_order_relaxed);
   return t.item<double>();

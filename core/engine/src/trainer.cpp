@@ -14,7 +14,7 @@
 #include <unordered_map>
 
 #include "ampkit/error.h"
-#include "ampkit/grad_stats.h"
+#include "ampkit/gradient_table.h"
 #include "ampkit/step_values_carrier.h"
 
 namespace ampkit {
@@ -51,7 +51,8 @@ Trainer::Trainer(Precision precision, int accumulation_steps, std::vector<at::Te
       unscaling_(dynamic_cast<UnscalingOptimizer*>(&optimizer)),
       strategies_(strategies),
       amp_(amp_strategies(strategies)),
-      schedule_(schedule) {
+      schedule_(schedule),
+      table_(std::make_unique<GradientTable>(parameters_, names_)) {
   if (accumulation_steps_ < 1)
     throw Error(ErrorCategory::usage,
                 "accumulation steps must be >= 1, got " + std::to_string(accumulation_steps_));
@@ -78,29 +79,13 @@ void Trainer::start(const RunInfo& extra) {
   started_ = true;
 }
 
-TrainerCounters Trainer::counters() const {
-  return {attempted_, taken_, discarded_, rollbacks_, consecutive_skips_};
-}
-
 void Trainer::restore_counters(const TrainerCounters& c) {
-  if (c.taken < 0 || c.discarded < 0 || c.taken + c.discarded > c.attempted)
-    throw Error(ErrorCategory::checkpoint,
-                "inconsistent step counters: attempted " + std::to_string(c.attempted) + ", taken " +
-                    std::to_string(c.taken) + ", discarded " + std::to_string(c.discarded));
-  attempted_ = c.attempted;
-  taken_ = c.taken;
-  discarded_ = c.discarded;
-  skipped_ = c.attempted - c.taken - c.discarded;
-  rollbacks_ = c.rollbacks;
-  consecutive_skips_ = c.consecutive_skips;
+  amp_.restore_counters(c);
   set_lr(scheduled_lr());
 }
 
-std::vector<at::Tensor> Trainer::gradients() const {
-  std::vector<at::Tensor> grads;
-  grads.reserve(parameters_.size());
-  for (const auto& p : parameters_) grads.push_back(p.grad());
-  return grads;
+void Trainer::set_stats_recipe(DeviceStatsRecipe recipe) {
+  table_ = std::make_unique<GradientTable>(parameters_, names_, recipe);
 }
 
 void Trainer::set_lr(double lr) {
@@ -112,41 +97,34 @@ void Trainer::zero_grad() {
   if (carrier_) carrier_->clear_gradient();
 }
 
-// One optimizer step, in the order of docs/architecture.md's "One optimizer step".
+// One optimizer step, in the order of docs/architecture.md's "One optimizer step"; 2 and 4-8 are
+// the engine's AmpStep, shared with the Python GradScaler.
 StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
   if (!started_) start(RunInfo{});
-  StepOutcome out;
-  begin_step(out);
-  forward_backward(forward, out.stats.scale);              // 1, 2
-  std::vector<at::Tensor> grads = average_across_ranks();  // 3
-  const int ranks = carrier_ ? carrier_->world() : static_cast<int>(step_values_.size(0));
-  AmpStep::PackedDecoder decode;
-  if (carrier_)
-    decode = [this](const std::vector<double>& read) { return carrier_->decode(read, row_length_); };
-  amp_.measure(grads, out.stats, uses_device_stats(), step_values_, ranks, &out.rank_values, decode);  // 4
-  out.rank_values = rank_values_of(std::move(out.rank_values), ranks);
-  const NanAction action = amp_.decide(out);  // 5
-  if (action == NanAction::proceed || action == NanAction::clip) {
-    // 6 (a clip decision caps the norm further): the factor the gradients still need, 1 when
-    // they were multiplied here, folded into the optimizer's own pass otherwise.
-    const double factor = amp_.unscale_and_clip(parameters_, grads, out, folds_unscale());
-    take_optimizer_step(out, factor);  // 7
-  } else {
-    recover(action, out, forward);  // 5: skip, backoff or rollback
-  }
-  ++attempted_;
-  amp_.update_scaler(out, action);  // 8
-  return out;
-}
-
-void Trainer::begin_step(StepOutcome& out) {
-  out.stats.step = attempted_;
-  out.stats.consecutive_skips = consecutive_skips_;
-  // 2. The scale is read once: every micro-batch of this step uses the same value.
-  out.stats.scale = amp_.scale();
+  StepOutcome out = amp_.begin_iteration();  // 2: the scale, read once
   // A skip since the last step shortens the cosine's horizon (LrSchedule): set it again.
   out.lr = scheduled_lr();
   set_lr(out.lr);
+  forward_backward(forward, out.stats.scale);  // 1, 2
+  average_across_ranks();                      // 3
+  PackedValues packed;
+  packed.tensor = step_values_;
+  packed.ranks = carrier_ ? carrier_->world() : static_cast<int>(step_values_.size(0));
+  if (carrier_)
+    packed.decode = [this](const std::vector<double>& read) { return carrier_->decode(read, row_length_); };
+  // 4-6: statistics, decision, and the factor the gradients still need (a clip decision caps the
+  // norm further): 1 when they were multiplied here, folded into the optimizer's own pass otherwise.
+  const double factor =
+      amp_.after_backward({*table_, folds_unscale(), SkippedGradients::keep, at::Tensor(), &packed}, out);
+  out.rank_values = rank_values_of(std::move(packed.values), packed.ranks);
+  if (out.stepped)
+    take_optimizer_step(factor);  // 7
+  else
+    recover(out, forward);                     // 5: skip, backoff or rollback
+  StepOutcome done = amp_.finish_iteration();  // 8: counted, the scaler's update
+  done.rank_values = std::move(out.rank_values);
+  if (out.stepped || out.decision.action == NanAction::rollback) set_lr(scheduled_lr());
+  return done;
 }
 
 // 1, 2: each micro-batch's forward under autocast, then the backward of loss * scale / accumulate.
@@ -192,13 +170,6 @@ void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, do
   step_loss_ = loss_sum / static_cast<double>(accumulation_steps_);
 }
 
-bool Trainer::uses_device_stats() const {
-  if (stats_path_ != StatsPath::automatic) return stats_path_ == StatsPath::device;
-  for (const auto& p : parameters_)
-    if (!p.device().is_cpu() || p.scalar_type() != at::kFloat) return true;
-  return false;
-}
-
 // This rank's loss then the caller's values (set_rank_values), float64 on the loss's device.
 at::Tensor Trainer::rank_row() {
   at::Tensor row = step_loss_;
@@ -219,9 +190,9 @@ at::Tensor Trainer::rank_row() {
 // on any rank makes every rank take the same decision (issue 32). With the Reducer they rode in
 // its buckets (StepValuesCarrier): no collective besides the gradients'. Without it, one small
 // all_gather. One process: the loss alone, no collective.
-std::vector<at::Tensor> Trainer::average_across_ranks() {
+void Trainer::average_across_ranks() {
   CommBackend& comm = *strategies_.comm;
-  std::vector<at::Tensor> grads = gradients();
+  const std::vector<at::Tensor>& grads = table_->read_gradients();
   if (!reducer_) {
     std::vector<at::Tensor> defined;
     for (const auto& g : grads)
@@ -230,10 +201,9 @@ std::vector<at::Tensor> Trainer::average_across_ranks() {
   }
   if (comm.world_size() == 1) {
     step_values_ = step_loss_.reshape({1, 1});
-    return grads;
+    return;
   }
   step_values_ = carrier_ ? carrier_->gathered() : comm.all_gather(rank_row());
-  return grads;
 }
 
 // The values of set_rank_values from step 4's read: every rank's row without its loss.
@@ -248,40 +218,25 @@ std::vector<double> Trainer::rank_values_of(std::vector<double> packed, int rank
 }
 
 // 5. A step not taken: the bad-step observer (the host's NaN locator) sees it first, while the
-// parameters are still those the step saw; then the scaler's extra backoff or the rollback.
-void Trainer::recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward) {
+// parameters are still those the step saw; then the rollback (the scaler's extra backoff is
+// AmpStep::finish_iteration's).
+void Trainer::recover(const StepOutcome& out, const std::function<at::Tensor(int)>& forward) {
   zero_grad();
-  ++skipped_;
-  ++consecutive_skips_;
   if (bad_step_observer_) bad_step_observer_(out, forward);
-  if (action == NanAction::skip_backoff) amp_.back_off();
-  if (action != NanAction::rollback) return;
+  if (out.decision.action != NanAction::rollback) return;
   if (!rollback_)
     throw Error(ErrorCategory::internal,
                 "the NaN policy asked for a rollback, but the host gave the Trainer no rollback handler");
-  const int64_t restored_taken = rollback_();
-  if (restored_taken < 0 || restored_taken > taken_)
-    throw Error(ErrorCategory::internal, "rollback restored a snapshot from the future (step " +
-                                             std::to_string(restored_taken) + " of " +
-                                             std::to_string(taken_) + ")");
-  discarded_ += taken_ - restored_taken;
-  taken_ = restored_taken;
-  ++rollbacks_;
-  consecutive_skips_ = 0;
-  set_lr(scheduled_lr());
+  amp_.rolled_back(rollback_());
 }
 
 // 7. The optimizer step; the schedule advances only with it. A folded factor reaches the optimizer as
 // torch's grad_scale, its inverse: the kernel divides each gradient by it on its way through.
-void Trainer::take_optimizer_step(StepOutcome& out, double factor) {
+void Trainer::take_optimizer_step(double factor) {
   if (factor != 1.0)
     unscaling_->step_unscaling(1.0 / factor);
   else
     optimizer_.step();
-  ++taken_;
-  set_lr(scheduled_lr());
-  out.stepped = true;
-  consecutive_skips_ = 0;
 }
 
 }  // namespace ampkit

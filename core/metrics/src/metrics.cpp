@@ -124,38 +124,25 @@ void MetricsWriter::write(const nlohmann::json& record) {
   check_written(out_, file_, "metrics");
 }
 
+namespace {
+// A record field as JSON: numbers through number() (a finite one is written as it is).
+nlohmann::json field_json(double v) {
+  return number(v);
+}
+nlohmann::json field_json(const std::vector<LayerNorm>& layers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LayerNorm& l : layers) out.push_back({{"name", l.name}, {"grad_norm", number(l.grad_norm)}});
+  return out;
+}
+template <class T>
+nlohmann::json field_json(const T& v) {
+  return v;
+}
+}  // namespace
+
 nlohmann::json StepRecord::to_json() const {
   nlohmann::json r;
-  r["step"] = step;
-  r["epoch"] = epoch;
-  r["loss"] = number(loss);
-  r["scale"] = number(scale);
-  r["scale_next"] = number(scale_next);
-  r["grad_norm"] = number(grad_norm);
-  r["grad_norm_clipped"] = number(grad_norm_clipped);
-  r["grad_max_abs"] = number(grad_max_abs);
-  r["zero_fraction"] = number(zero_fraction);
-  r["clip_coef"] = number(clip_coef);
-  r["clip_threshold"] = number(clip_threshold);
-  r["clipped"] = clipped;
-  r["found_inf"] = found_inf;
-  r["action"] = to_string(action);
-  if (!reason.empty()) r["reason"] = reason;
-  r["stepped"] = stepped;
-  r["skipped_steps"] = skipped_steps;
-  r["lr"] = lr;
-  r["samples_per_second"] = number(samples_per_second);
-  r["time"] = time;
-  if (!rank_samples_per_second.empty()) r["rank_samples_per_second"] = rank_samples_per_second;
-  if (data_step) r["data_step"] = *data_step;
-  if (steps_discarded) r["steps_discarded"] = *steps_discarded;
-  if (rollbacks) r["rollbacks"] = *rollbacks;
-  if (!located.is_null()) r["located"] = located;
-  if (top_layers) {
-    r["top_layers"] = nlohmann::json::array();
-    for (const LayerNorm& l : *top_layers)
-      r["top_layers"].push_back({{"name", l.name}, {"grad_norm", number(l.grad_norm)}});
-  }
+  visit([&](const char* key, const auto& value) { r[key] = field_json(value); });
   return r;
 }
 

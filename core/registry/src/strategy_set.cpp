@@ -42,15 +42,29 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
   return set;
 }
 
-void StrategySet::create(unsigned timeout_seconds) {
-  for (auto& s : selected_) {
-    std::unique_ptr<Strategy> created;
-    {
-      PluginCall call(s.kind.c_str(), "its constructor", timeout_seconds);
-      created = s.plugin->create(s.options.values);
-    }
-    s.strategy = guard_strategy(s.kind, std::move(created), s.description, timeout_seconds);
+std::unique_ptr<Strategy> StrategySet::make(const SelectedStrategy& s, const ResolvedOptions& options) const {
+  std::unique_ptr<Strategy> created;
+  {
+    PluginCall call(s.kind.c_str(), "its constructor", timeout_seconds_);
+    created = s.plugin->create(options.values);
   }
+  return guard_strategy(s.kind, std::move(created), s.description, timeout_seconds_);
+}
+
+void StrategySet::create(unsigned timeout_seconds) {
+  timeout_seconds_ = timeout_seconds;
+  for (auto& s : selected_) s.strategy = make(s, s.options);
+}
+
+void StrategySet::reconfigure(const std::string& kind, const OptionInputs& inputs, const RunInfo* started) {
+  SelectedStrategy& s = selected(kind);
+  const Strategy& old = created(kind);
+  ResolvedOptions resolved = resolve_options(s.plugin->descriptor(), inputs);
+  std::unique_ptr<Strategy> made = make(s, resolved);  // guarded: each call below is a plugin call
+  if (started != nullptr) made->start(*started);
+  made->load(old.save());
+  s.strategy = std::move(made);
+  s.options = std::move(resolved);
 }
 
 const SelectedStrategy& StrategySet::selected(const std::string& kind) const {

@@ -106,4 +106,8 @@ class FaultyScaler final : public ampkit::LossScaler {
 
 }  // namespace
 
-AMPKIT_PLUGIN(scaler, FAULTY_NAME, FaultyScaler, "Test scaler that fails inside its own code")
+// growth_interval does nothing: it gives tests an option to replace at run time
+// (ampkit.GradScaler.set_growth_interval remakes the plugin, which must stay guarded).
+AMPKIT_PLUGIN(
+    scaler, FAULTY_NAME, FaultyScaler, "Test scaler that fails inside its own code",
+    ampkit::OptionSpec::Int("growth_interval", "2000", "Unused; replaced by tests at run time.").min(1))

@@ -3,10 +3,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <ampkit/grad_clipper.h>
+#include <ampkit/gradient_table.h>
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
 #include <ampkit/step.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,13 +36,42 @@ struct AmpStrategies {
   NanPolicy* nan_policy = nullptr;
 };
 
-// The phases of docs/architecture.md's "One optimizer step" that need no optimizer and no
-// model: the scale (2), the statistics (4), the NaN policy's decision (5), unscale and clip in one
-// multiply or folded into a fused optimizer (6), the scaler's update (8). The caller runs forward,
-// backward and the gradients' averaging before, and its own optimizer between 6 and 8. Trainer is
-// built on it; so is the Python GradScaler (python/), whose optimizer is a Python one. The
-// strategies of a StrategySet are guarded (core/registry/src/guarded_strategies.h): every call
-// into them is a plugin call, so a fault there is reported by plugin name.
+// The counters of the steps an AmpStep ran. Every attempted step is exactly one of taken (its
+// update is in the parameters), skipped (a bad step, never applied) or discarded (applied, then
+// undone by a rollback), so skipped is attempted - taken - discarded.
+struct StepCounters {
+  int64_t attempted = 0;
+  int64_t taken = 0;
+  int64_t discarded = 0;
+  int64_t rollbacks = 0;
+  int64_t consecutive_skips = 0;  // skipped steps in a row before the next one
+  int64_t skipped() const { return attempted - taken - discarded; }
+};
+
+// Values every rank sent with its gradients, read in the statistics' one read (the Trainer's
+// multi-rank steps): `tensor` holds `ranks` rows, each a rank's loss then its other values;
+// `decode` (when given) turns the numbers read into those rows first (values carried in the
+// gradient buckets arrive encoded). measure() fills `values` with every row.
+struct PackedValues {
+  at::Tensor tensor;
+  int ranks = 1;
+  std::function<std::vector<double>(const std::vector<double>&)> decode;
+  std::vector<double> values;
+};
+
+// What a bad step does to the gradients it leaves: the Trainer drops them itself (keep), the
+// Python GradScaler unscales them as torch.amp.GradScaler.unscale_ does (unscale).
+enum class SkippedGradients { keep, unscale };
+
+// The AMP iteration of docs/architecture.md's "One optimizer step" without the model and the
+// optimizer, for one or more optimizers: the scale (2), the statistics (4), the NaN policy's
+// decision (5), unscale and clip in one multiply or folded into a fused optimizer (6), the merge
+// over the iteration's optimizers, the counters and the scaler's update (8). The caller runs
+// forward, backward and the gradients' averaging before, and its optimizers between
+// after_backward and finish_iteration. The Trainer is built on it, and so is the Python
+// GradScaler (python/), whose optimizers are Python ones: one engine for both. The strategies of
+// a StrategySet are guarded (core/registry/src/guarded_strategies.h): every call into them is a
+// plugin call, so a fault there is reported by plugin name.
 class AmpStep {
  public:
   // The strategies must outlive the step.
@@ -48,54 +79,68 @@ class AmpStep {
 
   // Every strategy's start(), once, before the first step.
   void start(const RunInfo& info);
+  bool started() const { return started_; }
+  // The strategies after one was made again with other options (StrategySet::reconfigure).
+  void set_strategies(AmpStrategies strategies);
 
   // 2. The scale of this step's backward: read once, the same for all its micro-batches.
   double scale() const;
 
-  // 4. One statistics pass over the scaled gradients (undefined ones count as empty) into
-  // `stats`, whose `scale` and `loss` the caller set; everything a strategy sees is unscaled.
-  // `on_device`: the device path, else the CPU fast path. `packed` (when defined): a small float64
-  // tensor of `ranks` rows, each a rank's loss then its other values, read in the same copy as
-  // the device path's statistics (the step's one read); stats.loss becomes the mean of the rows'
-  // losses, summed in rank order, and `packed_values` (when given) receives every value.
-  // `decode` (when given) turns the numbers read from `packed` into those rows first (the
-  // Trainer's values carried in the gradient buckets arrive encoded).
-  using PackedDecoder = std::function<std::vector<double>(const std::vector<double>&)>;
-  void measure(const std::vector<at::Tensor>& grads, StepStats& stats, bool on_device,
-               const at::Tensor& packed = at::Tensor(), int ranks = 1,
-               std::vector<double>* packed_values = nullptr, const PackedDecoder& decode = nullptr) const;
+  // The outcome an iteration starts from: its step number, the skips before it, the scale.
+  StepOutcome begin_iteration() const;
 
-  // 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters
-  // would be destroyed), so its proceed is overruled then.
-  NanAction decide(StepOutcome& out) const;
+  // 4-6 for one optimizer's gradients (table.read_gradients() first): one statistics pass into
+  // out.stats (whose loss the caller set, or `loss`: a small tensor read with the statistics;
+  // `packed`: every rank's values, whose losses' mean becomes the loss), the NaN policy's decision,
+  // and on a good step the clip coefficient and unscale: returns the factor the gradients still
+  // need, 1 when they were multiplied here, coefficient / scale when `fold` and the clipper takes
+  // one coefficient (the caller's fused optimizer divides by its inverse, torch's grad_scale). A
+  // bad step leaves the gradients as `skipped` says. out.stepped says whether the optimizer may
+  // step; the outcome is kept for finish_iteration.
+  struct Gradients {
+    GradientTable& table;
+    bool fold = false;
+    SkippedGradients skipped = SkippedGradients::keep;
+    at::Tensor loss;                 // undefined: out.stats.loss as the caller set it
+    PackedValues* packed = nullptr;  // multi-rank steps
+  };
+  double after_backward(const Gradients& gradients, StepOutcome& out);
 
-  // 6. The clipper's coefficient from the unscaled statistics, capped by a clip decision's norm.
-  // Returns the factor the gradients still need. With `fold` and a global-coefficient clipper
-  // they are left as they are and the factor is coefficient / scale: the caller's fused
-  // optimizer divides by its inverse (torch's grad_scale), so no pass over the gradients is
-  // made here. Otherwise they are multiplied by coefficient / scale in one pass, an element-wise
-  // clipper (value, agc) gets its extra pass on the unscaled gradients, and 1 is returned.
-  // `parameters[i]` is the weight of `grads[i]`.
-  double unscale_and_clip(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& grads,
-                          StepOutcome& out, bool fold);
+  // A rollback decision that the caller carried out: the snapshot it restored had taken
+  // `restored_taken` steps; the steps taken since count as discarded.
+  void rolled_back(int64_t restored_taken);
 
-  // 5. A skip_backoff decision: the scaler's one extra reduction.
-  void back_off();
+  // 5 and 8: the iteration's outcomes merged (an overflow or a bad decision in any optimizer
+  // counts; squared norms add), counted, the scaler's one extra backoff where the decision was
+  // skip_backoff, then the scaler's update with these statistics (after the optimizers: never
+  // re-divide). A scaler that refuses to go on (a collapsing scale, on_min_scale=error) turns the
+  // step into an abort, with its reason, as a NaN policy's abort. Returns the merged outcome (one
+  // optimizer: its own).
+  StepOutcome finish_iteration();
+  // update(new_scale) of torch's GradScaler: the iteration is counted and the scaler's state
+  // "scale" set, its other counters kept; a scaler without one refuses (Error usage).
+  void finish_iteration_with_scale(double scale);
+  // The optimizers after_backward saw in this iteration.
+  size_t iteration_size() const { return iteration_.size(); }
+  // The last outcome after_backward produced (its scale_next: the iteration's, once finished).
+  const StepOutcome& last_outcome() const { return last_; }
 
-  // 8. The scaler's update with this step's statistics (after the optimizer: never re-divide).
-  // A scaler that refuses to go on (a collapsing scale, on_min_scale=error) turns the step into
-  // an abort, with its reason, as a NaN policy's abort.
-  void update_scaler(StepOutcome& out, NanAction action);
-
+  const StepCounters& counters() const { return counters_; }
+  // Restored from a checkpoint; throws Error(checkpoint) for counters no run can reach.
+  void restore_counters(const StepCounters& counters);
   const AmpStrategies& strategies() const { return strategies_; }
 
  private:
-  AmpStrategies strategies_;
-  std::string aborted_in_backoff_;  // a backoff() that stopped the run: update_scaler() says so
-};
+  void measure(const Gradients& gradients, StepStats& stats) const;
+  double unscale_and_clip(const GradientTable& table, StepOutcome& out, bool fold);
+  void update_scaler(StepOutcome& out);
+  void count(const StepOutcome& merged);
 
-// Where the statistics pass runs by default: the CPU fast path for fp32 CPU parameters, the
-// device path (one host read) otherwise.
-bool prefers_device_stats(const std::vector<at::Tensor>& parameters);
+  AmpStrategies strategies_;
+  bool started_ = false;
+  StepCounters counters_;
+  std::vector<StepOutcome> iteration_;  // this iteration's after_backward outcomes
+  StepOutcome last_;
+};
 
 }  // namespace ampkit

@@ -8,7 +8,9 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -42,6 +44,9 @@ class FusedAdamW : public torch::optim::AdamW, public UnscalingOptimizer {
   };
   at::Tensor device_step(const at::Tensor& param, int64_t count);
   std::unordered_map<const c10::TensorImpl*, DeviceStep> device_steps_;
+  // The kernel's grad_scale per device: made once, filled each step (a fill, no allocation).
+  at::Tensor& grad_scale_on(const at::Device& device);
+  std::map<std::string, at::Tensor> grad_scales_;
 };
 
 }  // namespace ampkit

@@ -29,6 +29,12 @@ struct StatsPlan {
   std::vector<StatsChunk> chunks;
   std::vector<StatsLaunch> launches;
   std::vector<at::Tensor> data;  // the gradients' contiguous data, alive until the kernels ran
+  // What the plan was made from, one entry per gradient (null and 0 where undefined or empty):
+  // a later step whose gradients sit at the same addresses with the same sizes and dtypes has the
+  // same chunks (plan_matches).
+  std::vector<const void*> addresses;
+  std::vector<int64_t> sizes;
+  std::vector<at::ScalarType> dtypes;
 };
 
 // True when every defined gradient is float, half or bfloat16 (the kernel's dtypes).
@@ -37,6 +43,11 @@ bool chunk_kernel_dtypes(const std::vector<at::Tensor>& grads);
 // The chunks and launches for `grads` (undefined and empty ones have none), in gradient order
 // within each dtype; dtypes in a fixed order (float, half, bfloat16).
 StatsPlan plan_stats_chunks(const std::vector<at::Tensor>& grads);
+
+// Whether `plan` (made for earlier gradients) holds exactly the chunks plan_stats_chunks would make
+// for `grads`: every gradient contiguous, at the address, with the size and dtype the plan
+// recorded. Reads no tensor data and allocates nothing.
+bool plan_matches(const StatsPlan& plan, const std::vector<at::Tensor>& grads);
 
 // What one kernel block computes for `chunk`, on the host: the CPU side of the recipe, run on
 // CPU tensors (tests) exactly as the kernel's arithmetic runs (float values, float64 squares).
@@ -55,10 +66,17 @@ namespace ampkit {
 // Whether this library holds the CUDA kernel (built where nvcc and LibTorch's CUDA libraries
 // were found; README.md, the build section).
 bool chunk_kernel_built();
+// Throws Error(usage), saying why, where this library does not hold the kernel (`built` false).
+void require_chunk_kernel_in(bool built);
+
+// `plan`'s chunk table (address and size of every chunk) on `device`, copied there once from
+// pinned memory on the current stream: a GradientTable keeps it while its plan holds.
+at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device);
 
 // Runs `plan`'s launches on the current stream of `out`'s CUDA device, each chunk's four numbers
-// into out (float64, at least 4 x chunks elements, contiguous). Throws Error(internal) with the
-// driver's message where a launch fails, Error(usage) where the kernel was not built.
-void launch_chunk_kernel(const StatsPlan& plan, at::Tensor& out);
+// into out (float64, at least 4 x chunks elements, contiguous); `table` is upload_chunk_table's
+// for this plan. Throws Error(internal) with the driver's message where a launch fails,
+// Error(usage) where the kernel was not built.
+void launch_chunk_kernel(const StatsPlan& plan, const at::Tensor& table, at::Tensor& out);
 
 }  // namespace ampkit

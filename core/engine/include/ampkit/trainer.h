@@ -8,6 +8,7 @@
 #include <ampkit/comm_backend.h>
 #include <ampkit/data_parallel.h>
 #include <ampkit/grad_clipper.h>
+#include <ampkit/gradient_table.h>
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
 #include <ampkit/step.h>
@@ -54,15 +55,8 @@ struct TrainerStrategies {
   CommBackend* comm = nullptr;
 };
 
-// A Trainer's step counters. Every attempted step is exactly one of taken, skipped or discarded,
-// so skipped is attempted - taken - discarded and is not stored.
-struct TrainerCounters {
-  int64_t attempted = 0;
-  int64_t taken = 0;
-  int64_t discarded = 0;  // applied, then undone by a rollback
-  int64_t rollbacks = 0;
-  int64_t consecutive_skips = 0;  // skipped steps in a row before the next one
-};
+// A Trainer's step counters: its AmpStep's (amp_step.h).
+using TrainerCounters = StepCounters;
 
 class Trainer {
  public:
@@ -110,14 +104,15 @@ class Trainer {
   // collective and no host read of their own.
   void set_rank_values(std::function<std::vector<double>()> values) { rank_values_ = std::move(values); }
 
-  // Where the statistics pass runs. automatic: the CPU fast path for fp32 CPU parameters, the
-  // device path otherwise. Either path reads the host once per healthy step (host_reads.h): the
-  // device path's statistics, the loss and the ranks' packed values in one copy; the fast path
-  // scans CPU memory and reads only the packed values. device forces the device path, on CPU
-  // tensors too (tests compare it with the fast path and count its reads).
-  enum class StatsPath { automatic, cpu_fast, device };
-  void set_stats_path(StatsPath path) { stats_path_ = path; }
-  bool uses_device_stats() const;
+  // The statistics recipe (grad_stats.h), chosen once when the Trainer is built: automatic takes
+  // fused_scan for fp32 CPU parameters, chunk_kernel on a GPU where this build holds it,
+  // foreach_ops otherwise. Every recipe reads the host once per healthy step (host_reads.h): the
+  // statistics, the loss and the ranks' packed values in one copy. Setting one builds the
+  // gradient table again (tests force a GPU's recipe on CPU tensors).
+  void set_stats_recipe(DeviceStatsRecipe recipe);
+  DeviceStatsRecipe stats_recipe() const { return table_->recipe(); }
+  // Why automatic did not take the chunk kernel for parameters on a GPU ("" when it did, or on a CPU).
+  const std::string& stats_recipe_fallback() const { return table_->recipe_fallback(); }
 
   // Unscale and clip folded into the optimizer (step 6): where it is an UnscalingOptimizer
   // (FusedAdamW) and the clipper takes one coefficient for all gradients, the gradients are not
@@ -128,12 +123,12 @@ class Trainer {
 
   // Every attempted step is exactly one of: taken (its update is in the parameters), skipped
   // (a bad step, never applied) or discarded (applied, then undone by a rollback).
-  int64_t steps_attempted() const { return attempted_; }
-  int64_t steps_taken() const { return taken_; }
-  int64_t steps_skipped() const { return skipped_; }
-  int64_t steps_discarded() const { return discarded_; }
-  int64_t rollbacks() const { return rollbacks_; }
-  int64_t consecutive_skips() const { return consecutive_skips_; }
+  int64_t steps_attempted() const { return amp_.counters().attempted; }
+  int64_t steps_taken() const { return amp_.counters().taken; }
+  int64_t steps_skipped() const { return amp_.counters().skipped(); }
+  int64_t steps_discarded() const { return amp_.counters().discarded; }
+  int64_t rollbacks() const { return amp_.counters().rollbacks; }
+  int64_t consecutive_skips() const { return amp_.counters().consecutive_skips; }
   const LrSchedule& schedule() const { return schedule_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   const std::vector<std::string>& names() const { return names_; }
@@ -141,22 +136,23 @@ class Trainer {
 
   // The counters as one value, saved in a checkpoint and restored from it (exact resume);
   // restore_counters throws Error(checkpoint) for counters no run can reach.
-  TrainerCounters counters() const;
+  TrainerCounters counters() const { return amp_.counters(); }
   void restore_counters(const TrainerCounters& counters);
 
  private:
   // The phases of step(), numbered as docs/architecture.md's "One optimizer step".
-  void begin_step(StepOutcome& out);  // counters, the scale read once (2), the lr
   void forward_backward(const std::function<at::Tensor(int)>& forward, double scale);  // 1, 2
-  std::vector<at::Tensor> average_across_ranks();                                      // 3
+  void average_across_ranks();                                                         // 3
   at::Tensor rank_row();
   std::vector<double> rank_values_of(std::vector<double> packed, int ranks) const;
-  void recover(NanAction action, StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
-  void take_optimizer_step(StepOutcome& out, double factor);                                        // 7
+  void recover(const StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
+  void take_optimizer_step(double factor);                                              // 7
   // 2 and 4-6, 8 are AmpStep's (amp_step.h), shared with the Python GradScaler.
 
-  std::vector<at::Tensor> gradients() const;
-  double scheduled_lr() const { return schedule_.at(taken_, skipped_ + discarded_); }
+  double scheduled_lr() const {
+    const StepCounters& c = amp_.counters();
+    return schedule_.at(c.taken, c.skipped() + c.discarded);
+  }
   void set_lr(double lr);
   void zero_grad();
 
@@ -169,24 +165,18 @@ class Trainer {
   TrainerStrategies strategies_;
   AmpStep amp_;
   LrSchedule schedule_;
+  std::unique_ptr<GradientTable> table_;  // the parameters' gradients and their statistics pass
   DataParallelOptions data_parallel_;
   std::unique_ptr<c10d::Reducer> reducer_;
   std::unique_ptr<StepValuesCarrier> carrier_;  // with the Reducer: the step's values in its buckets
   std::function<int64_t()> rollback_;
   BadStepObserver bad_step_observer_;
-  StatsPath stats_path_ = StatsPath::automatic;
   bool fold_unscale_ = true;
   std::function<std::vector<double>()> rank_values_;
   at::Tensor step_loss_;    // this rank's mean loss of the step, float64 on the device
   at::Tensor step_values_;  // every rank's loss and values (carrier_: encoded), read in step 4
   int64_t row_length_ = 1;  // this step's values per rank, loss included
   bool started_ = false;
-  int64_t attempted_ = 0;
-  int64_t taken_ = 0;
-  int64_t skipped_ = 0;
-  int64_t discarded_ = 0;
-  int64_t rollbacks_ = 0;
-  int64_t consecutive_skips_ = 0;
 };
 
 }  // namespace ampkit

@@ -52,6 +52,46 @@ struct StepRecord {
 
   // One JSON object (a line of the metrics file).
   nlohmann::json to_json() const;
+
+  // Every field that is set, in the metrics file's order, as f(key, value), the one list of the
+  // record's layout (to_json and the Python GradScaler's last_step are written from it). Values are
+  // int64_t, double, bool, std::string, std::vector<double>, nlohmann::json (located) or
+  // std::vector<LayerNorm>. `host_fields` false leaves out what only a training host knows (epoch,
+  // lr, samples_per_second, time).
+  template <class F>
+  void visit(F&& f, bool host_fields = true) const;
 };
+
+template <class F>
+void StepRecord::visit(F&& f, bool host_fields) const {
+  f("step", step);
+  if (host_fields) f("epoch", epoch);
+  f("loss", loss);
+  f("scale", scale);
+  f("scale_next", scale_next);
+  f("grad_norm", grad_norm);
+  f("grad_norm_clipped", grad_norm_clipped);
+  f("grad_max_abs", grad_max_abs);
+  f("zero_fraction", zero_fraction);
+  f("clip_coef", clip_coef);
+  f("clip_threshold", clip_threshold);
+  f("clipped", clipped);
+  f("found_inf", found_inf);
+  f("action", std::string(to_string(action)));
+  if (!reason.empty()) f("reason", reason);
+  f("stepped", stepped);
+  f("skipped_steps", skipped_steps);
+  if (host_fields) {
+    f("lr", lr);
+    f("samples_per_second", samples_per_second);
+    f("time", time);
+  }
+  if (!rank_samples_per_second.empty()) f("rank_samples_per_second", rank_samples_per_second);
+  if (data_step) f("data_step", *data_step);
+  if (steps_discarded) f("steps_discarded", *steps_discarded);
+  if (rollbacks) f("rollbacks", *rollbacks);
+  if (!located.is_null()) f("located", located);
+  if (top_layers) f("top_layers", *top_layers);
+}
 
 }  // namespace ampkit

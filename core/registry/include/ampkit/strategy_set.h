@@ -56,6 +56,12 @@ class StrategySet {
   // Every later call into a scaler, clipper or NaN policy has the same limit.
   void create(unsigned timeout_seconds = 30);
 
+  // Makes the strategy of `kind` again from `inputs` (resolved as load() resolves them), the way
+  // create() made it: its constructor a plugin call, the strategy guarded; then its start(`started`)
+  // when the run had started (nullptr: not yet), and load() of the state the old one saves, as a
+  // resumed run would. The old strategy is dropped; pointers to it are stale.
+  void reconfigure(const std::string& kind, const OptionInputs& inputs, const RunInfo* started);
+
   LossScaler& scaler() const;
   GradClipper& clipper() const;
   NanPolicy& nan_policy() const;
@@ -70,7 +76,9 @@ class StrategySet {
 
  private:
   Strategy& created(const std::string& kind) const;
+  std::unique_ptr<Strategy> make(const SelectedStrategy& s, const ResolvedOptions& options) const;
   std::vector<SelectedStrategy> selected_;
+  unsigned timeout_seconds_ = 30;
 };
 
 }  // namespace ampkit

@@ -1,0 +1,87 @@
+// The gradients of one parameter list and their statistics pass, built once and kept between steps,
+// so that the host work of a step does not grow with the number of parameters on a GPU.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ampkit/grad_stats.h"
+#include "ampkit/grad_stats_chunks.h"
+
+namespace ampkit {
+
+// One recipe's statistics pass (grad_stats.h), with what it keeps between steps: for chunk_kernel,
+// the chunk plan and its copy on the device, made again only when a gradient moved, changed size
+// or dtype (plan_matches), and the buffer the chunks' numbers and the scalars are packed into with
+// the pinned host buffer they are read into, allocated once. A step whose gradients sit where
+// they sat the step before (the caching allocator's usual case) runs the same small, fixed number
+// of operators and allocations whatever the number of gradients.
+class GradStatsPass {
+ public:
+  // `recipe`: resolved (resolve_stats_recipe), never automatic.
+  explicit GradStatsPass(DeviceStatsRecipe recipe);
+
+  DeviceStatsRecipe recipe() const { return recipe_; }
+
+  // The statistics of `grads` and the values of `scalars` (as compute_grad_stats_on_device), one
+  // host read.
+  GradStats run(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                std::vector<double>& scalar_values);
+
+  // How often the chunk plan was made (tests: once while the gradients stay where they are).
+  int64_t plans_made() const { return plans_made_; }
+
+ private:
+  GradStats run_chunk_kernel(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                             std::vector<double>& scalar_values);
+
+  DeviceStatsRecipe recipe_;
+  StatsPlan plan_;
+  at::Tensor table_;   // plan_'s chunk table on the device (CUDA only)
+  at::Tensor packed_;  // the chunks' four numbers, then the scalars: float64, on the device
+  at::Tensor host_;    // where packed_ is read to: pinned host memory (packed_ itself on a CPU)
+  int64_t plans_made_ = 0;
+};
+
+// The trainable parameters one optimizer steps, by name, with their statistics pass: the recipe
+// is chosen when the table is built (resolve_stats_recipe, from the parameters' devices and
+// dtypes and what the build has) and stored here. The Trainer holds one; ampkit.GradScaler one per
+// optimizer, built on its first step and again only when its parameter list changes.
+class GradientTable {
+ public:
+  GradientTable(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                DeviceStatsRecipe requested = DeviceStatsRecipe::automatic);
+
+  DeviceStatsRecipe recipe() const { return pass_.recipe(); }
+  // Why automatic did not take the chunk kernel for parameters on a GPU ("" when it did, or on a CPU).
+  const std::string& recipe_fallback() const { return fallback_; }
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  const std::vector<std::string>& names() const { return names_; }
+
+  // This step's gradients: every parameter's .grad(), undefined where it has none, in a vector
+  // kept between steps (no allocation once it has its size).
+  const std::vector<at::Tensor>& read_gradients();
+  // The gradients as last read.
+  const std::vector<at::Tensor>& gradients() const { return grads_; }
+  // Measures `gradient` in place of parameter i's this step (a sparse gradient's values).
+  void replace_gradient(size_t i, at::Tensor gradient) { grads_.at(i) = std::move(gradient); }
+
+  // The statistics pass over gradients() and `scalars`: one host read.
+  GradStats measure(const std::vector<at::Tensor>& scalars, std::vector<double>& scalar_values) {
+    return pass_.run(grads_, scalars, scalar_values);
+  }
+  int64_t plans_made() const { return pass_.plans_made(); }
+
+ private:
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> grads_;
+  std::string fallback_;
+  GradStatsPass pass_;
+};
+
+}  // namespace ampkit
