@@ -208,6 +208,31 @@ else
 fi
 section throughput
 
+# Two real models (transformers' GPT-2 124M, timm's ViT-B/16; random weights) under ampkit.GradScaler
+# and torch's GradScaler + unscale_ + clip_grad_norm_, fp16 and bf16, plus the skip decisions of both
+# in lockstep around a planted overflow (tools/bench/gpu_models.py; about 1-2 minutes on an H200).
+models_args=()
+[ "$device" = cpu ] && models_args=(--tiny --threads 1 --rounds 1 --steps 2 --warmup 1 --compare-steps 6 --overflow-step 3)
+{
+  echo
+  echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py ${models_args[*]})"
+  echo
+} >> "$report"
+PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= timeout 300 "$python" tools/bench/gpu_models.py \
+  --device "$device" --json "${report%.md}-models.json" "${models_args[@]}" > "$out/models.md" 2> "$out/models.log"
+code=$?
+sed -n '/^Device:/,$p' "$out/models.md" >> "$report"
+if [ $code != 0 ]; then
+  echo >> "$report"
+  if [ $code = 124 ]; then
+    echo "FAILED: still running after 300 s" >> "$report"
+  else
+    echo "FAILED (exit $code): $(grep -m1 -E 'FAILED|Error' "$out/models.log" || tail -1 "$out/models.log")" | cut -c1-250 >> "$report"
+  fi
+  failed=1
+fi
+section models
+
 # Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
 # PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
 scaling_csv="${report%.md}-scaling.csv"

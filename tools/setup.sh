@@ -2,7 +2,10 @@
 # Installs every dependency of ampkit from the machine's registries; safe to run again.
 set -euo pipefail
 
-TORCH_VERSION=2.11.0
+# Every pip install below goes through tools/constraints.txt, which pins torch (LibTorch is taken
+# from its wheel) and torchvision (timm pulls it; its newest release would replace torch).
+CONSTRAINTS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/constraints.txt"
+TORCH_VERSION=$(sed -n 's/^torch==//p' "$CONSTRAINTS")
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   clang libclang-rt-dev gcovr  # the instrumented suite's coverage report and the libFuzzer targets (tools/fuzz.sh)
@@ -31,19 +34,30 @@ else
 fi
 
 PYTHON=${PYTHON:-python3}
+pip_install() { "$PYTHON" -m pip install --quiet -c "$CONSTRAINTS" "$@"; }
 have=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 if [ "$have" != "$TORCH_VERSION" ]; then
   say "installing torch==$TORCH_VERSION from PyPI (python: $(command -v "$PYTHON"))"
-  "$PYTHON" -m pip install --quiet "torch==$TORCH_VERSION" numpy
+  pip_install "torch==$TORCH_VERSION" numpy
 else
   say "torch $have present"
 fi
-"$PYTHON" -c 'import matplotlib' 2>/dev/null || { say "installing matplotlib from PyPI (tools/plot_run.py, tools/bench/plot_throughput.py)"; "$PYTHON" -m pip install --quiet matplotlib; }
+"$PYTHON" -c 'import matplotlib' 2>/dev/null || { say "installing matplotlib from PyPI (tools/plot_run.py, tools/bench/plot_throughput.py)"; pip_install matplotlib; }
 TENSORBOARD_VERSION=2.21.0  # test dependency: its own reader checks --tensorboard's event files
 have_tb=$("$PYTHON" -c 'import tensorboard; print(tensorboard.__version__)' 2>/dev/null || true)
 if [ "$have_tb" != "$TENSORBOARD_VERSION" ]; then
   say "installing tensorboard==$TENSORBOARD_VERSION from PyPI (tests/interop/test_tensorboard.sh reads ampkit's event files with it)"
-  "$PYTHON" -m pip install --quiet "tensorboard==$TENSORBOARD_VERSION"
+  pip_install "tensorboard==$TENSORBOARD_VERSION"
 fi
-"$PYTHON" -c 'import pytest' 2>/dev/null || { say "installing pytest from PyPI (tests/python: the ampkit Python package's tests)"; "$PYTHON" -m pip install --quiet pytest; }
+"$PYTHON" -c 'import pytest' 2>/dev/null || { say "installing pytest from PyPI (tests/python: the ampkit Python package's tests)"; pip_install pytest; }
+# Benchmark dependencies, only for tools/bench/gpu_models.py and its test (test_gpu_models_tiny):
+# real models that nobody on this project wrote, randomly initialised.
+TRANSFORMERS_VERSION=5.24.0 TIMM_VERSION=1.0.31
+have_models=$("$PYTHON" -c 'from importlib.metadata import version as v; print(v("transformers"), v("timm"))' 2>/dev/null || true)
+if [ "$have_models" != "$TRANSFORMERS_VERSION $TIMM_VERSION" ]; then
+  say "installing transformers==$TRANSFORMERS_VERSION and timm==$TIMM_VERSION from PyPI (tools/bench/gpu_models.py)"
+  pip_install "transformers==$TRANSFORMERS_VERSION" "timm==$TIMM_VERSION"
+fi
+have=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+[ "$have" = "$TORCH_VERSION" ] || { say "error: torch is $have after the installs, not $TORCH_VERSION: check $CONSTRAINTS"; exit 1; }
 say "done"

@@ -16,6 +16,8 @@ out=$(CUDA_VISIBLE_DEVICES= "$build/bin/ampkit-bench-post-backward-device") || f
 out=$(CUDA_VISIBLE_DEVICES= python3 tools/bench/throughput_comparison.py --build "$build" --device cuda) ||
   fail "the CUDA throughput comparison exited $?"
 [ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the CUDA throughput comparison printed '$out'"
+out=$(CUDA_VISIBLE_DEVICES= python3 tools/bench/gpu_models.py --device cuda) || fail "the real-model benchmark exited $?"
+[ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the real-model benchmark printed '$out'"
 CUDA_VISIBLE_DEVICES= AMPKIT_TEST_DEVICE=cuda AMPKIT_PLUGIN_PATH= "$build/tests/test_on_device" > /dev/null
 [ $? = 77 ] || fail "test_on_device on cuda without a GPU did not exit 77 (skipped)"
 
@@ -25,7 +27,7 @@ rm -f "$report"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" > "$build/gpu-check-dry-run.log" 2>&1 \
   || { cat "$build/gpu-check-dry-run.log"; fail "the dry run exited $?"; }
 for section in "## NCCL" "## Training on cpu" "## Parity and host reads on cpu tensors" "## Throughput:" \
-               "## Post-backward pipeline"; do
+               "## Post-backward pipeline" "## Real models:"; do
   grep -q "^$section" "$report" || fail "the report has no '$section' section"
 done
 ! grep -q "FAILED" "$report" || fail "the dry run's report has a failure: $(grep -m1 FAILED "$report")"
@@ -35,4 +37,6 @@ n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
 grep -q "^copy: flat tensor copy_" "$report" || fail "no copy bandwidth row"
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 5 checks, 3 runs, 2 throughput rows"
+n=$(grep -c "^| \(GPT-2\|ViT\) | \(fp16\|bf16\) | [0-9]* | [0-9]* | .* | ok |$" "$report")
+[ "$n" = 4 ] || fail "$n of the 4 real-model skip-decision checks agreed with torch"
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 5 checks, 3 runs, 2 throughput rows, 4 real-model checks"
