@@ -221,3 +221,46 @@ def test_the_example_models_export_and_train(tmp_path, script, loss, extra):
     records = metrics(tmp_path / "m.jsonl")
     assert len(records) == 4 and all(math.isfinite(r["loss"]) and r["stepped"] for r in records)
     assert math.isfinite(json.load(open(tmp_path / "s.json"))["test_loss"])
+
+
+# Issue 44: a model whose forward or backward fails, and bad data or test data, found up front or at
+# the failing step, one line each (docs/your-own-model.md, "Errors"). The models wrap the issue's
+# tools/models/transformer_lm.py --context 16 --width 16 --layers 1 (256 classes, [N, 16] tokens).
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "models", "transformer_lm.py"), str(out),
+                    "--context", "16", "--width", "16", "--layers", "1", "--train-windows", "64",
+                    "--test-windows", "16"], check=True, capture_output=True, env=ENV)
+    return out
+
+
+def make_bad_entry(kind, path):
+    if kind == "dangling symlink":
+        os.symlink(path.parent / "missing.pt", path)
+        return f"is a dangling symlink (to {path.parent / 'missing.pt'}, which does not exist)"
+    if kind == "FIFO":
+        os.mkfifo(path)
+        return "is a FIFO"
+    os.symlink("/dev/zero", path)
+    return "is a symlink to /dev/zero, a character device"
+
+
+@pytest.mark.parametrize("kind", ["dangling symlink", "FIFO", "symlink to /dev/zero"])
+def test_a_shard_that_is_not_a_regular_file_is_one_error_naming_it(lm, tmp_path, kind):
+    data = torch.load(lm / "data.pt", weights_only=True)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    torch.save({"inputs": data["inputs"][:32], "targets": data["targets"][:32]}, shards / "a.pt")
+    says = make_bad_entry(kind, shards / "b.pt")
+    run = train(lm, "--data", shards, "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 4, f"--data shard {shards / 'b.pt'} {says}", "must be a regular file (or a symlink to one)")
+    # the same for --test-data, and a symlink to a regular file is a shard like any other
+    run = train(lm, "--test-data", shards, "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 4, f"--test-data shard {shards / 'b.pt'} {says}")
+    os.remove(shards / "b.pt")
+    torch.save({"inputs": data["inputs"][32:], "targets": data["targets"][32:]}, tmp_path / "b.pt")
+    os.symlink(tmp_path / "b.pt", shards / "b.pt")
+    train(lm, "--data", shards, "--steps", 1, "--batch-size", 64)  # needs both shards' 32 samples

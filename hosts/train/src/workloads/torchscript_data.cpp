@@ -59,6 +59,27 @@ void check_same_kind(const at::Tensor& first, const at::Tensor& next, const std:
                                          " (shards may differ only in length)");
 }
 
+// Why `path` cannot be a shard, or "" when it is a regular file (or a symlink to one): a folder
+// entry of another type would otherwise be skipped without a word, and the run would train on less
+// data than the folder names.
+std::string not_a_regular_file(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status target = fs::status(path, ec);
+  if (fs::is_regular_file(target)) return "";
+  if (ec && ec != std::errc::no_such_file_or_directory) return "cannot be examined: " + ec.message();
+  std::string kind = "not a regular file";
+  if (target.type() == fs::file_type::directory) kind = "a folder";
+  if (target.type() == fs::file_type::fifo) kind = "a FIFO";
+  if (target.type() == fs::file_type::character) kind = "a character device";
+  if (target.type() == fs::file_type::block) kind = "a block device";
+  if (target.type() == fs::file_type::socket) kind = "a socket";
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return "is " + kind;
+  const std::string to = fs::read_symlink(path, ec).string();
+  if (target.type() == fs::file_type::not_found)
+    return "is a dangling symlink (to " + to + ", which does not exist)";
+  return "is a symlink to " + to + ", " + kind;
+}
+
 }  // namespace
 
 TensorData read_tensor_data(const std::string& path, const std::string& option) {
@@ -68,8 +89,13 @@ TensorData read_tensor_data(const std::string& path, const std::string& option) 
     throw Error(ErrorCategory::data, option + " " + path + " is neither a file nor a folder");
   std::vector<fs::path> shards;
   for (const auto& entry : fs::directory_iterator(path, ec))
-    if (entry.path().extension() == ".pt" && entry.is_regular_file()) shards.push_back(entry.path());
+    if (entry.path().extension() == ".pt") shards.push_back(entry.path());
   if (ec) throw Error(ErrorCategory::data, option + " " + path + " cannot be listed: " + ec.message());
+  for (const auto& shard : shards)
+    if (const std::string why = not_a_regular_file(shard); !why.empty())
+      throw Error(ErrorCategory::data, option + " shard " + shard.string() + " " + why +
+                                           ": every *.pt entry of the folder must be a regular file "
+                                           "(or a symlink to one)");
   if (shards.empty()) throw Error(ErrorCategory::data, option + " " + path + " holds no *.pt shard");
   std::sort(shards.begin(), shards.end());
   std::vector<at::Tensor> inputs, targets;

@@ -16,7 +16,8 @@ struct TensorData {
 // Reads `path`: one such file, or a folder of *.pt shards concatenated in name order. Read as
 // torch.load(weights_only=True) reads (no pickled code runs). Error(data) naming `option` and the
 // file for anything else: not a dict with tensors "inputs" and "targets", lengths that differ,
-// shards whose shapes or dtypes differ, an empty folder.
+// shards whose shapes or dtypes differ, an empty folder, a *.pt entry that is not a regular file
+// (a dangling symlink, a FIFO, a device).
 TensorData read_tensor_data(const std::string& path, const std::string& option);
 
 }  // namespace ampkit::train
