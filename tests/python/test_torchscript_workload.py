@@ -226,6 +226,52 @@ def test_the_example_models_export_and_train(tmp_path, script, loss, extra):
 # Issue 44: a model whose forward or backward fails, and bad data or test data, found up front or at
 # the failing step, one line each (docs/your-own-model.md, "Errors"). The models wrap the issue's
 # tools/models/transformer_lm.py --context 16 --width 16 --layers 1 (256 classes, [N, 16] tokens).
+sys.path.insert(0, os.path.join(ROOT, "tools", "models"))
+from transformer_lm import TransformerLM  # noqa: E402
+
+
+def small_lm():
+    torch.manual_seed(0)
+    return TransformerLM(16, 16, layers=1)
+
+
+class IntegerLoss(torch.nn.Module):  # --loss returned: a count of wrong tokens, a Long tensor
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = small_lm()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (self.lm(x).argmax(-1) != y).sum()
+
+
+class Detached(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = small_lm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(x).detach()
+
+
+class NoParameters(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(x, 256).float()
+
+
+class InplaceFromThirdCall(torch.nn.Module):
+    """Modifies a tensor autograd saved, from its third training forward on: backward fails there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = small_lm()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        s = torch.sigmoid(self.lm(x))
+        if bool(self.calls > 2):
+            s.mul_(2.0)
+        return s
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +281,37 @@ def lm(tmp_path_factory):
                     "--context", "16", "--width", "16", "--layers", "1", "--train-windows", "64",
                     "--test-windows", "16"], check=True, capture_output=True, env=ENV)
     return out
+
+
+def save_model(module, path):
+    torch.jit.script(module).save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("module, loss, says", [
+    (IntegerLoss, "returned", "returned a Long tensor on batch 0, and Long tensors carry no gradient"),
+    (Detached, "cross_entropy", "returned a Float tensor on batch 0 that no parameter reaches (a .detach()"),
+    (NoParameters, "cross_entropy", "has no parameter that requires grad: there is nothing to train"),
+])
+def test_a_forward_without_gradient_is_one_line_and_exit_4(lm, tmp_path, module, loss, says):
+    model = save_model(module(), tmp_path / "model.pt")
+    run = train(lm, "--model", model, "--loss", loss, "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 4, says, "--model" if module is NoParameters else "the model's loss does not require grad: ")
+
+
+def test_a_backward_failure_at_a_later_step_is_one_line_and_exit_4(lm, tmp_path):
+    model = save_model(InplaceFromThirdCall(), tmp_path / "model.pt")
+    run = train(lm, "--model", model, "--steps", 4, "--batch-size", 8, "--data-order", "file", "--metrics",
+                tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 4, "the model failed in backward on batch 2: ", "modified by an inplace operation")
+    assert len(metrics(tmp_path / "m.jsonl")) == 2  # steps 0 and 1 trained
+
+
+def test_a_loss_failure_in_evaluation_is_one_line_and_exit_4(lm, tmp_path):
+    test = torch.load(lm / "test.pt", weights_only=True)
+    torch.save({"inputs": test["inputs"], "targets": test["targets"][:, :8].contiguous()}, tmp_path / "test.pt")
+    run = train(lm, "--test-data", tmp_path / "test.pt", "--steps", 1, "--batch-size", 8, check=False)
+    one_line_error(run, 4, "the model failed on --test-data batch 0: ", "batch_size")
 
 
 def make_bad_entry(kind, path):

@@ -1,7 +1,10 @@
 // The per-step host loop, numbered as docs/architecture.md's "One host step".
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "ampkit/error.h"
 #include "ampkit/forward_hook.h"
@@ -71,11 +74,21 @@ void Session::train() {
 StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
   FaultInjector& injector = *injector_;
   const bool faulty = injector.arm(step, strategies_->comm().rank());
-  const StepOutcome out = trainer_->step([&](int micro) {
-    ForwardHookScope scope(faulty ? &injector : nullptr);
-    const at::Tensor loss = workload_->loss(first_batch + micro);
-    return faulty ? injector.apply_to_loss(loss) : loss;
-  });
+  StepOutcome out;
+  try {
+    out = trainer_->step([&](int micro) {
+      ForwardHookScope scope(faulty ? &injector : nullptr);
+      const at::Tensor loss = workload_->loss(first_batch + micro);
+      return faulty ? injector.apply_to_loss(loss) : loss;
+    });
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::DistError&) {  // a lost rank, whatever the step was doing
+    throw;
+  } catch (const std::exception& e) {  // the workload's model, where it is to blame (backward)
+    if (std::optional<Error> own = workload_->model_failure(e)) throw *own;
+    throw;
+  }
   if (faulty)
     for (const Fault& f : injector.unreached())
       throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': layer '" + f.layer +

@@ -1,106 +1,24 @@
 // Workload torchscript: the user's own model (torch.jit.script(m).save) on tensors python saved
 // with torch.save({"inputs": X, "targets": Y}) (docs/your-own-model.md).
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/script.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <regex>
-#include <sstream>
 
 #include "ampkit/error.h"
-#include "ampkit/pytorch_state.h"
 #include "config/option_builders.h"
 #include "workloads/registry.h"
 #include "workloads/torchscript_data.h"
+#include "workloads/torchscript_module.h"
 #include "workloads/workload.h"
 
 namespace F = torch::nn::functional;
-namespace fs = std::filesystem;
 
 namespace ampkit::train {
 
 namespace {
-
-// The scripted module as the host sees it. Its submodules' outputs cannot be observed from C++
-// (a TorchScript module has no forward hooks to add at run time), so it has no hook points: the
-// NaN locator names the first parameter whose gradient went non-finite instead.
-class JitModuleView final : public ModelView {
- public:
-  explicit JitModuleView(torch::jit::Module& module) : module_(module) {}
-  NamedTensors named_parameters() const override {
-    NamedTensors out;
-    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
-    return out;
-  }
-  NamedTensors named_buffers() const override {
-    NamedTensors out;
-    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
-    return out;
-  }
-  void train(bool on) override { module_.train(on); }
-  std::vector<std::string> hook_points() const override { return {}; }
-  std::string module_type(const std::string& path) const override {
-    for (const auto& m : module_.named_modules())
-      if (m.name == path) return m.value.type()->name() ? m.value.type()->name()->name() : "";
-    return "";
-  }
-
- private:
-  torch::jit::Module& module_;
-};
-
-// The model's own message for a failure inside forward: TorchScript wraps it in its traceback;
-// its last "Error: " line is what the failing op said.
-std::string model_message(const std::exception& e) {
-  const std::string text = e.what();
-  std::string last;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);)
-    if (std::regex_search(line, std::regex("^[A-Za-z]*Error: "))) last = line;
-  if (!last.empty()) return last;
-  const std::string first = text.substr(0, text.find('\n'));
-  return first.empty() ? "(no message)" : first;
-}
-
-torch::jit::Module load_module(const std::string& file, const at::Device& device) {
-  std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) throw Error(ErrorCategory::data, "--model " + file + " is not a file");
-  try {
-    return torch::jit::load(file, device);
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    throw Error(ErrorCategory::data, "--model " + file +
-                                         " is not a TorchScript module (save one with "
-                                         "torch.jit.script(model).save(FILE)): " +
-                                         what.substr(0, what.find('\n')));
-  }
-}
-
-// Arguments of forward besides self: (required, all).
-std::pair<size_t, size_t> forward_arity(const torch::jit::Module& module) {
-  const auto method = module.find_method("forward");
-  if (!method) throw Error(ErrorCategory::data, "the TorchScript module has no forward method");
-  const auto& args = method->function().getSchema().arguments();
-  size_t required = 0;
-  for (size_t i = 1; i < args.size(); ++i)
-    if (!args[i].default_value()) ++required;
-  return {required, args.size() - 1};
-}
-
-// torch.jit.trace names the arguments of its submodules' forward argument_1, argument_2, ...
-bool looks_traced(const torch::jit::Module& module) {
-  for (const auto& m : module.named_modules()) {
-    const auto method = m.value.find_method("forward");
-    if (!method) continue;
-    for (const auto& a : method->function().getSchema().arguments())
-      if (std::regex_match(a.name(), std::regex("argument_[0-9]+"))) return true;
-  }
-  return false;
-}
 
 class TorchScript final : public Workload {
  public:
@@ -110,6 +28,7 @@ class TorchScript final : public Workload {
     // another dtype); the plain interpreter runs the graph op by op, as eager PyTorch does.
     torch::jit::setGraphExecutorOptimize(false);
     check_arity();
+    check_trainable();
     if (looks_traced(module_))
       std::fprintf(
           stderr,
@@ -140,10 +59,19 @@ class TorchScript final : public Workload {
   }
   at::Tensor loss(int64_t index) override {
     const at::Tensor idx = order_.narrow(0, index * slice_.global + slice_.start, slice_.length);
-    return batch_loss(to_device(train_.inputs.index_select(0, idx), device_),
-                      to_device(train_.targets.index_select(0, idx), device_), index);
+    last_batch_ = index;
+    at::Tensor loss =
+        batch_loss(to_device(train_.inputs.index_select(0, idx), device_),
+                   to_device(train_.targets.index_select(0, idx), device_), "batch " + std::to_string(index));
+    if (loss.requires_grad()) backward_.watch(loss);
+    return loss;
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override;
+  std::optional<Error> model_failure(const std::exception& e) const override {
+    if (!backward_.inside()) return std::nullopt;
+    return Error(ErrorCategory::data, "the model failed in backward on batch " + std::to_string(last_batch_) +
+                                          ": " + model_message(e));
+  }
 
  private:
   void check_arity() const {
@@ -157,6 +85,12 @@ class TorchScript final : public Workload {
                     (want == 1 ? "; a forward(inputs, targets) that returns the loss needs --loss returned"
                                : "; a forward(inputs) needs --loss cross_entropy or mse"));
   }
+  void check_trainable() const {
+    for (const auto& p : module_.named_parameters(/*recurse=*/true))
+      if (p.value.requires_grad()) return;
+    throw Error(ErrorCategory::data, "--model " + cfg_.model_file +
+                                         " has no parameter that requires grad: there is nothing to train");
+  }
   void check_targets(const TensorData& d, const std::string& option) const {
     const at::ScalarType t = d.targets.scalar_type();
     const std::string name = c10::toString(t);
@@ -169,7 +103,8 @@ class TorchScript final : public Workload {
       throw Error(ErrorCategory::data, option + ": --loss mse takes floating-point targets, got " + name);
   }
   at::Tensor outputs_loss(const at::Tensor& out, const at::Tensor& y, bool sum) const;
-  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, int64_t index);
+  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const std::string& where);
+  at::Tensor forward_output(const at::Tensor& x, const std::string& where);
 
   TrainConfig cfg_;
   at::Device device_;
@@ -179,6 +114,8 @@ class TorchScript final : public Workload {
   TensorData train_;
   std::optional<TensorData> test_;
   at::Tensor order_;
+  BackwardWatch backward_;
+  int64_t last_batch_ = 0;
 };
 
 // The loss of the module's outputs, in fp32. Cross entropy takes the class dimension last
@@ -198,30 +135,30 @@ at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor
       out, at::isIntegralType(y.scalar_type(), false) ? y.to(at::kLong) : y.to(at::kFloat), reduction);
 }
 
-at::Tensor TorchScript::batch_loss(const at::Tensor& x, const at::Tensor& y, int64_t index) {
-  try {
-    if (cfg_.loss == "returned") {
-      const c10::IValue r = module_.forward({x, y});
-      if (!r.isTensor() || r.toTensor().numel() != 1)
-        throw Error(ErrorCategory::data,
-                    "--loss returned: the module's forward(inputs, targets) must return the "
-                    "loss as a one-element tensor, got " +
-                        r.tagKind());
-      return r.toTensor().reshape({}).to(at::kFloat);
-    }
-    const c10::IValue out = module_.forward({x});
-    if (!out.isTensor())
-      throw Error(ErrorCategory::data, "--loss " + cfg_.loss +
-                                           ": the module's forward(inputs) must return a "
-                                           "tensor, got " +
-                                           out.tagKind());
-    return outputs_loss(out.toTensor(), y, false);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(ErrorCategory::data,
-                "the model failed on batch " + std::to_string(index) + ": " + model_message(e));
+// forward(inputs)'s output, a tensor.
+at::Tensor TorchScript::forward_output(const at::Tensor& x, const std::string& where) {
+  const c10::IValue out = model_call(where, [&] { return module_.forward({x}); });
+  if (!out.isTensor())
+    throw Error(
+        ErrorCategory::data,
+        "--loss " + cfg_.loss + ": the module's forward(inputs) must return a tensor, got " + out.tagKind());
+  return out.toTensor();
+}
+
+at::Tensor TorchScript::batch_loss(const at::Tensor& x, const at::Tensor& y, const std::string& where) {
+  if (cfg_.loss == "returned") {
+    const c10::IValue r = model_call(where, [&] { return module_.forward({x, y}); });
+    if (!r.isTensor() || r.toTensor().numel() != 1)
+      throw Error(ErrorCategory::data,
+                  "--loss returned: the module's forward(inputs, targets) must return the "
+                  "loss as a one-element tensor, got " +
+                      r.tagKind());
+    check_gradient(r.toTensor(), where);
+    return model_call(where, [&] { return r.toTensor().reshape({}).to(at::kFloat); });
   }
+  const at::Tensor out = forward_output(x, where);
+  check_gradient(out, where);
+  return model_call(where, [&] { return outputs_loss(out, y, false); });
 }
 
 // Loss over every sample (element-wise losses summed, divided by their count: the mean over
@@ -240,25 +177,21 @@ std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
     const int64_t len = std::min(bs, n - b * bs);
     const at::Tensor x = to_device(test_->inputs.narrow(0, b * bs, len), device_);
     const at::Tensor y = to_device(test_->targets.narrow(0, b * bs, len), device_);
+    const std::string where = "--test-data batch " + std::to_string(b);
     if (cfg_.loss == "returned") {
-      loss_sum += batch_loss(x, y, b).item<double>() * static_cast<double>(len);
+      loss_sum += batch_loss(x, y, where).item<double>() * static_cast<double>(len);
       count += static_cast<double>(len);
       continue;
     }
-    at::Tensor out;
-    try {
-      out = module_.forward({x}).toTensor().to(at::kFloat);
-    } catch (const std::exception& e) {
-      module_.train(true);
-      throw Error(ErrorCategory::data,
-                  "the model failed on --test-data batch " + std::to_string(b) + ": " + model_message(e));
-    }
-    loss_sum += outputs_loss(out, y, true).item<double>();
+    const at::Tensor out = forward_output(x, where).to(at::kFloat);
+    loss_sum += model_call(where, [&] { return outputs_loss(out, y, true).item<double>(); });
     const double elements = cfg_.loss == "mse" ? static_cast<double>(out.numel())
                             : classes          ? static_cast<double>(y.numel())
                                                : static_cast<double>(len);
     count += elements;
-    if (classes) correct += at::eq(out.argmax(-1), y.to(at::kLong)).sum().item<double>();
+    if (classes)
+      correct +=
+          model_call(where, [&] { return at::eq(out.argmax(-1), y.to(at::kLong)).sum().item<double>(); });
   }
   module_.train(true);
   return Evaluation{loss_sum / count, classes ? correct / count : 0.0, std::nullopt};

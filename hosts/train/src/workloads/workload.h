@@ -5,10 +5,12 @@
 #include <ampkit/model_view.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "ampkit/error.h"
 #include "config/train_config.h"
 
 namespace ampkit::train {
@@ -32,6 +34,10 @@ class Workload {
   virtual at::Tensor loss(int64_t index) = 0;
   // Loss and accuracy on held-out data (at most `max_batches`, 0 = all), in eval mode, fp32.
   virtual std::optional<Evaluation> evaluate(int64_t max_batches) = 0;
+  // A failure that escaped a training step (not an ampkit::Error, not c10d's): the workload's own
+  // error for it where its model is to blame (a user's model failing in backward), otherwise
+  // nothing, and the failure is reported as it is.
+  virtual std::optional<Error> model_failure(const std::exception& /*failure*/) const { return std::nullopt; }
 };
 
 std::unique_ptr<Workload> make_fashion_mnist(const TrainConfig& cfg, const at::Device& device);
