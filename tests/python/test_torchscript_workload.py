@@ -314,6 +314,26 @@ def test_a_loss_failure_in_evaluation_is_one_line_and_exit_4(lm, tmp_path):
     one_line_error(run, 4, "the model failed on --test-data batch 0: ", "batch_size")
 
 
+@pytest.mark.parametrize("option", ["--data", "--test-data"])
+def test_class_targets_out_of_range_are_refused_before_the_first_step(lm, tmp_path, option):
+    source = "data.pt" if option == "--data" else "test.pt"
+    data = torch.load(lm / source, weights_only=True)
+    data["targets"][13, 3] = 999  # batch 1 of --data in file order; evaluated only after training
+    torch.save(data, tmp_path / "bad.pt")
+    run = train(lm, option, tmp_path / "bad.pt", "--steps", 4, "--batch-size", 8, "--data-order", "file",
+                "--metrics", tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 4, f"{option}: sample 13 has target 999, not one of the model's 256 classes (0 to 255")
+    assert not os.path.exists(tmp_path / "m.jsonl") or metrics(tmp_path / "m.jsonl") == []
+    # cross entropy's ignore_index (-100) is a valid target; any other negative one is not
+    data["targets"][13, 3] = -100
+    torch.save(data, tmp_path / "ignored.pt")
+    train(lm, option, tmp_path / "ignored.pt", "--steps", 2, "--batch-size", 8)
+    data["targets"][13, 3] = -1
+    torch.save(data, tmp_path / "negative.pt")
+    one_line_error(train(lm, option, tmp_path / "negative.pt", "--steps", 2, "--batch-size", 8, check=False), 4,
+                   f"{option}: sample 13 has target -1")
+
+
 def make_bad_entry(kind, path):
     if kind == "dangling symlink":
         os.symlink(path.parent / "missing.pt", path)
@@ -341,3 +361,18 @@ def test_a_shard_that_is_not_a_regular_file_is_one_error_naming_it(lm, tmp_path,
     torch.save({"inputs": data["inputs"][32:], "targets": data["targets"][32:]}, tmp_path / "b.pt")
     os.symlink(tmp_path / "b.pt", shards / "b.pt")
     train(lm, "--data", shards, "--steps", 1, "--batch-size", 64)  # needs both shards' 32 samples
+
+
+def test_an_empty_test_set_is_refused_up_front_like_an_empty_training_set(lm, tmp_path):
+    test = torch.load(lm / "test.pt", weights_only=True)
+    torch.save({"inputs": test["inputs"][:0], "targets": test["targets"][:0]}, tmp_path / "empty.pt")
+    run = train(lm, "--data", tmp_path / "empty.pt", "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 2, "--data holds 0 samples")
+    run = train(lm, "--test-data", tmp_path / "empty.pt", "--steps", 2, "--batch-size", 8, "--metrics",
+                tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 2, "--test-data holds 0 samples: there is nothing to evaluate")
+    assert not os.path.exists(tmp_path / "m.jsonl") or metrics(tmp_path / "m.jsonl") == []
+    # nor is a test set whose every target is cross entropy's ignored -100 (its loss would be 0/0)
+    torch.save({"inputs": test["inputs"], "targets": torch.full_like(test["targets"], -100)}, tmp_path / "none.pt")
+    one_line_error(train(lm, "--test-data", tmp_path / "none.pt", "--steps", 2, "--batch-size", 8, check=False), 2,
+                   "--test-data holds no target to evaluate: every one is -100")

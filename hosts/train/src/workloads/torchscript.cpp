@@ -35,18 +35,7 @@ class TorchScript final : public Workload {
           "ampkit-train: warning: --model %s looks traced (torch.jit.trace): it keeps the train/eval "
           "mode it was traced in (dropout, batch norm); save torch.jit.script(model) instead\n",
           cfg.model_file.c_str());
-    train_ = read_tensor_data(cfg.data_path, "--data");
-    check_targets(train_, "--data");
-    if (!cfg.test_data_path.empty()) {
-      test_ = read_tensor_data(cfg.test_data_path, "--test-data");
-      check_targets(*test_, "--test-data");
-    }
-    if (train_.size() < slice_.global)
-      throw Error(ErrorCategory::usage, "--data holds " + std::to_string(train_.size()) +
-                                            " samples, fewer than one "
-                                            "batch of --batch-size " +
-                                            std::to_string(cfg.batch_size) + " x " +
-                                            std::to_string(cfg.dist.world_size) + " rank(s)");
+    read_data();
     order_ = at::arange(train_.size(), at::kLong);
     module_.train(true);
   }
@@ -91,16 +80,37 @@ class TorchScript final : public Workload {
     throw Error(ErrorCategory::data, "--model " + cfg_.model_file +
                                          " has no parameter that requires grad: there is nothing to train");
   }
-  void check_targets(const TensorData& d, const std::string& option) const {
-    const at::ScalarType t = d.targets.scalar_type();
-    const std::string name = c10::toString(t);
-    if (cfg_.loss == "cross_entropy" && !(at::isIntegralType(t, false) || at::isFloatingType(t)))
-      throw Error(ErrorCategory::data, option +
-                                           ": --loss cross_entropy takes class indices (an integer dtype) or "
-                                           "probabilities (a float dtype) as targets, got " +
-                                           name);
-    if (cfg_.loss == "mse" && !at::isFloatingType(t))
-      throw Error(ErrorCategory::data, option + ": --loss mse takes floating-point targets, got " + name);
+  // Every file up front, with the same rules; the class range waits for the model's first output.
+  void read_data() {
+    train_ = read_tensor_data(cfg_.data_path, "--data");
+    check_target_dtype(train_, cfg_.loss, "--data");
+    if (train_.size() < slice_.global)
+      throw Error(ErrorCategory::usage, "--data holds " + std::to_string(train_.size()) +
+                                            " samples, fewer than one batch of --batch-size " +
+                                            std::to_string(cfg_.batch_size) + " x " +
+                                            std::to_string(cfg_.dist.world_size) + " rank(s)");
+    if (cfg_.test_data_path.empty()) return;
+    test_ = read_tensor_data(cfg_.test_data_path, "--test-data");
+    check_target_dtype(*test_, cfg_.loss, "--test-data");
+    if (test_->size() == 0)
+      throw Error(ErrorCategory::usage,
+                  "--test-data holds 0 samples: there is nothing to evaluate (leave "
+                  "--test-data out to train without evaluation)");
+    if (cfg_.loss == "cross_entropy" && at::isIntegralType(test_->targets.scalar_type(), false) &&
+        !(test_->targets != kIgnoredClass).any().item<bool>())
+      throw Error(ErrorCategory::usage,
+                  "--test-data holds no target to evaluate: every one is -100, "
+                  "which cross entropy ignores");
+  }
+  // Class-index targets of every file against the model's classes, known from its first output
+  // (the size of its class dimension, last): before the first step, and before any evaluation.
+  void check_classes(const at::Tensor& out) {
+    if (classes_checked_ || cfg_.loss != "cross_entropy") return;
+    classes_checked_ = true;
+    // Targets of another layout than [N, ..., C] against [N, ...] get cross_entropy's own error.
+    const auto fits = [&](const TensorData& d) { return out.dim() >= 2 && out.dim() == d.targets.dim() + 1; };
+    if (fits(train_)) check_class_range(train_, out.size(-1), "--data");
+    if (test_ && fits(*test_)) check_class_range(*test_, out.size(-1), "--test-data");
   }
   at::Tensor outputs_loss(const at::Tensor& out, const at::Tensor& y, bool sum) const;
   at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const std::string& where);
@@ -114,6 +124,7 @@ class TorchScript final : public Workload {
   TensorData train_;
   std::optional<TensorData> test_;
   at::Tensor order_;
+  bool classes_checked_ = false;
   BackwardWatch backward_;
   int64_t last_batch_ = 0;
 };
@@ -135,13 +146,14 @@ at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor
       out, at::isIntegralType(y.scalar_type(), false) ? y.to(at::kLong) : y.to(at::kFloat), reduction);
 }
 
-// forward(inputs)'s output, a tensor.
+// forward(inputs)'s output, a tensor whose class targets are in range (check_classes).
 at::Tensor TorchScript::forward_output(const at::Tensor& x, const std::string& where) {
   const c10::IValue out = model_call(where, [&] { return module_.forward({x}); });
   if (!out.isTensor())
     throw Error(
         ErrorCategory::data,
         "--loss " + cfg_.loss + ": the module's forward(inputs) must return a tensor, got " + out.tagKind());
+  check_classes(out.toTensor());
   return out.toTensor();
 }
 
@@ -185,13 +197,15 @@ std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
     }
     const at::Tensor out = forward_output(x, where).to(at::kFloat);
     loss_sum += model_call(where, [&] { return outputs_loss(out, y, true).item<double>(); });
-    const double elements = cfg_.loss == "mse" ? static_cast<double>(out.numel())
-                            : classes          ? static_cast<double>(y.numel())
-                                               : static_cast<double>(len);
-    count += elements;
-    if (classes)
-      correct +=
-          model_call(where, [&] { return at::eq(out.argmax(-1), y.to(at::kLong)).sum().item<double>(); });
+    if (!classes) {
+      count += cfg_.loss == "mse" ? static_cast<double>(out.numel()) : static_cast<double>(len);
+      continue;
+    }
+    const at::Tensor counted = y != kIgnoredClass;  // ignored targets count in neither mean
+    count += counted.sum().item<double>();
+    correct += model_call(where, [&] {
+      return at::logical_and(at::eq(out.argmax(-1), y.to(at::kLong)), counted).sum().item<double>();
+    });
   }
   module_.train(true);
   return Evaluation{loss_sum / count, classes ? correct / count : 0.0, std::nullopt};

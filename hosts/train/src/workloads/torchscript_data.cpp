@@ -112,4 +112,30 @@ TensorData read_tensor_data(const std::string& path, const std::string& option) 
   return {at::cat(inputs), at::cat(targets)};
 }
 
+void check_target_dtype(const TensorData& data, const std::string& loss, const std::string& option) {
+  const at::ScalarType t = data.targets.scalar_type();
+  const std::string name = c10::toString(t);
+  if (loss == "cross_entropy" && !(at::isIntegralType(t, false) || at::isFloatingType(t)))
+    throw Error(ErrorCategory::data, option +
+                                         ": --loss cross_entropy takes class indices (an integer dtype) or "
+                                         "probabilities (a float dtype) as targets, got " +
+                                         name);
+  if (loss == "mse" && !at::isFloatingType(t))
+    throw Error(ErrorCategory::data, option + ": --loss mse takes floating-point targets, got " + name);
+}
+
+void check_class_range(const TensorData& data, int64_t classes, const std::string& option) {
+  if (!at::isIntegralType(data.targets.scalar_type(), false) || data.size() == 0) return;
+  const at::Tensor all = data.targets.to(at::kLong);
+  const at::Tensor t = all.dim() == 1 ? all.unsqueeze(1) : all.flatten(1);  // [samples, positions]
+  const at::Tensor bad = t.lt(0).logical_and(t.ne(kIgnoredClass)).logical_or(t.ge(classes));
+  if (!bad.any().item<bool>()) return;
+  const int64_t sample = bad.any(1).nonzero()[0][0].item<int64_t>();
+  const int64_t value = t[sample].masked_select(bad[sample])[0].item<int64_t>();
+  throw Error(ErrorCategory::data, option + ": sample " + std::to_string(sample) + " has target " +
+                                       std::to_string(value) + ", not one of the model's " +
+                                       std::to_string(classes) + " classes (0 to " +
+                                       std::to_string(classes - 1) + ", or -100 to ignore a position)");
+}
+
 }  // namespace ampkit::train
