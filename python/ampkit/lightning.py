@@ -17,7 +17,7 @@ sees its threshold: name the clipper instead). docs/python.md, "Your trainer".
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.fabric.plugins.precision.amp import MixedPrecision as FabricMixedPrecision
@@ -25,12 +25,16 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.optim import Optimizer
 
-from ._trainers import make_scaler, warn_fp16_on_cpu
+from ._trainers import NO_LIMIT, make_scaler, warn_fp16_on_cpu
 from .grad_scaler import GradScaler
 
 __all__ = ["AmpkitCheckpointIO", "AmpkitFabricPrecision", "AmpkitPrecision", "fabric_plugins"]
 
 _LIGHTNING_ON_CPU = "Lightning's own precision='16-mixed' would have switched to 'bf16-mixed'"
+
+
+def _threshold(max_norm: float) -> str:
+    return "no limit" if max_norm == NO_LIMIT else f"{max_norm:g}"
 
 
 class AmpkitPrecision(MixedPrecision):
@@ -54,7 +58,7 @@ class AmpkitPrecision(MixedPrecision):
 
     def __init__(self, device: str = "cuda", **gradscaler_kwargs: Any) -> None:
         scaler, self._clipping = make_scaler(device, gradscaler_kwargs)
-        super().__init__("16-mixed", device, scaler=scaler)  # type: ignore[arg-type]
+        super().__init__("16-mixed", device, scaler=scaler)
         if device == "cpu" and scaler.is_enabled():
             warn_fp16_on_cpu("ampkit.lightning.AmpkitPrecision", _LIGHTNING_ON_CPU)
 
@@ -97,7 +101,7 @@ class AmpkitPrecision(MixedPrecision):
         if float(clip_val) != self._clipping.max_norm:
             raise ValueError(
                 f"clip_gradients(clip_val={clip_val}) differs from the threshold this step was "
-                f"clipped at ({self._clipping.max_norm:g}): ampkit clips inside unscale_, before "
+                f"clipped at ({_threshold(self._clipping.max_norm)}): ampkit clips inside unscale_, before "
                 "configure_gradient_clipping runs, so a per-step threshold is not supported with "
                 "AmpkitPrecision (set Trainer(gradient_clip_val=...))"
             )
@@ -119,14 +123,14 @@ class AmpkitCheckpointIO(CheckpointIO):
         self.precision = precision
         self.inner = inner if inner is not None else TorchCheckpointIO()
 
-    def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         """Writes ``checkpoint`` with the precision plugin's state added."""
         state = self.precision.state_dict()
         full = dict(checkpoint, **{self.KEY: state}) if state else checkpoint
         self.inner.save_checkpoint(full, path, storage_options=storage_options)
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
-                        weights_only: Optional[bool] = None) -> dict:
+                        weights_only: Optional[bool] = None) -> Dict[str, Any]:
         """Reads the checkpoint, restores the precision plugin's state from it and returns the
         rest."""
         checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -154,7 +158,7 @@ class AmpkitFabricPrecision(FabricMixedPrecision):
 
     def __init__(self, device: str = "cuda", **gradscaler_kwargs: Any) -> None:
         scaler = GradScaler(device, **gradscaler_kwargs)
-        super().__init__("16-mixed", device, scaler=scaler)  # type: ignore[arg-type]
+        super().__init__("16-mixed", device, scaler=scaler)
         if device == "cpu" and scaler.is_enabled():
             warn_fp16_on_cpu("ampkit.lightning.AmpkitFabricPrecision", _LIGHTNING_ON_CPU)
 
