@@ -138,6 +138,7 @@ class GradScaler:
         # the C++ side once, and again only when its param_groups change.
         self._bound: Dict[int, Any] = {}
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
+        self._fallback_said = False
         if self._enabled:
             self._core = self._make_core()
 
@@ -486,7 +487,10 @@ class GradScaler:
         params = [p for group in groups for p in group["params"]]
         names = [self._names.get(id(p), f"param_groups[{g}][{i}]")
                  for g, group in enumerate(groups) for i, p in enumerate(group["params"])]
-        cpp(self._core.bind)(slot, params, names)
+        _, fallback = cpp(self._core.bind)(slot, params, names)
+        if fallback and not self._fallback_said:  # once: the GPU path without ampkit's kernel
+            warnings.warn(fallback, stacklevel=3)
+            self._fallback_said = True
         self._bound[id(optimizer)] = (slot, key)
         return slot
 
