@@ -106,8 +106,8 @@ def _install_clipping(accelerator: Accelerator, clipping: TrainerClipping) -> No
                          "step; use prepare_scaler(accelerator, clipper='value', "
                          "opt={'clipper.clip_value': v}) and drop the clip_grad_value_ call")
 
-    accelerator.clip_grad_norm_ = types.MethodType(clip_grad_norm_, accelerator)  # type: ignore[method-assign]
-    accelerator.clip_grad_value_ = types.MethodType(clip_grad_value_, accelerator)  # type: ignore[method-assign]
+    accelerator.clip_grad_norm_ = types.MethodType(clip_grad_norm_, accelerator)
+    accelerator.clip_grad_value_ = types.MethodType(clip_grad_value_, accelerator)
 
 
 def _check_same_parameters(parameters: Union[torch.Tensor, Iterable[torch.Tensor]], optimizer: Any) -> None:
