@@ -69,8 +69,9 @@ class Tiny(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64, 1)), batch_size=1)
 
 
-def _trainer(plugin: Any, max_steps: int, clip: Optional[float] = CLIP) -> L.Trainer:
+def _trainer(plugin: Any, max_steps: int, clip: Optional[float] = CLIP, algorithm: str = "norm") -> L.Trainer:
     return L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, plugins=[plugin], gradient_clip_val=clip,
+                     gradient_clip_algorithm=algorithm,
                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False)
 
@@ -132,11 +133,7 @@ def test_trainer_clipping_with_a_named_clipper_is_refused() -> None:
     with pytest.raises(ValueError, match="two clippers"):
         _fit(_ampkit(clipper="norm", opt={"clipper.max_norm": 1.0}))
     with pytest.raises(ValueError, match="clipper='value'"):
-        model = Tiny()
-        trainer = L.Trainer(accelerator="cpu", max_steps=2, plugins=[_ampkit()], gradient_clip_val=0.1,
-                            gradient_clip_algorithm="value", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(model)
+        _fit(_ampkit(), max_steps=2, algorithm="value")
 
 
 def test_fp16_on_the_cpu_is_said() -> None:
