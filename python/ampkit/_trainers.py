@@ -20,7 +20,6 @@ from typing import Any, Dict, Mapping, Tuple
 
 import torch
 
-from ._errors import cpp
 from .grad_scaler import GradScaler
 
 __all__ = ["NO_LIMIT", "TrainerClipping", "make_scaler", "names_a_clipper", "set_clipper_option", "warn_fp16_on_cpu"]
@@ -130,9 +129,4 @@ class TrainerClipping:
 def set_clipper_option(scaler: GradScaler, name: str, value: Any) -> None:
     """Sets one option of the scaler's clipper plugin while training (the engine reconfigures
     the plugin with its other options kept)."""
-    setter = getattr(scaler, "set_plugin_option", None)
-    if setter is not None:
-        setter(f"clipper.{name}", value)
-        return
-    text = repr(float(value)) if isinstance(value, float) else str(value)
-    cpp(scaler._core.set_option)("clipper", name, text)
+    scaler.set_plugin_option(f"clipper.{name}", value)

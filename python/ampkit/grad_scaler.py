@@ -431,6 +431,17 @@ class GradScaler:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
         return self._last_taken.get(id(optimizer), True)
 
+    def set_plugin_option(self, key: str, value: Any) -> None:
+        """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
+        the plugin is made again with it, its other options and its state kept (as a resumed run
+        would make it), and stays guarded. Raises ValueError for an unknown kind, option or value."""
+        kind, dot, name = str(key).partition(".")
+        if not dot or not kind or not name:
+            raise ValueError(f"option '{key}' is not of the form KIND.OPTION (e.g. clipper.max_norm)")
+        if not self._enabled:
+            return
+        cpp(self._core.set_option)(kind, name, _option_text(value))
+
     def plugin_options(self, kind: str) -> List[tuple]:
         """The effective options of the ``kind`` plugin: (name, value, source) rows."""
         if not self._enabled:
