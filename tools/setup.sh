@@ -58,6 +58,14 @@ if [ "$have_models" != "$TRANSFORMERS_VERSION $TIMM_VERSION" ]; then
   say "installing transformers==$TRANSFORMERS_VERSION and timm==$TIMM_VERSION from PyPI (tools/bench/gpu_models.py)"
   pip_install "transformers==$TRANSFORMERS_VERSION" "timm==$TIMM_VERSION"
 fi
+# Trainer-integration test dependencies, only for tests/python/test_trainers_*.py (ampkit.lightning,
+# ampkit.accelerate, ampkit.transformers): the real trainers, run on the CPU.
+LIGHTNING_VERSION=2.6.6 ACCELERATE_VERSION=1.15.0
+have_trainers=$("$PYTHON" -c 'from importlib.metadata import version as v; print(v("lightning"), v("accelerate"))' 2>/dev/null || true)
+if [ "$have_trainers" != "$LIGHTNING_VERSION $ACCELERATE_VERSION" ]; then
+  say "installing lightning==$LIGHTNING_VERSION and accelerate==$ACCELERATE_VERSION from PyPI (tests/python/test_trainers_*.py)"
+  pip_install "lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION"
+fi
 have=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 [ "$have" = "$TORCH_VERSION" ] || { say "error: torch is $have after the installs, not $TORCH_VERSION: check $CONSTRAINTS"; exit 1; }
 say "done"

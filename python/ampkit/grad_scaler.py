@@ -138,6 +138,7 @@ class GradScaler:
         # the C++ side once, and again only when its param_groups change.
         self._bound: Dict[int, Any] = {}
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
+        self._fallback_said = False
         if self._enabled:
             self._core = self._make_core()
 
@@ -430,6 +431,17 @@ class GradScaler:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
         return self._last_taken.get(id(optimizer), True)
 
+    def set_plugin_option(self, key: str, value: Any) -> None:
+        """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
+        the plugin is made again with it, its other options and its state kept (as a resumed run
+        would make it), and stays guarded. Raises ValueError for an unknown kind, option or value."""
+        kind, dot, name = str(key).partition(".")
+        if not dot or not kind or not name:
+            raise ValueError(f"option '{key}' is not of the form KIND.OPTION (e.g. clipper.max_norm)")
+        if not self._enabled:
+            return
+        cpp(self._core.set_option)(kind, name, _option_text(value))
+
     def plugin_options(self, kind: str) -> List[tuple]:
         """The effective options of the ``kind`` plugin: (name, value, source) rows."""
         if not self._enabled:
@@ -486,7 +498,10 @@ class GradScaler:
         params = [p for group in groups for p in group["params"]]
         names = [self._names.get(id(p), f"param_groups[{g}][{i}]")
                  for g, group in enumerate(groups) for i, p in enumerate(group["params"])]
-        cpp(self._core.bind)(slot, params, names)
+        _, fallback = cpp(self._core.bind)(slot, params, names)
+        if fallback and not self._fallback_said:  # once: the GPU path without ampkit's kernel
+            warnings.warn(fallback, stacklevel=3)
+            self._fallback_said = True
         self._bound[id(optimizer)] = (slot, key)
         return slot
 

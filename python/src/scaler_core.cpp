@@ -178,15 +178,15 @@ double ScalerCore::scale() const {
   return guarded([&] { return step_->scale(); });
 }
 
-std::string ScalerCore::bind(int64_t slot, std::vector<at::Tensor> parameters,
-                             std::vector<std::string> names) {
+std::tuple<std::string, std::string> ScalerCore::bind(int64_t slot, std::vector<at::Tensor> parameters,
+                                                      std::vector<std::string> names) {
   return guarded([&] {
     if (names.size() != parameters.size())
       throw Error(ErrorCategory::internal, "bind: parameters and names differ in count");
     auto table = std::make_shared<GradientTable>(std::move(parameters), std::move(names), recipe_);
-    const std::string recipe = to_string(table->recipe());
+    auto chosen = std::make_tuple(std::string(to_string(table->recipe())), table->recipe_fallback());
     tables_[slot] = std::move(table);
-    return recipe;
+    return chosen;
   });
 }
 

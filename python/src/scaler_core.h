@@ -40,8 +40,9 @@ class ScalerCore : public torch::CustomClassHolder {
   double scale() const;
   // The parameters of one optimizer (in its param_groups' order) and their names, as table `slot`
   // (a number the caller picks; binding a slot again replaces its table). Returns the recipe
-  // chosen for them.
-  std::string bind(int64_t slot, std::vector<at::Tensor> parameters, std::vector<std::string> names);
+  // chosen for them and, on a GPU where automatic did not take the chunk kernel, why ("" otherwise).
+  std::tuple<std::string, std::string> bind(int64_t slot, std::vector<at::Tensor> parameters,
+                                            std::vector<std::string> names);
   // Statistics, the policy's decision and unscale+clip for the gradients of table `slot`. Returns
   // (recorded: false when no parameter has a gradient, step: whether the optimizer may step,
   // factor: what its fused step still has to multiply the gradients by, 1 when they were

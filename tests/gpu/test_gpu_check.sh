@@ -37,6 +37,6 @@ n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
 grep -q "^copy: flat tensor copy_" "$report" || fail "no copy bandwidth row"
-n=$(grep -c "^| \(GPT-2\|ViT\) | \(fp16\|bf16\) | [0-9]* | [0-9]* | .* | ok |$" "$report")
+n=$(grep -c "^| \(GPT-2\|ViT\) | \(fp16\|bf16\) | fused_scan | [0-9]* | [0-9]* | .* | ok |$" "$report")
 [ "$n" = 4 ] || fail "$n of the 4 real-model skip-decision checks agreed with torch"
 echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 5 checks, 3 runs, 2 throughput rows, 4 real-model checks"

@@ -209,6 +209,7 @@ def compare_decisions(base: torch.nn.Module, loss_fn, data: list, args: argparse
     return {"steps": args.compare_steps, "overflow_step": args.overflow_step if planted else None,
             "skipped_torch": skipped["torch"], "skipped_ampkit": skipped["ampkit"], "decisions_differ": differ,
             "scales_differ": scales_differ, "final_scale": ampkit_way.scaler.get_scale(),
+            "stats_recipe": ampkit_way.scaler.last_step.get("stats_recipe", "?"),
             "ok": not differ and not scales_differ and not missed}
 
 
@@ -291,12 +292,12 @@ def print_tables(rows: list, args: argparse.Namespace) -> None:
               "after backward at the planted step: skipped = torch's update() lowered the scale, ampkit's step() "
               "returned False.")
         print()
-        print("| model | precision | lockstep steps | inf planted at | skipped, torch | skipped, ampkit | "
-              "decisions that differ | scales equal | check |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| model | precision | ampkit's statistics recipe | lockstep steps | inf planted at | skipped, torch | "
+              "skipped, ampkit | decisions that differ | scales equal | check |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in checked:
             c = r["compare"]
-            print(f"| {MODEL_LABELS[r['model']]} | {r['precision']} | {c['steps']} | "
+            print(f"| {MODEL_LABELS[r['model']]} | {r['precision']} | {c['stats_recipe']} | {c['steps']} | "
                   f"{'-' if c['overflow_step'] is None else c['overflow_step']} | {steps_text(c['skipped_torch'])} | "
                   f"{steps_text(c['skipped_ampkit'])} | {len(c['decisions_differ'])} | "
                   f"{'yes' if not c['scales_differ'] else 'no, from step ' + str(c['scales_differ'][0])} | "

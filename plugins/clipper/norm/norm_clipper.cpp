@@ -1,5 +1,6 @@
 // Clipper "norm": torch.nn.utils.clip_grad_norm_ semantics on the unscaled total norm.
 #include <ampkit/clipper_plugin.h>
+#include <ampkit/device_rules.h>
 
 #include <cmath>
 #include <limits>
@@ -17,6 +18,14 @@ class NormGradClipper final : public ampkit::GradClipper {
       throw std::invalid_argument(
           "clipper 'norm' needs max_norm: set its option max_norm, or resolve its options with the run's "
           "precision (OptionInputs::precision) to get the per-precision default");
+    rule_.kind = ampkit::ClipperDeviceRule::Kind::norm;
+    rule_.max_norm = max_norm_;
+    rule_.inf_norm = inf_norm_;
+  }
+
+  // clip() below, as numbers for the device (device_rules.h).
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kClipperDeviceRule, &rule_);
   }
 
   ampkit::ClipResult clip(const ampkit::StepStats& stats) override {
@@ -29,6 +38,7 @@ class NormGradClipper final : public ampkit::GradClipper {
  private:
   double max_norm_;
   bool inf_norm_;
+  ampkit::ClipperDeviceRule rule_;
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 // NaN policy "abort": stop the run at the first bad step, for runs where a NaN means a bug
 // (torchtitan's behaviour); the host writes the summary with the reason and exits 5.
+#include <ampkit/device_rules.h>
 #include <ampkit/nan_detector.h>
 #include <ampkit/nan_policy_plugin.h>
 
@@ -8,7 +9,17 @@ namespace {
 class AbortNanPolicy final : public ampkit::DetectingNanPolicy {
  public:
   explicit AbortNanPolicy(const ampkit::OptionValues& options)
-      : DetectingNanPolicy(options, 0), tolerate_overflow_(options.get_bool("tolerate_overflow")) {}
+      : DetectingNanPolicy(options, 0),
+        tolerate_overflow_(options.get_bool("tolerate_overflow")),
+        offers_rule_(!ampkit::detects_spikes(options)) {
+    rule_.abort_on_nonfinite_loss = true;
+    rule_.abort_on_nonfinite_gradients = !tolerate_overflow_;
+  }
+
+  // decide() below without spikes, as numbers for the device (device_rules.h).
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kNanPolicyDeviceRule, offers_rule_ ? &rule_ : nullptr);
+  }
 
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
@@ -21,6 +32,8 @@ class AbortNanPolicy final : public ampkit::DetectingNanPolicy {
 
  private:
   bool tolerate_overflow_;
+  bool offers_rule_;
+  ampkit::NanPolicyDeviceRule rule_;
 };
 
 }  // namespace

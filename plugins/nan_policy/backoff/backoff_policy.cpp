@@ -1,5 +1,6 @@
 // NaN policy "backoff": skip a bad step and, for non-finite values, ask the scaler for one
 // extra backoff (overflow seen twice as fast); abort after a long streak.
+#include <ampkit/device_rules.h>
 #include <ampkit/nan_detector.h>
 #include <ampkit/nan_policy_plugin.h>
 
@@ -9,7 +10,16 @@ class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
  public:
   explicit BackoffNanPolicy(const ampkit::OptionValues& options)
       : DetectingNanPolicy(options, options.get_int("max_consecutive")),
-        clip_spikes_(options.get_string("on_spike") == "clip") {}
+        clip_spikes_(options.get_string("on_spike") == "clip"),
+        offers_rule_(!ampkit::detects_spikes(options)) {
+    rule_.backoff = true;
+    rule_.max_consecutive = options.get_int("max_consecutive");
+  }
+
+  // decide() below without spikes, as numbers for the device (device_rules.h).
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kNanPolicyDeviceRule, offers_rule_ ? &rule_ : nullptr);
+  }
 
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
@@ -26,6 +36,8 @@ class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
 
  private:
   bool clip_spikes_;
+  bool offers_rule_;
+  ampkit::NanPolicyDeviceRule rule_;
 };
 
 }  // namespace

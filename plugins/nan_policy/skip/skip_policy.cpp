@@ -1,5 +1,6 @@
 // NaN policy "skip": drop a step with a non-finite loss or gradient (or a spike, when enabled);
 // abort after a long streak. on_spike=clip applies a finite spike with its gradient norm clipped.
+#include <ampkit/device_rules.h>
 #include <ampkit/nan_detector.h>
 #include <ampkit/nan_policy_plugin.h>
 
@@ -9,7 +10,15 @@ class SkipNanPolicy final : public ampkit::DetectingNanPolicy {
  public:
   explicit SkipNanPolicy(const ampkit::OptionValues& options)
       : DetectingNanPolicy(options, options.get_int("max_consecutive")),
-        clip_spikes_(options.get_string("on_spike") == "clip") {}
+        clip_spikes_(options.get_string("on_spike") == "clip"),
+        offers_rule_(!ampkit::detects_spikes(options)) {
+    rule_.max_consecutive = options.get_int("max_consecutive");
+  }
+
+  // decide() below without spikes, as numbers for the device (device_rules.h).
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kNanPolicyDeviceRule, offers_rule_ ? &rule_ : nullptr);
+  }
 
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
@@ -22,6 +31,8 @@ class SkipNanPolicy final : public ampkit::DetectingNanPolicy {
 
  private:
   bool clip_spikes_;
+  bool offers_rule_;
+  ampkit::NanPolicyDeviceRule rule_;
 };
 
 }  // namespace

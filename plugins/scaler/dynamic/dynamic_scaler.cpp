@@ -1,4 +1,5 @@
 // Scaler "dynamic": torch.amp.GradScaler's loss scale, bit for bit, plus Megatron's hysteresis and bounds.
+#include <ampkit/device_rules.h>
 #include <ampkit/scaler_plugin.h>
 
 #include <cmath>
@@ -50,6 +51,19 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     min_scale_ = static_cast<float>(min);
     max_scale_ = static_cast<float>(max);
     hysteresis_tracker_ = hysteresis_;
+    rule_.kind = ampkit::ScalerDeviceRule::Kind::dynamic;
+    rule_.growth_factor = growth_factor_;
+    rule_.backoff_factor = backoff_factor_;
+    rule_.growth_interval = growth_interval_;
+    rule_.hysteresis = hysteresis_;
+    rule_.min_scale = min_scale_;
+    rule_.max_scale = max_scale_;
+    rule_.abort_at_min_scale = error_at_min_;
+  }
+
+  // The same rule on the device (device_rules.h): update() and backoff() below, as numbers.
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kScalerDeviceRule, &rule_);
   }
 
   double scale() const override { return scale_; }
@@ -138,6 +152,7 @@ class DynamicLossScaler final : public ampkit::LossScaler {
   float max_scale_ = 0;
   int64_t growth_tracker_ = 0;
   int64_t hysteresis_tracker_ = 0;
+  ampkit::ScalerDeviceRule rule_;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Scaler "none": the loss is not scaled (fp32 and bf16 training need no scaling).
+#include <ampkit/device_rules.h>
 #include <ampkit/scaler_plugin.h>
 
 namespace {
@@ -8,6 +9,12 @@ class NoLossScaler final : public ampkit::LossScaler {
   explicit NoLossScaler(const ampkit::OptionValues&) {}
   double scale() const override { return 1.0; }
   void update(const ampkit::StepStats&) override {}
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kScalerDeviceRule, &rule_);  // constant 1
+  }
+
+ private:
+  ampkit::ScalerDeviceRule rule_;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Scaler "static": one constant loss scale for the whole run (Apex/DeepSpeed static_loss_scale).
+#include <ampkit/device_rules.h>
 #include <ampkit/scaler_plugin.h>
 
 #include <cmath>
@@ -12,6 +13,9 @@ class StaticLossScaler final : public ampkit::LossScaler {
   double scale() const override { return scale_; }
   // Overflowing steps are skipped by the NaN policy; a static scale never adapts.
   void update(const ampkit::StepStats&) override {}
+  void* find_function(const char* name) override {
+    return ampkit::offer_rule(name, ampkit::kScalerDeviceRule, &rule_);  // constant
+  }
   ampkit::State save() const override {
     ampkit::State s;
     s.set("scale", scale_);
@@ -27,6 +31,7 @@ class StaticLossScaler final : public ampkit::LossScaler {
 
  private:
   double scale_;
+  ampkit::ScalerDeviceRule rule_;
 };
 
 }  // namespace

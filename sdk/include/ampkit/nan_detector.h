@@ -137,6 +137,12 @@ class NanDetector {
 };
 
 // Base of the built-in policies: the detector (kept in save()/load()) and the streak limit
+// Whether a policy built from `options` detects spikes (spike_zscore > 0): its decisions then need
+// the recent window, so it offers no device rule (device_rules.h).
+inline bool detects_spikes(const OptionValues& options) {
+  return options.get_float("spike_zscore") > 0.0;
+}
+
 // "abort after max_consecutive bad steps in a row" (0: never).
 class DetectingNanPolicy : public NanPolicy {
  public:

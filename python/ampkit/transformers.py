@@ -1,0 +1,57 @@
+"""ampkit in the HF ``transformers.Trainer``: a mixin, and the Trainer with it::
+
+    trainer = ampkit.transformers.AmpkitTrainer(model=model, args=TrainingArguments(..., fp16=True),
+                                                train_dataset=data, scaler_kwargs={"nan_policy": "skip"})
+
+The Trainer's accelerator gets an :class:`ampkit.GradScaler` (:func:`ampkit.accelerate.
+prepare_scaler`) as soon as it is created, before ``prepare``: the Trainer scales, skips (its
+scheduler holds on ``optimizer_step_was_skipped``), logs ``grad_norm`` and saves ``scaler.pt``
+(loaded back with ``torch.load(weights_only=True)`` on ``resume_from_checkpoint``) as it does
+with torch's scaler. ``max_grad_norm`` sets ampkit's ``norm`` clipper. docs/python.md, "Your
+trainer".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from transformers import Trainer
+
+from ._trainers import names_a_clipper
+from .accelerate import prepare_scaler
+
+__all__ = ["AmpkitTrainer", "AmpkitTrainerMixin"]
+
+
+class AmpkitTrainerMixin:
+    """Put it before ``Trainer`` (or any subclass of it: ``Seq2SeqTrainer``, TRL's trainers) in
+    the bases: ``class MyTrainer(AmpkitTrainerMixin, Seq2SeqTrainer)``.
+
+    :param scaler_kwargs: :class:`ampkit.GradScaler`'s keyword arguments but ``device``. Without
+        ``clipper`` the Trainer's ``max_grad_norm`` is ampkit's ``norm`` clipper's ``max_norm``
+        and the logged ``grad_norm`` is the unclipped one; with ``clipper``, ``max_grad_norm``
+        must be 0 (the logged ``grad_norm`` is then still the unclipped norm).
+    :raises ValueError: ``clipper`` given with ``max_grad_norm > 0``.
+    """
+
+    def __init__(self, *args: Any, scaler_kwargs: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
+        self._ampkit_scaler_kwargs = dict(scaler_kwargs or {})
+        super().__init__(*args, **kwargs)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """The Trainer's accelerator, then ampkit's scaler in it (before ``prepare``)."""
+        super().create_accelerator_and_postprocess()  # type: ignore[misc]
+        max_grad_norm = float(self.args.max_grad_norm or 0.0)  # type: ignore[attr-defined]
+        if names_a_clipper(self._ampkit_scaler_kwargs) and max_grad_norm > 0:
+            raise ValueError(
+                f"TrainingArguments(max_grad_norm={max_grad_norm:g}) with ampkit's clipper named in "
+                "scaler_kwargs: two clippers. Set max_grad_norm=0 (the Trainer still logs the "
+                "unclipped grad_norm), or leave clipper out so that max_grad_norm sets ampkit's "
+                "'norm' clipper"
+            )
+        prepare_scaler(self.accelerator, **self._ampkit_scaler_kwargs)  # type: ignore[attr-defined]
+
+
+class AmpkitTrainer(AmpkitTrainerMixin, Trainer):
+    """``transformers.Trainer`` with ampkit's loss scaling, clipping and NaN policy
+    (:class:`AmpkitTrainerMixin`): ``AmpkitTrainer(..., scaler_kwargs={...})``."""

@@ -1,0 +1,166 @@
+// The strategies' device forms against their host forms (issue 42): the built-in scalers (dynamic
+// with hysteresis, bounds and its stop at min_scale; static; none), clippers (norm L2 and inf;
+// none) and NaN policies (skip with a streak limit, backoff, abort) run 300 steps through the
+// engine's host step (AmpStep) and through DeviceStepRules on CPU tensors, from the same
+// statistics: planted overflows, non-finite losses, gradient-norm spikes that clip. Every decision,
+// clip coefficient and scale must be the same, bit for bit.
+#define BOOST_TEST_MODULE device_step
+#include <ATen/ATen.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ampkit/amp_step.h"
+#include "ampkit/device_step.h"
+#include "ampkit/gradient_table.h"
+#include "builtin_plugins.h"
+
+using namespace ampkit;
+using Plugins = ampkit::test::BuiltinPlugins;
+
+namespace {
+
+using Options = std::map<std::string, std::string>;
+
+// What one step plants: a gradient (scaled) of this size, and whether the loss is finite.
+struct Planted {
+  double grad = 1.0;  // inf or NaN: an overflow
+  double loss = 2.0;  // NaN: a non-finite loss
+};
+
+std::vector<Planted> schedule(unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<Planted> steps(300);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double r = u(rng);
+    steps[i].grad = std::exp(8.0 * u(rng));  // norms across both sides of the clip thresholds
+    if (r < 0.08) steps[i].grad = std::numeric_limits<double>::infinity();
+    if (r >= 0.08 && r < 0.10) steps[i].grad = std::nan("");
+    if (r >= 0.10 && r < 0.12) steps[i].loss = std::nan("");
+    if (i >= 150 && i < 156) steps[i].grad = std::numeric_limits<double>::infinity();  // a streak
+  }
+  return steps;
+}
+
+uint64_t bits(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// Runs both forms over the schedule; returns the steps run (up to an abort) and how many were bad.
+int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choices, int& skipped) {
+  auto set = plugins.strategies(choices);
+  AmpStep host({&set->scaler(), &set->clipper(), &set->nan_policy()});
+  std::string missing;
+  auto device = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
+  BOOST_REQUIRE_MESSAGE(device, "no device rule from the " << missing);
+  device->start(set->scaler(), at::kCPU, 0);
+  at::Tensor weight = at::zeros({1}).set_requires_grad(true);
+  GradientTable table({weight}, {"w"});
+  host.start(RunInfo{});
+  int run = 0;
+  skipped = 0;
+  for (const Planted& p : schedule(11)) {
+    StepOutcome out = host.begin_iteration();
+    weight.mutable_grad() = at::full({1}, p.grad * out.stats.scale, at::kFloat);
+    table.read_gradients();
+    out.stats.loss = p.loss;
+    host.after_backward({table, /*fold=*/true, SkippedGradients::keep, at::Tensor(), nullptr}, out);
+    const StepOutcome done = host.finish_iteration();
+    DeviceStepStats in;
+    in.loss_nonfinite = at::scalar_tensor(done.stats.loss_finite ? 0.0 : 1.0, at::kDouble);
+    in.grads_nonfinite = at::scalar_tensor(std::isfinite(p.grad) ? 0.0 : 1.0, at::kDouble);
+    in.grad_norm = at::scalar_tensor(done.stats.grad_norm, at::kDouble);
+    in.grad_max_abs = at::scalar_tensor(done.stats.grad_max_abs, at::kDouble);
+    const DeviceStepDecision d = device->step(in);
+    BOOST_TEST_CONTEXT("step " << run << ", planted grad " << p.grad << ", loss " << p.loss) {
+      BOOST_TEST(d.stepped.item<double>() == (done.stepped ? 1.0 : 0.0));
+      // The policy's extra backoff; where the scaler stopped the run in it, the host reports the abort.
+      if (!done.aborted_by_scaler)
+        BOOST_TEST(d.backoff.item<double>() == (done.decision.action == NanAction::skip_backoff ? 1.0 : 0.0));
+      BOOST_TEST(d.abort.item<double>() == (done.decision.action == NanAction::abort ? 1.0 : 0.0));
+      BOOST_TEST(bits(d.clip_coefficient.item<double>()) == bits(done.clip_coefficient));
+      BOOST_TEST(static_cast<double>(d.scale.item<float>()) == done.stats.scale);
+      BOOST_TEST(static_cast<double>(d.scale_next.item<float>()) == done.scale_next);
+    }
+    ++run;
+    skipped += done.stepped ? 0 : 1;
+    if (done.decision.action == NanAction::abort) break;
+  }
+  return run;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_builtin_device_form_is_its_host_form_bit_for_bit) {
+  Plugins plugins;
+  const std::vector<std::pair<std::string, Options>> scalers = {
+      {"dynamic", {{"init_scale", "65536"}, {"growth_interval", "7"}}},
+      {"dynamic",
+       {{"init_scale", "1024"},
+        {"growth_interval", "3"},
+        {"hysteresis", "2"},
+        {"growth_factor", "3"},
+        {"backoff_factor", "0.3"},
+        {"max_scale", "5000"},
+        {"min_scale", "4"},
+        {"on_min_scale", "clamp"}}},
+      {"dynamic", {{"init_scale", "16"}, {"growth_interval", "50"}, {"min_scale", "2"}}},  // stops at min
+      {"static", {{"scale", "512"}}},
+      {"none", {}}};
+  const std::vector<std::pair<std::string, Options>> clippers = {
+      {"none", {}}, {"norm", {{"max_norm", "20"}}}, {"norm", {{"max_norm", "30"}, {"norm_type", "inf"}}}};
+  const std::vector<std::pair<std::string, Options>> policies = {{"skip", {{"max_consecutive", "0"}}},
+                                                                 {"skip", {{"max_consecutive", "5"}}},
+                                                                 {"backoff", {{"max_consecutive", "0"}}},
+                                                                 {"abort", {{"tolerate_overflow", "true"}}}};
+  int combinations = 0, aborted = 0, steps = 0, skipped_total = 0;
+  for (const auto& [scaler, so] : scalers)
+    for (const auto& [clipper, co] : clippers)
+      for (const auto& [policy, po] : policies) {
+        BOOST_TEST_CONTEXT(scaler << " + " << clipper << " + " << policy) {
+          int skipped = 0;
+          const int run = compare(plugins,
+                                  {{"scaler", Plugins::choice(scaler, so)},
+                                   {"clipper", Plugins::choice(clipper, co)},
+                                   {"nan_policy", Plugins::choice(policy, po)}},
+                                  skipped);
+          steps += run;
+          skipped_total += skipped;
+          aborted += run < 300;
+        }
+        ++combinations;
+      }
+  BOOST_TEST(combinations == 60);
+  BOOST_TEST_MESSAGE(steps << " steps compared, " << skipped_total << " skipped, " << aborted
+                           << " runs aborted");
+  BOOST_TEST(aborted > 0);             // the streak limit, the abort policy, the scale at its minimum
+  BOOST_TEST(aborted < combinations);  // and runs that went the whole way
+  BOOST_TEST(steps > 60 * 100);
+}
+
+// A strategy without a rule keeps the step synchronous, and the engine says which kind.
+BOOST_AUTO_TEST_CASE(a_strategy_without_a_device_form_is_named) {
+  Plugins plugins;
+  auto set = plugins.strategies({{"scaler", Plugins::choice("predictive")},
+                                 {"nan_policy", Plugins::choice("skip", {{"spike_zscore", "6"}})}});
+  std::string missing;
+  BOOST_TEST(!DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing));
+  BOOST_TEST(missing == "scaler");
+  auto spikes = plugins.strategies({{"scaler", Plugins::choice("dynamic")},
+                                    {"nan_policy", Plugins::choice("skip", {{"spike_zscore", "6"}})}});
+  BOOST_TEST(!DeviceStepRules::of(spikes->scaler(), spikes->clipper(), spikes->nan_policy(), missing));
+  BOOST_TEST(missing == "nan_policy");  // spike detection needs the recent window: no rule
+  auto value = plugins.strategies(
+      {{"scaler", Plugins::choice("dynamic")}, {"clipper", Plugins::choice("value", {{"clip_value", "1"}})}});
+  BOOST_TEST(!DeviceStepRules::of(value->scaler(), value->clipper(), value->nan_policy(), missing));
+  BOOST_TEST(missing == "clipper");
+}
