@@ -20,6 +20,7 @@ import torch
 
 from . import _library
 from ._errors import cpp
+from ._deferred import DeferredMode
 from .deepspeed import scaler_kwargs_from_deepspeed
 from .locator import NanLocator
 
@@ -75,6 +76,13 @@ class GradScaler:
             fp32 CPU parameters, ``chunk_kernel`` on a GPU where this build holds ampkit's kernel,
             ``foreach_ops`` otherwise; docs/architecture.md). Chosen once per optimizer, on its
             first step; :attr:`last_step` says which ran.
+        sync: ``"auto"`` (default): with a fused optimizer (``fused=True``) whose scaler, clipper
+            and NaN policy all have a device form, from the second iteration on (when the first had
+            one optimizer) the step makes no host read: statistics, decisions and the scale's update
+            stay on the device, :meth:`step` returns a bool tensor, and the plugins' host state
+            (:attr:`last_step`, :meth:`state_dict`) follows at most one step later.
+            ``"deferred"``: the same from the first step; ``"step"``: one host read per step, as
+            torch's. Where the deferred step cannot run, one warning says why.
 
     Raises:
         ValueError: an unknown plugin kind or option, or a bad option value (the message names
@@ -100,6 +108,7 @@ class GradScaler:
         allow_untrusted_plugins: bool = False,
         model: Optional[torch.nn.Module] = None,
         stats_recipe: str = "automatic",
+        sync: str = "auto",
     ) -> None:
         self._device = str(device)
         self._enabled = bool(enabled)
@@ -130,7 +139,7 @@ class GradScaler:
         self._scale: Optional[torch.Tensor] = None  # torch's: None until the first scale()
         self._scale_per_device: Dict[torch.device, torch.Tensor] = {}
         self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
-        self._last_taken: Dict[int, bool] = {}
+        self._last_taken: Dict[int, Any] = {}  # bool, or a bool tensor on the device (deferred)
         self._loss_sum: Optional[torch.Tensor] = None  # this iteration's losses given to scale()
         self._loss_count = 0
         self._pass_loss = True
@@ -139,8 +148,10 @@ class GradScaler:
         self._bound: Dict[int, Any] = {}
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
         self._fallback_said = False
+        self._deferred = DeferredMode(str(sync))
         if self._enabled:
             self._core = self._make_core()
+            self._deferred.reset(self._core)
 
     def _make_core(self) -> Any:
         c = self._config
@@ -236,6 +247,12 @@ class GradScaler:
             state["stage"] = OptState.STEPPED
             return retval
         if state["stage"] is OptState.READY:
+            slot = self._slot(optimizer)
+            if self._deferred.applies(optimizer, slot):  # no host read: docs/python.md
+                stepped_on_device = self._deferred.step(optimizer, slot, self._iteration_loss(), args, kwargs)
+                state["stage"], state["step"] = OptState.STEPPED, True
+                self._last_taken[id(optimizer)] = stepped_on_device
+                return stepped_on_device
             self._unscale(optimizer, state, fold=bool(getattr(optimizer, "_step_supports_amp_scaling", False)))
         if state["step"] is None:
             raise AssertionError("No inf checks were recorded for this optimizer.")
@@ -275,12 +292,18 @@ class GradScaler:
                     assert new_scale.numel() == 1, reason
                     assert new_scale.requires_grad is False, reason
                     value = float(new_scale.item())
-                cpp(self._core.set_scale)(value)
-            else:
+                if self._deferred.finish_iteration():  # counted on delivery: set the scale only
+                    self._deferred.drain()
+                    self._load_plugin_state("scaler", dict(self._plugin_state("scaler"), scale=value))
+                else:
+                    cpp(self._core.set_scale)(value)
+                self._deferred.forget()
+            elif not self._deferred.finish_iteration():
                 recorded = [s for s in self._per_optimizer_states.values() if s["step"] is not None]
                 if len(recorded) == 0:
                     raise AssertionError("No inf checks were recorded prior to update.")
                 cpp(self._core.update)()
+                self._deferred.learn(len(recorded))
         finally:
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             self._loss_sum, self._loss_count = None, 0
@@ -290,6 +313,7 @@ class GradScaler:
         """The current scale (the initial one before the first update), 1.0 when disabled."""
         if not self._enabled:
             return 1.0
+        self._deferred.drain()
         return self._core_scale()
 
     def get_growth_factor(self) -> float:
@@ -323,6 +347,7 @@ class GradScaler:
         Loads with ``torch.load(weights_only=True)``."""
         if not self._enabled:
             return {}
+        self._deferred.drain()
         return {
             "scale": self.get_scale(),
             "growth_factor": self.get_growth_factor(),
@@ -364,6 +389,8 @@ class GradScaler:
         self._refresh_scale()
 
     def __getstate__(self) -> Dict[str, Any]:
+        if self._enabled:
+            self._deferred.drain()
         state = self.__dict__.copy()
         if self._enabled:
             assert len(self._per_optimizer_states) == 0, (
@@ -378,6 +405,7 @@ class GradScaler:
         state["_per_optimizer_states"] = {}
         state["_loss_sum"], state["_loss_count"] = None, 0
         state["_bound"], state["_fused_args"] = {}, {}
+        state["_deferred"] = DeferredMode(self._deferred.sync)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -386,6 +414,7 @@ class GradScaler:
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         if self._enabled:
             self._core = self._make_core()
+            self._deferred.reset(self._core)
             if saved:
                 self.load_state_dict(saved)
 
@@ -402,6 +431,7 @@ class GradScaler:
         statistics recipe that ran)."""
         if not self._enabled:
             return {}
+        self._deferred.drain()
         return dict(cpp(self._core.record)())
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
@@ -429,7 +459,7 @@ class GradScaler:
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
-        return self._last_taken.get(id(optimizer), True)
+        return bool(self._last_taken.get(id(optimizer), True))  # deferred: a device tensor, read here
 
     def set_plugin_option(self, key: str, value: Any) -> None:
         """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
@@ -441,6 +471,7 @@ class GradScaler:
         if not self._enabled:
             return
         cpp(self._core.set_option)(kind, name, _option_text(value))
+        self._deferred.forget()
 
     def plugin_options(self, kind: str) -> List[tuple]:
         """The effective options of the ``kind`` plugin: (name, value, source) rows."""
@@ -459,6 +490,9 @@ class GradScaler:
 
     def _scale_on(self, device: torch.device) -> torch.Tensor:
         assert self._scale is not None
+        deferred = self._deferred.scale
+        if deferred is not None and deferred.device == device:
+            return deferred  # the device's own scale, updated there: no copy, no read
         cached = self._scale_per_device.get(device)
         if cached is None:
             cached = self._scale.to(device=device, non_blocking=True)
@@ -466,7 +500,7 @@ class GradScaler:
         return cached
 
     def _refresh_scale(self) -> None:
-        if self._scale is not None:
+        if self._scale is not None and self._deferred.scale is None:
             self._scale.fill_(self._core_scale())
         self._scale_per_device = {}
 
@@ -505,11 +539,14 @@ class GradScaler:
         self._bound[id(optimizer)] = (slot, key)
         return slot
 
+    def _iteration_loss(self) -> Optional[torch.Tensor]:
+        """The mean of this iteration's losses given to scale() (None under DDP: each rank's own)."""
+        return self._loss_sum / self._loss_count if self._loss_count and self._pass_loss else None
+
     def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
         slot = self._slot(optimizer)
-        loss = self._loss_sum / self._loss_count if self._loss_count and self._pass_loss else None
         with torch.no_grad():
-            recorded, step, factor = cpp(self._core.unscale)(slot, fold, loss)
+            recorded, step, factor = cpp(self._core.unscale)(slot, fold, self._iteration_loss())
         state["step"] = bool(step) if recorded else None
         state["factor"] = float(factor)
 
@@ -517,12 +554,14 @@ class GradScaler:
         return list(cpp(self._core.plugin)(kind))
 
     def _plugin_state(self, kind: str) -> Dict[str, Any]:
+        self._deferred.drain()
         return dict(cpp(self._core.state)(kind))
 
     def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None:
         # A list crosses as a float64 tensor: an empty Python list has no element type.
         values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
         cpp(self._core.load_state)(kind, values)
+        self._deferred.forget()  # the device state is made again from this one
 
     def _has_scaler_option(self, name: str) -> bool:
         return self._enabled and any(r[0] == name for r in self.plugin_options("scaler"))
@@ -540,3 +579,4 @@ class GradScaler:
         if not self._has_scaler_option(name):
             raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
         cpp(self._core.set_option)("scaler", name, _option_text(value))
+        self._deferred.forget()

@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "ampkit/deepspeed_config.h"
+#include "ampkit/host_reads.h"
 #include "ampkit/plugin_call.h"
 #include "errors.h"
 #include "locator.h"
@@ -57,6 +58,10 @@ TORCH_LIBRARY(ampkit, m) {
       .def("scale", &ScalerCore::scale)
       .def("bind", &ScalerCore::bind)
       .def("unscale", &ScalerCore::unscale)
+      .def("prepare_deferred", &ScalerCore::prepare_deferred)
+      .def("unscale_deferred", &ScalerCore::unscale_deferred)
+      .def("device_scale", &ScalerCore::device_scale)
+      .def("deliver", &ScalerCore::deliver)
       .def("update", &ScalerCore::update)
       .def("set_scale", &ScalerCore::set_scale)
       .def("option", &ScalerCore::option)
@@ -73,6 +78,8 @@ TORCH_LIBRARY(ampkit, m) {
       .def("finish", &ampkit::python::LocatorSession::finish);
   m.def("last_error", &ampkit::python::last_error_op);
   m.def("install_fault_reporter", &ampkit::python::install_fault_reporter);
+  // Device-to-host reads the engine made in this process (ampkit/host_reads.h): tests count them.
+  m.def("host_reads", [] { return ampkit::host_reads(); });
   m.def("deepspeed_mapping", &ampkit::python::deepspeed_mapping);
   m.def("list_plugins", &ampkit::python::list_plugins);
   m.def("plugin_options", &ampkit::python::plugin_options);

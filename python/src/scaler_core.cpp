@@ -16,6 +16,7 @@
 #include "ampkit/plugin_call.h"
 #include "ampkit/plugin_options.h"
 #include "errors.h"
+#include "ivalues.h"
 
 namespace ampkit::python {
 
@@ -57,77 +58,6 @@ RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allo
   // only run async-signal-safe code until exec, which dlopen and static initializers are not.
   o.probe = false;
   return o;
-}
-
-// A str -> Any dict, as Python sees a dict of mixed values.
-c10::Dict<std::string, c10::IValue> any_dict() {
-  return c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-}
-
-c10::IValue to_ivalue(const StateValue& v) {
-  return std::visit(
-      [](const auto& x) -> c10::IValue {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::vector<double>>)
-          return c10::IValue(c10::List<double>(x));
-        else
-          return c10::IValue(x);
-      },
-      v);
-}
-
-StateValue from_ivalue(const std::string& key, const c10::IValue& v) {
-  if (v.isBool()) return v.toBool();
-  if (v.isInt()) return v.toInt();
-  if (v.isDouble()) return v.toDouble();
-  if (v.isString()) return v.toStringRef();
-  if (v.isDoubleList()) return v.toDoubleVector();
-  if (v.isTensor()) {
-    const at::Tensor t = v.toTensor().to(at::kDouble).contiguous().reshape({-1});
-    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-  }
-  if (v.isList()) {
-    std::vector<double> out;
-    for (const c10::IValue& e : v.toListRef()) {
-      if (!e.isDouble() && !e.isInt())
-        throw Error(ErrorCategory::usage, "state key '" + key + "': a list must hold numbers");
-      out.push_back(e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()));
-    }
-    return out;
-  }
-  throw Error(ErrorCategory::usage, "state key '" + key + "' holds a " + v.tagKind() +
-                                        "; a plugin state holds bool, int, float, str or a list of floats");
-}
-
-// A StepRecord field (StepRecord::visit) as an IValue.
-c10::IValue record_value(int64_t v) {
-  return v;
-}
-c10::IValue record_value(double v) {
-  return v;
-}
-c10::IValue record_value(bool v) {
-  return v;
-}
-c10::IValue record_value(const std::string& v) {
-  return v;
-}
-c10::IValue record_value(const std::vector<double>& v) {
-  return c10::List<double>(v);
-}
-c10::IValue record_value(const nlohmann::json& v) {
-  return v.dump();
-}
-c10::IValue record_value(const std::vector<LayerNorm>& layers) {
-  c10::List<c10::IValue> out(c10::AnyType::get());
-  for (const LayerNorm& l : layers) {
-    c10::Dict<std::string, c10::IValue> layer = any_dict();
-    layer.insert("name", l.name);
-    layer.insert("grad_norm", l.grad_norm);
-    out.push_back(c10::IValue(layer));
-  }
-  return out;
 }
 
 }  // namespace
@@ -196,8 +126,70 @@ RunInfo ScalerCore::run_info(const GradientTable& table) const {
   return info;
 }
 
+GradientTable& ScalerCore::table(int64_t slot) {
+  const auto found = tables_.find(slot);
+  if (found == tables_.end()) throw Error(ErrorCategory::internal, "no parameters bound to this optimizer");
+  return *found->second;
+}
+
+void ScalerCore::settle() {
+  if (!deferred_) return;
+  deferred_->deliver(/*wait=*/true);
+  deferred_.reset();
+  deferred_slot_ = -1;
+}
+
+std::string ScalerCore::prepare_deferred(int64_t slot) {
+  return guarded([&] {
+    if (deferred_ && deferred_slot_ == slot) return std::string();
+    settle();
+    GradientTable& t = table(slot);
+    if (!step_->started()) step_->start(run_info(t));
+    std::string kind, why;
+    deferred_ = DeferredStep::make(*step_, t, kind, why);
+    if (!deferred_) return kind.empty() ? why : kind + " '" + plugin(kind).at(0) + "' " + why;
+    deferred_slot_ = slot;
+    return std::string();
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int64_t slot,
+                                                                            std::optional<at::Tensor> loss) {
+  return guarded([&] {
+    if (!deferred_ || deferred_slot_ != slot)
+      throw Error(ErrorCategory::internal, "unscale_deferred before prepare_deferred for this optimizer");
+    GradientTable& t = table(slot);
+    for (const at::Tensor& g : t.read_gradients()) {
+      if (!g.defined()) continue;
+      if (g.scalar_type() == at::kHalf)
+        throw Error(ErrorCategory::usage, "Attempting to unscale FP16 gradients.");
+      if (g.is_sparse())
+        throw Error(ErrorCategory::usage,
+                    "the deferred step takes no sparse gradients: create the GradScaler with sync='step'");
+    }
+    const DeferredGradients g = deferred_->after_backward(t, loss ? *loss : at::Tensor());
+    last_table_ = tables_.at(slot);
+    return std::make_tuple(g.grad_scale, g.found_inf, g.stepped);
+  });
+}
+
+at::Tensor ScalerCore::device_scale() const {
+  return guarded([&] { return deferred_ ? deferred_->scale() : at::Tensor(); });
+}
+
+int64_t ScalerCore::deliver(bool wait) {
+  return guarded([&] {
+    if (!deferred_) return int64_t{0};
+    const std::vector<StepOutcome> delivered = deferred_->deliver(wait);
+    for (const StepOutcome& o : delivered)
+      if (o.decision.action == NanAction::abort) throw TrainingAborted(o.decision.reason);
+    return static_cast<int64_t>(delivered.size());
+  });
+}
+
 std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std::optional<at::Tensor> loss) {
   return guarded([&] {
+    settle();  // a synchronous step after deferred ones: their records first
     const auto found = tables_.find(slot);
     if (found == tables_.end())
       throw Error(ErrorCategory::internal, "unscale: no parameters bound to this optimizer");
@@ -240,6 +232,7 @@ double ScalerCore::update() {
 
 void ScalerCore::set_scale(double scale) {
   guarded([&] {
+    settle();
     if (!(scale > 0.0) || !std::isfinite(scale))
       throw Error(ErrorCategory::usage,
                   "new_scale must be a positive finite number, got " + format_number(scale));
@@ -263,6 +256,7 @@ std::string ScalerCore::option(const std::string& kind, const std::string& name)
 void ScalerCore::set_option(const std::string& kind, const std::string& name, const std::string& value) {
   guarded([&] {
     check_step_kind(kind);
+    settle();
     OptionInputs inputs;
     for (const auto& setting : set_->selected(kind).options.settings)
       if (setting.source != "default" && setting.set && setting.source.rfind("default for", 0) != 0)
@@ -314,6 +308,7 @@ c10::Dict<std::string, c10::IValue> ScalerCore::state(const std::string& kind) c
 
 void ScalerCore::load_state(const std::string& kind, c10::Dict<std::string, c10::IValue> state) {
   guarded([&] {
+    settle();
     State s;
     for (const auto& entry : state) {
       const StateValue v = from_ivalue(entry.key(), entry.value());

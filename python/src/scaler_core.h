@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ampkit/amp_step.h"
+#include "ampkit/deferred_step.h"
 #include "ampkit/gradient_table.h"
 #include "ampkit/registry.h"
 #include "ampkit/strategy_set.h"
@@ -56,6 +57,21 @@ class ScalerCore : public torch::CustomClassHolder {
   // update(new_scale): the scale is set, the scaler's counters are kept (GradScaler's rule).
   void set_scale(double scale);
 
+  // The deferred step (core/engine/include/ampkit/deferred_step.h) for table `slot`: "" when it is
+  // ready (made on the first call from the strategies' current state), else why the step stays
+  // synchronous, naming the plugin or the recipe.
+  std::string prepare_deferred(int64_t slot);
+  // After backward, for table `slot`: (grad_scale, found_inf, stepped) for the fused optimizer,
+  // computed on the device with no host read; `loss` as unscale()'s.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_deferred(int64_t slot,
+                                                                  std::optional<at::Tensor> loss);
+  // What the next backward multiplies the loss by in the deferred step (float32 on the device,
+  // updated in place; undefined before prepare_deferred succeeded).
+  at::Tensor device_scale() const;
+  // Delivers the deferred records that have arrived (every one with `wait`) to the strategies;
+  // returns how many. A delivered step that aborted raises, as update() does.
+  int64_t deliver(bool wait);
+
   // The resolved value of a plugin option ("" when unset), and setting one: the plugin is made
   // again with it (StrategySet::reconfigure: guarded, started, given its saved state).
   std::string option(const std::string& kind, const std::string& name) const;
@@ -79,6 +95,10 @@ class ScalerCore : public torch::CustomClassHolder {
  private:
   Strategy& strategy(const std::string& kind) const;
   RunInfo run_info(const GradientTable& table) const;
+  GradientTable& table(int64_t slot);
+  // Before the strategies' state changes from outside the step: every record delivered, the
+  // deferred step dropped (made again from the new state on its next prepare_deferred).
+  void settle();
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<StrategySet> set_;
   std::unique_ptr<AmpStep> step_;
@@ -86,6 +106,8 @@ class ScalerCore : public torch::CustomClassHolder {
   DeviceStatsRecipe recipe_ = DeviceStatsRecipe::automatic;
   std::map<int64_t, std::shared_ptr<GradientTable>> tables_;
   std::shared_ptr<const GradientTable> last_table_;  // the last unscale()'s
+  std::unique_ptr<DeferredStep> deferred_;
+  int64_t deferred_slot_ = -1;
 };
 
 // What the registry finds: (kind, name, version, summary, path) rows, and one plugin's options

@@ -28,7 +28,7 @@ def _top_level_aten(events: List) -> List[str]:
     return names
 
 
-def _step_cost(n: int, recipe: str, clipper: str, torch_recipe: bool = False) -> Dict[str, object]:
+def _step_cost(n: int, recipe: str, clipper: str, torch_recipe: bool = False, sync: str = "step") -> Dict[str, object]:
     """The operators and allocations of the fourth step's post-backward part; `torch_recipe`: torch's
     GradScaler + unscale_ + clip_grad_norm_ instead, counted the same way."""
     torch.manual_seed(0)
@@ -37,7 +37,7 @@ def _step_cost(n: int, recipe: str, clipper: str, torch_recipe: bool = False) ->
     if torch_recipe:
         scaler = torch.amp.GradScaler("cpu")
     else:
-        scaler = ampkit.GradScaler("cpu", clipper=clipper, stats_recipe=recipe,
+        scaler = ampkit.GradScaler("cpu", clipper=clipper, stats_recipe=recipe, sync=sync,
                                    opt={"clipper.max_norm": 1.0} if clipper == "norm" else {})
     x = torch.randn(16)
     for step in range(4):  # the first steps bind the optimizer's table and make the buffers
@@ -48,6 +48,7 @@ def _step_cost(n: int, recipe: str, clipper: str, torch_recipe: bool = False) ->
             scaler.step(opt)
             scaler.update()
             continue
+        reads = torch.ops.ampkit.host_reads()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             if torch_recipe:
                 scaler.unscale_(opt)
@@ -55,31 +56,42 @@ def _step_cost(n: int, recipe: str, clipper: str, torch_recipe: bool = False) ->
             stepped = scaler.step(opt)
             scaler.update()
     if not torch_recipe:
-        assert stepped is True
+        assert bool(stepped) is True
         assert scaler.last_step["stats_recipe"] == recipe
+    reads = torch.ops.ampkit.host_reads() - reads
     events = list(prof.events())
     return {
+        "reads": reads,
         "ops": sorted(_top_level_aten(events)),
         "allocations": sum(1 for e in events if e.name == "[memory]" and e.cpu_memory_usage > 0),
     }
 
 
+# Top-level ATen operators of one healthy step(); update() with the GPU's recipe on CPU tensors:
+# synchronous, the loss's mean, its slot and the sum of squares in the statistics' buffer (narrow,
+# view, select, sum, copy_), the grad_scale fill, the scale's refresh and the fused AdamW's own
+# five; deferred, the strategies' device rules as small operators on 0-dim tensors (issue 42: a
+# fused kernel for them is the next step) and no host read.
+EXPECTED = {("step", "norm"): (17, 1), ("step", "none"): (17, 1), ("deferred", "norm"): (131, 0),
+            ("deferred", "none"): (125, 0)}
+
+
+@pytest.mark.parametrize("sync", ["step", "deferred"])
 @pytest.mark.parametrize("clipper", ["norm", "none"])
-def test_a_healthy_step_costs_the_same_for_10_and_1000_parameters(clipper):
-    small = _step_cost(10, "chunk_kernel", clipper)
-    large = _step_cost(1000, "chunk_kernel", clipper)
+def test_a_healthy_step_costs_the_same_for_10_and_1000_parameters(clipper, sync):
+    small = _step_cost(10, "chunk_kernel", clipper, sync=sync)
+    large = _step_cost(1000, "chunk_kernel", clipper, sync=sync)
     torch_small = _step_cost(10, "", clipper, torch_recipe=True)
     torch_large = _step_cost(1000, "", clipper, torch_recipe=True)
-    print(f"clipper {clipper}: {len(small['ops'])} top-level operators {small['ops']}, "
-          f"{small['allocations']} allocations; torch's recipe: {len(torch_small['ops'])} and "
-          f"{len(torch_large['ops'])} operators, {torch_small['allocations']} and {torch_large['allocations']} allocations")
+    print(f"clipper {clipper}, sync {sync}: {len(small['ops'])} top-level operators, {small['allocations']} "
+          f"allocations, {small['reads']} host reads; torch's recipe: {len(torch_small['ops'])} and "
+          f"{len(torch_large['ops'])} operators")
     assert large["ops"] == small["ops"]
     assert large["allocations"] == small["allocations"]
-    # The loss's mean (the one allocation), its slot in the statistics' buffer (detach, reshape,
-    # narrow, copy_), the grad_scale fill, the fused AdamW's own five (its grad_scale and found_inf
-    # .to(device), step counts, the kernel, found_inf's subtraction), the scale's refresh: 12.
-    assert len(small["ops"]) == 12, small["ops"]
-    assert small["allocations"] == 1
+    ops, reads = EXPECTED[(sync, clipper)]
+    assert len(small["ops"]) == ops, small["ops"]
+    assert small["reads"] == large["reads"] == reads
+    assert small["allocations"] <= 1
     assert len(torch_large["ops"]) > len(large["ops"])
 
 

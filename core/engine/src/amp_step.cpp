@@ -76,10 +76,9 @@ void AmpStep::measure(const Gradients& gradients, StepStats& stats) const {
   for (double s : g.tensor_sum_squares) stats.tensor_norms.push_back(std::sqrt(s) / scale);
 }
 
-double AmpStep::after_backward(const Gradients& gradients, StepOutcome& out) {
-  measure(gradients, out.stats);  // 4
-  // 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters
-  // would be destroyed), so its proceed is overruled then.
+// 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters would
+// be destroyed), so its proceed is overruled then.
+void AmpStep::decide(StepOutcome& out) const {
   out.decision = strategies_.nan_policy->decide(out.stats);
   const NanAction said = out.decision.action;
   if ((said == NanAction::proceed || said == NanAction::clip) && out.stats.found_inf)
@@ -91,6 +90,11 @@ double AmpStep::after_backward(const Gradients& gradients, StepOutcome& out) {
                                            std::to_string(out.decision.clip_norm) +
                                            "; it must be finite and > 0");
   out.stepped = out.decision.action == NanAction::proceed || out.decision.action == NanAction::clip;
+}
+
+double AmpStep::after_backward(const Gradients& gradients, StepOutcome& out) {
+  measure(gradients, out.stats);  // 4
+  decide(out);                    // 5
   double factor = 1.0;
   if (out.stepped)
     factor = unscale_and_clip(gradients.table, out, gradients.fold);  // 6
@@ -101,10 +105,19 @@ double AmpStep::after_backward(const Gradients& gradients, StepOutcome& out) {
   return factor;
 }
 
-// 6. The clipper's coefficient from the unscaled statistics, capped by a clip decision's norm; the
-// gradients multiplied by coefficient / scale in one pass, or that factor returned for a fused
-// optimizer; an element-wise clipper (value, agc) gets its extra pass on the unscaled gradients.
-double AmpStep::unscale_and_clip(const GradientTable& table, StepOutcome& out, bool fold) {
+StepOutcome AmpStep::deliver(StepOutcome out) {
+  if (!iteration_.empty()) throw Error(ErrorCategory::internal, "AmpStep::deliver inside an iteration");
+  out.stats.step = counters_.attempted;
+  out.stats.consecutive_skips = counters_.consecutive_skips;
+  decide(out);
+  if (out.stepped) clip_coefficient(out);
+  iteration_.push_back(out);
+  last_ = out;
+  return finish_iteration();
+}
+
+// 6. The clipper's coefficient from the unscaled statistics, capped by a clip decision's norm.
+void AmpStep::clip_coefficient(StepOutcome& out) {
   const StepStats& stats = out.stats;
   const ClipResult clip = strategies_.clipper->clip(stats);
   if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
@@ -121,6 +134,14 @@ double AmpStep::unscale_and_clip(const GradientTable& table, StepOutcome& out, b
     }
   }
   out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
+}
+
+// 6. Then the gradients multiplied by coefficient / scale in one pass, or that factor returned for
+// a fused optimizer; an element-wise clipper (value, agc) gets its extra pass on the unscaled
+// gradients.
+double AmpStep::unscale_and_clip(const GradientTable& table, StepOutcome& out, bool fold) {
+  clip_coefficient(out);
+  const StepStats& stats = out.stats;
   const bool elementwise = strategies_.clipper->clips_elementwise();
   const double factor = out.clip_coefficient / stats.scale;
   if (fold && !elementwise) return factor;  // the fused optimizer's grad_scale: no pass here

@@ -1,8 +1,10 @@
 // A parameter list's gradients and their statistics pass, kept between steps (gradient_table.h).
 #include "ampkit/gradient_table.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/Functions.h>
 
+#include <cmath>
+#include <string>
 #include <utility>
 
 #include "ampkit/error.h"
@@ -22,12 +24,12 @@ GradStats GradStatsPass::run(const std::vector<at::Tensor>& grads, const std::ve
   return run_stateless_recipe(recipe_, grads, scalars, scalar_values);
 }
 
-// One read of every element: the chunks' four numbers (on the device by the kernel, on CPU tensors
-// by the host), then the scalars, in one buffer read once. The plan, its device table and both
-// buffers are made again only when the gradients moved or the sizes changed.
-GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
-                                          const std::vector<at::Tensor>& scalars,
-                                          std::vector<double>& scalar_values) {
+// The chunks' four numbers (on the device by the kernel, on CPU tensors by the host), their sum
+// of squares reduced on the device, then the scalars, in one buffer. The plan, its device table
+// and the buffers are made again only when the gradients moved or the sizes changed. Returns the
+// number of chunk numbers (4 per chunk); the total sits right after them.
+int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
+                                         const std::vector<at::Tensor>& scalars) {
   if (!plan_matches(plan_, grads)) {
     if (!chunk_kernel_dtypes(grads))
       throw Error(ErrorCategory::usage,
@@ -44,10 +46,10 @@ GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
     }
   if (plan_.chunks.empty() && !scalars.empty()) device = scalars.front().device();
   const int64_t numbers = 4 * static_cast<int64_t>(plan_.chunks.size());
-  int64_t size = numbers;
+  int64_t size = numbers + 1;
   for (const auto& s : scalars) size += s.numel();
   if (!packed_.defined() || packed_.numel() != size || packed_.device() != device) {
-    packed_ = at::empty({size}, at::TensorOptions().device(device).dtype(at::kDouble));
+    packed_ = at::zeros({size}, at::TensorOptions().device(device).dtype(at::kDouble));
     host_ = device.is_cpu() ? packed_
                             : at::empty({size}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
   }
@@ -61,21 +63,68 @@ GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
         for (size_t c = launch.first; c < launch.first + launch.count; ++c)
           chunk_stats_on_host(plan_.chunks[c], launch.dtype, out + 4 * c);
     }
+    // The total in one reduction on the device: the synchronous and the deferred step (which reads
+    // nothing) see the same sum, to the bit.
+    at::Tensor total = packed_.narrow(0, numbers, 1);
+    at::sum_out(total, packed_.narrow(0, 0, numbers).view({-1, 4}).select(1, 0), {0},
+                /*keepdim=*/true);
   }
   // The copies the plan made of non-contiguous gradients were read by the launches above (a
   // freed block is reused on the stream only after them); the plan keeps no gradient alive.
   plan_.data.clear();
-  int64_t offset = numbers;
+  int64_t offset = numbers + 1;
   for (const auto& s : scalars) {
     packed_.narrow(0, offset, s.numel()).copy_(s.detach().reshape({-1}));
     offset += s.numel();
   }
-  scalar_values.clear();
-  if (size == 0) return combine_chunk_stats(plan_, grads, nullptr);
+  return numbers;
+}
+
+GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
+                                          const std::vector<at::Tensor>& scalars,
+                                          std::vector<double>& scalar_values) {
+  const int64_t numbers = fill_chunk_buffer(grads, scalars);
   read_into_host(host_, packed_);  // the step's one read
   const double* v = host_.data_ptr<double>();
-  scalar_values.assign(v + numbers, v + size);
-  return combine_chunk_stats(plan_, grads, v);
+  scalar_values.assign(v + numbers + 1, v + packed_.numel());
+  GradStats stats = combine_chunk_stats(plan_, grads, numbers > 0 ? v : nullptr);
+  stats.sum_squares = v[numbers];
+  return stats;
+}
+
+DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
+                                          const std::vector<at::Tensor>& scalars) {
+  DeviceTotals t;
+  if (recipe_ == DeviceStatsRecipe::fused_scan) {  // CPU tensors: the scan's numbers as tensors
+    const GradStats g = compute_grad_stats(grads);
+    const auto f64 = at::TensorOptions().dtype(at::kDouble);
+    t.sum_squares = at::scalar_tensor(g.sum_squares, f64);
+    t.max_abs = at::scalar_tensor(std::isnan(g.sum_squares) ? std::nan("") : g.max_abs, f64);
+    t.zeros = at::scalar_tensor(static_cast<double>(g.zeros), f64);
+    std::vector<at::Tensor> flat;
+    for (const auto& s : scalars) flat.push_back(s.detach().to(at::kDouble).reshape({-1}));
+    t.scalars = flat.empty() ? at::zeros({0}, f64) : at::cat(flat);
+    t.elements = g.elements;
+    return t;
+  }
+  if (recipe_ != DeviceStatsRecipe::chunk_kernel)
+    throw Error(ErrorCategory::internal,
+                std::string("no deferred statistics for the ") + to_string(recipe_) + " recipe");
+  const int64_t numbers = fill_chunk_buffer(grads, scalars);
+  t.sum_squares = packed_.narrow(0, numbers, 1).reshape({});
+  t.scalars = packed_.narrow(0, numbers + 1, packed_.numel() - numbers - 1);
+  t.elements = 0;
+  for (const int64_t n : plan_.sizes) t.elements += n;
+  if (numbers == 0) {
+    t.max_abs = at::zeros({}, packed_.options());
+    t.zeros = at::zeros({}, packed_.options());
+    return t;
+  }
+  const at::Tensor parts = packed_.narrow(0, 0, numbers).view({-1, 4});
+  // A maximum does not see NaN: where an element is NaN the largest |gradient| is NaN, as on the host.
+  t.max_abs = at::where(at::isnan(t.sum_squares), std::nan(""), parts.select(1, 1).max());
+  t.zeros = parts.select(1, 2).sum();
+  return t;
 }
 
 GradientTable::GradientTable(std::vector<at::Tensor> parameters, std::vector<std::string> names,

@@ -106,6 +106,12 @@ class AmpStep {
   };
   double after_backward(const Gradients& gradients, StepOutcome& out);
 
+  // The deferred step's host side (deferred_step.h): the iteration of one optimizer whose
+  // statistics the device measured and decided on, given to the host forms afterwards (`out`
+  // holds the delivered statistics): the policy's decision, the clip coefficient, the counters and
+  // the scaler's update, as after_backward and finish_iteration make them, with no gradient pass.
+  StepOutcome deliver(StepOutcome out);
+
   // A rollback decision that the caller carried out: the snapshot it restored had taken
   // `restored_taken` steps; the steps taken since count as discarded.
   void rolled_back(int64_t restored_taken);
@@ -132,6 +138,8 @@ class AmpStep {
 
  private:
   void measure(const Gradients& gradients, StepStats& stats) const;
+  void decide(StepOutcome& out) const;
+  void clip_coefficient(StepOutcome& out);
   double unscale_and_clip(const GradientTable& table, StepOutcome& out, bool fold);
   void update_scaler(StepOutcome& out);
   void count(const StepOutcome& merged);

@@ -14,6 +14,16 @@
 
 namespace ampkit {
 
+// A statistics pass whose figures stay on the device (the deferred step, deferred_step.h): 0-dim
+// float64 tensors, no host read.
+struct DeviceTotals {
+  at::Tensor sum_squares;  // of all scaled elements; inf or NaN where one is
+  at::Tensor max_abs;      // the largest |element|; NaN where one is NaN
+  at::Tensor zeros;        // elements exactly 0
+  at::Tensor scalars;      // the scalars' values, flattened, in order
+  int64_t elements = 0;
+};
+
 // One recipe's statistics pass (grad_stats.h), with what it keeps between steps: for chunk_kernel,
 // the chunk plan and its copy on the device, made again only when a gradient moved, changed size
 // or dtype (plan_matches), and the buffer the chunks' numbers and the scalars are packed into with
@@ -32,17 +42,22 @@ class GradStatsPass {
   GradStats run(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                 std::vector<double>& scalar_values);
 
+  // The same pass with its figures left on the device, for chunk_kernel and fused_scan (on CPU
+  // tensors, where there is nothing to read). The sum of squares is the one run() reads, to the bit.
+  DeviceTotals run_on_device(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars);
+
   // How often the chunk plan was made (tests: once while the gradients stay where they are).
   int64_t plans_made() const { return plans_made_; }
 
  private:
+  int64_t fill_chunk_buffer(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars);
   GradStats run_chunk_kernel(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                              std::vector<double>& scalar_values);
 
   DeviceStatsRecipe recipe_;
   StatsPlan plan_;
   at::Tensor table_;   // plan_'s chunk table on the device (CUDA only)
-  at::Tensor packed_;  // the chunks' four numbers, then the scalars: float64, on the device
+  at::Tensor packed_;  // the chunks' four numbers, their sum of squares, the scalars: float64, on the device
   at::Tensor host_;    // where packed_ is read to: pinned host memory (packed_ itself on a CPU)
   int64_t plans_made_ = 0;
 };
@@ -73,6 +88,9 @@ class GradientTable {
   // The statistics pass over gradients() and `scalars`: one host read.
   GradStats measure(const std::vector<at::Tensor>& scalars, std::vector<double>& scalar_values) {
     return pass_.run(grads_, scalars, scalar_values);
+  }
+  DeviceTotals measure_on_device(const std::vector<at::Tensor>& scalars) {
+    return pass_.run_on_device(grads_, scalars);
   }
   int64_t plans_made() const { return pass_.plans_made(); }
 

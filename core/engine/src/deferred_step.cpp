@@ -1,0 +1,185 @@
+// The deferred step (deferred_step.h): decisions on the device, figures delivered to the host late.
+#include "ampkit/deferred_step.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "ampkit/error.h"
+
+namespace ampkit {
+
+namespace {
+
+// One step's record, float64, in this order.
+enum Field {
+  kStepped,
+  kBackoff,
+  kAbort,
+  kCoefficient,
+  kScale,
+  kScaleNext,
+  kLoss,
+  kSumSquares,
+  kMaxAbs,
+  kZeros
+};
+constexpr int64_t kFields = 10;
+
+// sqrt rounded as the host's std::sqrt: CUDA's double sqrt is IEEE's (correctly rounded), ATen's
+// CPU kernel is not (it differs in the last bit for about 1.4% of doubles, measured), so a CPU
+// tensor's root is taken on the host, where it already is.
+at::Tensor exact_sqrt(const at::Tensor& x) {
+  if (x.is_cpu()) return at::scalar_tensor(std::sqrt(x.item<double>()), x.options());
+  return at::sqrt(x);
+}
+
+bool same_bits(double a, double b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+}  // namespace
+
+struct DeferredStep::Pending {
+  at::Tensor host;                    // the record, in (pinned) host memory once `ready` has passed
+  std::unique_ptr<c10::Event> ready;  // CUDA: the copy's completion; CPU: none
+  int64_t elements = 0;
+  bool has_loss = false;
+};
+
+DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, const at::Device& device)
+    : step_(step), rules_(std::move(rules)) {
+  (void)device;
+  scale_ = rules_->scale().clone();
+}
+
+DeferredStep::~DeferredStep() = default;
+
+std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTable& table, std::string& kind,
+                                                 std::string& why) {
+  kind.clear();
+  if (table.recipe() != DeviceStatsRecipe::chunk_kernel && table.recipe() != DeviceStatsRecipe::fused_scan) {
+    why = std::string("the ") + to_string(table.recipe()) + " statistics recipe has no deferred form";
+    return nullptr;
+  }
+  const AmpStrategies& s = step.strategies();
+  auto rules = DeviceStepRules::of(*s.scaler, *s.clipper, *s.nan_policy, kind);
+  if (!rules) {
+    why = "has no device form";
+    return nullptr;
+  }
+  at::Device device(at::kCPU);
+  for (const auto& p : table.parameters())
+    if (p.defined()) {
+      device = p.device();
+      break;
+    }
+  rules->start(*s.scaler, device, step.counters().consecutive_skips);
+  return std::unique_ptr<DeferredStep>(new DeferredStep(step, std::move(rules), device));
+}
+
+DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss) {
+  deliver(false);
+  while (pending_.size() > 1) {  // the step before last: waited for, so nothing lags more than one step
+    std::unique_ptr<Pending> oldest = std::move(pending_.front());
+    pending_.pop_front();
+    deliver_one(*oldest);
+  }
+  std::vector<at::Tensor> scalars;
+  if (loss.defined()) scalars.push_back(loss);
+  const DeviceTotals t = table.measure_on_device(scalars);
+  // 4. The statistics as the host computes them from the same sum: unscaled by the scale this
+  // step's backward used.
+  const at::Tensor scale = scale_.to(at::kDouble);
+  DeviceStepStats s;
+  s.grad_norm = exact_sqrt(t.sum_squares).div(scale);
+  s.grad_max_abs = t.max_abs.div(scale);
+  s.grads_nonfinite =
+      at::logical_not(at::logical_and(at::isfinite(t.sum_squares), at::logical_not(at::isnan(t.max_abs))))
+          .to(at::kDouble);
+  const at::Tensor loss_value = loss.defined() ? t.scalars.select(0, 0) : at::zeros({}, scale.options());
+  s.loss_nonfinite = at::logical_not(at::isfinite(loss_value)).to(at::kDouble);
+  // 5, 6, 8 on the device.
+  const DeviceStepDecision d = rules_->step(s);
+  scale_.copy_(d.scale_next);
+  // 7. What the fused optimizer takes: the inverse of the factor the synchronous step folds in.
+  DeferredGradients out;
+  out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
+  out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
+  out.stepped = at::gt(d.stepped, 0.0);
+  const at::Tensor record = at::stack({d.stepped, d.backoff, d.abort, d.clip_coefficient,
+                                       d.scale.to(at::kDouble), d.scale_next.to(at::kDouble),
+                                       loss_value.to(at::kDouble), t.sum_squares, t.max_abs, t.zeros});
+  auto p = std::make_unique<Pending>();
+  p->elements = t.elements;
+  p->has_loss = loss.defined();
+  if (record.is_cpu()) {
+    p->host = record;
+  } else {  // queued behind this step's work; the host reads it once the event has passed
+    p->host = at::empty({kFields}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    p->host.copy_(record, /*non_blocking=*/true);
+    p->ready = std::make_unique<c10::Event>(record.device().type());
+    p->ready->record(c10::impl::VirtualGuardImpl(record.device().type()).getStream(record.device()));
+  }
+  pending_.push_back(std::move(p));
+  return out;
+}
+
+std::vector<StepOutcome> DeferredStep::deliver(bool wait) {
+  std::vector<StepOutcome> delivered;
+  while (!pending_.empty()) {
+    if (!wait && pending_.front()->ready && !pending_.front()->ready->query()) break;
+    std::unique_ptr<Pending> p = std::move(pending_.front());
+    pending_.pop_front();
+    delivered.push_back(deliver_one(*p));
+  }
+  return delivered;
+}
+
+// The record given to the host forms (AmpStep::deliver), whose decisions must be the device's.
+StepOutcome DeferredStep::deliver_one(Pending& p) {
+  if (p.ready) p.ready->synchronize();
+  const double* v = p.host.data_ptr<double>();
+  StepOutcome out;
+  StepStats& st = out.stats;
+  st.loss = p.has_loss ? v[kLoss] : 0.0;
+  st.loss_finite = std::isfinite(st.loss);
+  st.scale = v[kScale];
+  const double sum = v[kSumSquares];
+  st.grad_norm_scaled = std::sqrt(sum);
+  st.grad_norm = st.grad_norm_scaled / st.scale;
+  st.grad_max_abs_scaled = std::isnan(sum) ? std::nan("") : v[kMaxAbs];
+  st.grad_max_abs = st.grad_max_abs_scaled / st.scale;
+  st.grad_elements = p.elements;
+  st.zero_fraction = p.elements ? v[kZeros] / static_cast<double>(p.elements) : 0.0;
+  st.found_inf = !st.loss_finite || !std::isfinite(sum) || std::isnan(v[kMaxAbs]);
+  const double host_scale = step_.scale();
+  const StepOutcome done = step_.deliver(out);
+  const bool agree =
+      host_scale == v[kScale] && done.stepped == (v[kStepped] > 0) &&
+      (done.decision.action == NanAction::abort) == (v[kAbort] > 0) &&
+      (done.aborted_by_scaler || (done.decision.action == NanAction::skip_backoff) == (v[kBackoff] > 0)) &&
+      same_bits(done.clip_coefficient, v[kCoefficient]) && done.scale_next == v[kScaleNext];
+  if (!agree) {
+    char text[512];
+    std::snprintf(
+        text, sizeof text,
+        "deferred step %lld: the device decided scale %.9g, stepped %g, backoff %g, abort %g, clip "
+        "coefficient %.17g, next scale %.9g; the host forms scale %.9g, action %s, clip coefficient "
+        "%.17g, next scale %.9g",
+        static_cast<long long>(done.stats.step), v[kScale], v[kStepped], v[kBackoff], v[kAbort],
+        v[kCoefficient], v[kScaleNext], host_scale, to_string(done.decision.action), done.clip_coefficient,
+        done.scale_next);
+    throw Error(ErrorCategory::internal, text);
+  }
+  return done;
+}
+
+}  // namespace ampkit
