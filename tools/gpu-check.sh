@@ -213,24 +213,32 @@ section throughput
 # in lockstep around a planted overflow (tools/bench/gpu_models.py; about 1-2 minutes on an H200).
 models_args=()
 [ "$device" = cpu ] && models_args=(--tiny --threads 1 --rounds 1 --steps 2 --warmup 1 --compare-steps 6 --overflow-step 3)
-{
-  echo
-  echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py ${models_args[*]})"
-  echo
-} >> "$report"
-PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= timeout 300 "$python" tools/bench/gpu_models.py \
-  --device "$device" --json "${report%.md}-models.json" "${models_args[@]}" > "$out/models.md" 2> "$out/models.log"
-code=$?
-sed -n '/^Device:/,$p' "$out/models.md" >> "$report"
-if [ $code != 0 ]; then
-  echo >> "$report"
-  if [ $code = 124 ]; then
-    echo "FAILED: still running after 300 s" >> "$report"
-  else
-    echo "FAILED (exit $code): $(grep -m1 -E 'FAILED|Error' "$out/models.log" || tail -1 "$out/models.log")" | cut -c1-250 >> "$report"
+# On a GPU twice: the default (sync auto: the deferred step, no host read) and the synchronous step.
+syncs=(auto)
+[ "$device" = cuda ] && syncs=(auto step)
+for sync in "${syncs[@]}"; do
+  extra=()
+  [ "$sync" = step ] && extra=(--rounds 3 --compare-steps 0)
+  {
+    echo
+    echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"
+    echo
+  } >> "$report"
+  PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= timeout 300 "$python" tools/bench/gpu_models.py \
+    --device "$device" --sync "$sync" --json "${report%.md}-models-$sync.json" "${extra[@]}" "${models_args[@]}" \
+    > "$out/models.md" 2> "$out/models.log"
+  code=$?
+  sed -n '/^Device:/,$p' "$out/models.md" >> "$report"
+  if [ $code != 0 ]; then
+    echo >> "$report"
+    if [ $code = 124 ]; then
+      echo "FAILED: still running after 300 s" >> "$report"
+    else
+      echo "FAILED (exit $code): $(grep -m1 -E 'FAILED|Error' "$out/models.log" || tail -1 "$out/models.log")" | cut -c1-250 >> "$report"
+    fi
+    failed=1
   fi
-  failed=1
-fi
+done
 section models
 
 # Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and

@@ -134,7 +134,7 @@ class Recipe:
         else:
             import ampkit
 
-            self.scaler = ampkit.GradScaler(args.device, clipper="norm", precision=precision,
+            self.scaler = ampkit.GradScaler(args.device, clipper="norm", precision=precision, sync=args.sync,
                                             opt={"clipper.max_norm": args.max_norm})
 
     def backward(self, batch, plant_inf: bool = False) -> None:
@@ -199,7 +199,7 @@ def compare_decisions(base: torch.nn.Module, loss_fn, data: list, args: argparse
         if torch_way.scaler.get_scale() < before:
             skipped["torch"].append(i)
         ampkit_way.backward(batch, plant)
-        if ampkit_way.finish() is not True:
+        if not bool(ampkit_way.finish()):
             skipped["ampkit"].append(i)
         if torch_way.scaler.get_scale() != ampkit_way.scaler.get_scale():
             scales_differ.append(i)
@@ -268,7 +268,7 @@ def print_tables(rows: list, args: argparse.Namespace) -> None:
     print()
     print(f"Device: {device_name(args.device)}; {torch.get_num_threads()} torch threads; {versions()}.")
     print(f"Models: {'; '.join(describe(m, args) for m in args.models)}. AdamW(lr=1e-4, fused=True), clip at "
-          f"{args.max_norm}, the loss scaled in fp16 and bf16 alike.")
+          f"{args.max_norm}, the loss scaled in fp16 and bf16 alike; ampkit.GradScaler(sync={args.sync!r}).")
     timed = [r for r in rows if "torch_step_ms" in r]
     if timed:
         print()
@@ -321,6 +321,9 @@ def parse_args(argv: list) -> argparse.Namespace:
                    help="lockstep step whose gradient gets an inf (none planted when >= --compare-steps)")
     p.add_argument("--batches", type=int, default=4, help="distinct batches, reused in turn")
     p.add_argument("--max-norm", type=float, default=1.0, help="clipping threshold of both recipes")
+    p.add_argument("--sync", choices=["auto", "step", "deferred"], default="auto",
+                   help="ampkit.GradScaler's sync: auto (deferred with a fused optimizer from the second "
+                        "iteration: no host read per step), step (one read per step, as torch's), deferred")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads on the CPU (0: torch's default, which honours OMP_NUM_THREADS)")
