@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "ampkit/amp_step.h"
+#include "ampkit/deferred_step.h"
 #include "ampkit/device_step.h"
 #include "ampkit/gradient_table.h"
+#include "ampkit/host_reads.h"
 #include "builtin_plugins.h"
 
 using namespace ampkit;
@@ -163,4 +165,61 @@ BOOST_AUTO_TEST_CASE(a_strategy_without_a_device_form_is_named) {
       {{"scaler", Plugins::choice("dynamic")}, {"clipper", Plugins::choice("value", {{"clip_value", "1"}})}});
   BOOST_TEST(!DeviceStepRules::of(value->scaler(), value->clipper(), value->nan_policy(), missing));
   BOOST_TEST(missing == "clipper");
+}
+
+// The deferred step (deferred_step.h) against the synchronous one on CPU tensors, for both recipes
+// that have it: the same decisions, clip coefficients and scales, step for step; the records reach
+// the host forms at most one step late and all of them once drained; no host read is counted.
+BOOST_AUTO_TEST_CASE(the_deferred_step_delivers_what_the_synchronous_step_decides) {
+  Plugins plugins;
+  for (const auto recipe : {DeviceStatsRecipe::fused_scan, DeviceStatsRecipe::chunk_kernel}) {
+    const std::map<std::string, StrategyChoice> choices = {
+        {"scaler", Plugins::choice("dynamic", {{"init_scale", "1048576"}, {"growth_interval", "3"}})},
+        {"clipper", Plugins::choice("norm", {{"max_norm", "20"}})},
+        {"nan_policy", Plugins::choice("backoff", {{"max_consecutive", "0"}})}};
+    auto sync_set = plugins.strategies(choices), deferred_set = plugins.strategies(choices);
+    AmpStep sync({&sync_set->scaler(), &sync_set->clipper(), &sync_set->nan_policy()});
+    AmpStep host({&deferred_set->scaler(), &deferred_set->clipper(), &deferred_set->nan_policy()});
+    at::Tensor w = at::zeros({70000}).set_requires_grad(true), v = at::zeros({70000}).set_requires_grad(true);
+    GradientTable sync_table({w}, {"w"}, recipe), table({v}, {"v"}, recipe);
+    sync.start(RunInfo{});
+    host.start(RunInfo{});
+    std::string kind, why;
+    auto deferred = DeferredStep::make(host, table, kind, why);
+    BOOST_REQUIRE_MESSAGE(deferred, why);
+    int delivered = 0, run = 0;
+    const std::vector<Planted> steps = schedule(5);
+    for (size_t i = 0; i < 60; ++i) {
+      const at::Tensor g = at::full({70000}, steps[i].grad / 300.0, at::kFloat) * at::rand({70000});
+      const at::Tensor loss = at::full({1}, steps[i].loss, at::kFloat);
+      StepOutcome out = sync.begin_iteration();
+      w.mutable_grad() = g * static_cast<float>(out.stats.scale);
+      sync_table.read_gradients();
+      sync.after_backward({sync_table, true, SkippedGradients::keep, loss, nullptr}, out);
+      const StepOutcome want = sync.finish_iteration();
+      v.mutable_grad() = g * deferred->scale();
+      table.read_gradients();
+      const int64_t reads = host_reads();
+      const DeferredGradients d = deferred->after_backward(table, loss);
+      BOOST_TEST(host_reads() == reads);  // no read, on a healthy step or not
+      BOOST_TEST_CONTEXT("step " << i) {
+        BOOST_TEST(d.stepped.item<bool>() == want.stepped);
+        BOOST_TEST(d.found_inf.item<float>() == (want.stepped ? 0.0f : 1.0f));
+        const double factor = want.clip_coefficient / want.stats.scale;
+        BOOST_TEST(d.grad_scale.item<float>() == static_cast<float>(1.0 / factor));
+        BOOST_TEST(deferred->pending() <= 2u);
+      }
+      delivered += static_cast<int>(deferred->deliver(/*wait=*/false).size());
+      BOOST_TEST(host.counters().attempted >= static_cast<int64_t>(i));  // at most one step behind
+      ++run;
+      if (want.decision.action == NanAction::abort) break;  // the run stops; so does the device
+    }
+    delivered += static_cast<int>(deferred->deliver(/*wait=*/true).size());
+    BOOST_TEST(delivered == run);
+    BOOST_TEST(run > 20);
+    BOOST_TEST(host.counters().attempted == sync.counters().attempted);
+    BOOST_TEST(host.counters().taken == sync.counters().taken);
+    BOOST_TEST(host.scale() == sync.scale());
+    BOOST_TEST(host.last_outcome().clip_coefficient == sync.last_outcome().clip_coefficient);
+  }
 }
