@@ -13,10 +13,10 @@ import inspect
 import os
 import warnings
 from collections import defaultdict
-from enum import Enum
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from . import _library
 from ._errors import cpp
@@ -31,14 +31,9 @@ __all__ = ["GradScaler", "OptState"]
 _TORCH_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
-class OptState(Enum):
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
-
-
 def _refresh_per_optimizer_state() -> Dict[str, Any]:
-    return {"stage": OptState.READY, "step": None, "factor": 1.0}
+    # torch's keys (stage: torch's OptState; found_inf_per_device: _check_inf_per_device's), then ours.
+    return {"stage": OptState.READY, "found_inf_per_device": {}, "step": None, "factor": 1.0, "folded": False}
 
 
 def _option_text(value: Any) -> str:
@@ -52,8 +47,16 @@ def _option_text(value: Any) -> str:
     raise ValueError(f"option value {value!r} must be a bool, int, float or str")
 
 
-class GradScaler:
-    """A drop-in for :class:`torch.amp.GradScaler` whose strategies are ampkit plugins.
+class GradScaler(torch.amp.GradScaler):
+    """A :class:`torch.amp.GradScaler` whose strategies are ampkit plugins.
+
+    A subclass, so every type check and private call trainers and fused optimizers make works and
+    means what it means in torch: ``_scale`` (the scale, float32 on the device, made by the first
+    :meth:`scale`), ``_growth_tracker``, ``_per_optimizer_states`` (torch's ``OptState`` stages),
+    ``_lazy_init_scale_growth_tracker``, ``_get_scale_async``, ``_check_inf_per_device``, and the
+    ``_step_supports_amp_scaling`` protocol. torch's ``__init__`` is not run: the scale and its
+    counters are the scaler plugin's state, and ``_init_scale``, ``_growth_factor``,
+    ``_backoff_factor``, ``_growth_interval`` and ``_init_growth_tracker`` read it.
 
     Args:
         device: the device of the parameters ("cuda" or "cpu"), as torch's.
@@ -149,9 +152,11 @@ class GradScaler:
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
         self._fallback_said = False
         self._deferred = DeferredMode(str(sync))
+        self._initial = (float(init_scale), 0)  # torch's _init_scale, _init_growth_tracker
         if self._enabled:
             self._core = self._make_core()
             self._deferred.reset(self._core)
+            self._initial = (self._core_scale(), 0)
 
     def _make_core(self) -> Any:
         c = self._config
@@ -179,13 +184,13 @@ class GradScaler:
 
     # --- torch.amp.GradScaler's methods -------------------------------------------------------
 
-    def scale(self, outputs: Any) -> Any:
+    def scale(self, outputs: Any) -> Any:  # type: ignore[override]
         """Multiplies a tensor, or the tensors of a nested list/tuple, by the loss scale."""
         if not self._enabled:
             return outputs
-        if self._scale is None:
-            self._scale = torch.full((), self._core_scale(), dtype=torch.float32)
         if isinstance(outputs, torch.Tensor):
+            if self._scale is None:
+                self._lazy_init_scale_growth_tracker(outputs.device)
             if outputs.numel() == 1:  # a loss: the NaN policy and spike detection read it
                 loss = outputs.detach().float().reshape(())
                 self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
@@ -194,6 +199,8 @@ class GradScaler:
 
         def apply_scale(val: Any) -> Any:
             if isinstance(val, torch.Tensor):
+                if self._scale is None:
+                    self._lazy_init_scale_growth_tracker(val.device)
                 return val * self._scale_on(val.device)
             if isinstance(val, Iterable):
                 iterable = map(apply_scale, val)
@@ -257,8 +264,9 @@ class GradScaler:
         if state["step"] is None:
             raise AssertionError("No inf checks were recorded for this optimizer.")
         stepped = bool(state["step"])
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and state["folded"]
         if stepped:
-            if state["factor"] != 1.0:  # unscale and clip folded into the fused optimizer's step
+            if fused:  # unscale and clip folded into the fused optimizer's step (torch always hands it grad_scale)
                 grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
                 grad_scale.fill_(1.0 / state["factor"])
                 optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
@@ -386,6 +394,7 @@ class GradScaler:
         if "growth_tracker" in state:
             state["growth_tracker"] = int(state_dict["_growth_tracker"])
         self._load_plugin_state("scaler", state)
+        self._initial = (float(state_dict["scale"]), int(state_dict["_growth_tracker"]))
         self._refresh_scale()
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -481,9 +490,61 @@ class GradScaler:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _check_scale_growth_tracker(self, funcname: str) -> None:
+    def _check_scale_growth_tracker(self, funcname: str) -> Any:
         fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
-        assert self._scale is not None, f"Attempted {funcname} but _scale is None.  {fix}"
+        if self._scale is None:
+            raise AssertionError(f"Attempted {funcname} but _scale is None.  {fix}")
+        # torch returns its tracker tensor too; ours is the plugin's state, read only where asked
+        # for (_growth_tracker), never per step: a deferred step must not wait for the device.
+        return (self._scale, None)
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        """torch's lazy start of ``_scale`` on ``dev`` (the first scale(), or a trainer that
+        places it, as Accelerate's FSDP2 load_state does), from the scaler plugin's scale."""
+        self._scale = torch.full((), self._core_scale(), dtype=torch.float32, device=dev)
+        self._scale_per_device = {}
+
+    def _get_scale_async(self) -> Optional[torch.Tensor]:
+        """The scale as a tensor on the device, without waiting for it (torch's; fused optimizers
+        of Apex and Transformer Engine read it)."""
+        return self._scale
+
+    @property
+    def _growth_tracker(self) -> Optional[torch.Tensor]:  # type: ignore[override]
+        """torch's growth tracker: the scaler plugin's ``growth_tracker`` as an int32 tensor on
+        the scale's device (None before the first scale(), as torch's)."""
+        if self._scale is None:
+            return None
+        return torch.full((), self._get_growth_tracker(), dtype=torch.int32, device=self._scale.device)
+
+    @_growth_tracker.setter
+    def _growth_tracker(self, value: Any) -> None:
+        if value is not None and self._enabled:
+            state = self._plugin_state("scaler")
+            if "growth_tracker" in state:
+                state["growth_tracker"] = int(value.item() if isinstance(value, torch.Tensor) else value)
+                self._load_plugin_state("scaler", state)
+
+    @property
+    def _init_scale(self) -> float:  # type: ignore[override]
+        """torch's: the scale at construction or from the last load_state_dict (not the live one)."""
+        return self._initial[0]
+
+    @property
+    def _init_growth_tracker(self) -> int:  # type: ignore[override]
+        return self._initial[1]
+
+    @property
+    def _growth_factor(self) -> float:  # type: ignore[override]
+        return self.get_growth_factor()
+
+    @property
+    def _backoff_factor(self) -> float:  # type: ignore[override]
+        return self.get_backoff_factor()
+
+    @property
+    def _growth_interval(self) -> int:  # type: ignore[override]
+        return self.get_growth_interval()
 
     def _core_scale(self) -> float:
         return float(cpp(self._core.scale)())
@@ -500,7 +561,12 @@ class GradScaler:
         return cached
 
     def _refresh_scale(self) -> None:
-        if self._scale is not None and self._deferred.scale is None:
+        if self._scale is None:
+            return
+        deferred = self._deferred.scale
+        if deferred is not None and deferred.device == self._scale.device:
+            self._scale = deferred  # the device's own scale, updated there: no copy, no read
+        else:
             self._scale.fill_(self._core_scale())
         self._scale_per_device = {}
 
@@ -549,6 +615,7 @@ class GradScaler:
             recorded, step, factor = cpp(self._core.unscale)(slot, fold, self._iteration_loss())
         state["step"] = bool(step) if recorded else None
         state["factor"] = float(factor)
+        state["folded"] = fold
 
     def _plugin(self, kind: str) -> List[str]:
         return list(cpp(self._core.plugin)(kind))
