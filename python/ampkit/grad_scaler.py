@@ -13,14 +13,17 @@ import inspect
 import os
 import warnings
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch.amp.grad_scaler import OptState
 
 from . import _library
-from ._errors import cpp
 from ._deferred import DeferredMode
+from ._errors import cpp
+from ._optimizer_tables import OptimizerTables, _refresh_per_optimizer_state
+from ._plugin_access import PluginAccess, option_text
+from ._torch_state import TorchPrivateState
 from .deepspeed import scaler_kwargs_from_deepspeed
 from .locator import NanLocator
 
@@ -31,23 +34,7 @@ __all__ = ["GradScaler", "OptState"]
 _TORCH_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
-def _refresh_per_optimizer_state() -> Dict[str, Any]:
-    # torch's keys (stage: torch's OptState; found_inf_per_device: _check_inf_per_device's), then ours.
-    return {"stage": OptState.READY, "found_inf_per_device": {}, "step": None, "factor": 1.0, "folded": False}
-
-
-def _option_text(value: Any) -> str:
-    """The --opt text of a Python value (bool before int: True is an int)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, (int, str)):
-        return str(value)
-    raise ValueError(f"option value {value!r} must be a bool, int, float or str")
-
-
-class GradScaler(torch.amp.GradScaler):
+class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.GradScaler):
     """A :class:`torch.amp.GradScaler` whose strategies are ampkit plugins.
 
     A subclass, so every type check and private call trainers and fused optimizers make works and
@@ -126,7 +113,7 @@ class GradScaler(torch.amp.GradScaler):
         }
         self._config: Dict[str, Any] = {
             "plugins": {"scaler": str(scaler), "clipper": str(clipper), "nan_policy": str(nan_policy)},
-            "opt": {str(k): _option_text(v) for k, v in (opt or {}).items()},
+            "opt": {str(k): option_text(v) for k, v in (opt or {}).items()},
             "precision": precision or "fp16",
             "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
@@ -134,7 +121,7 @@ class GradScaler(torch.amp.GradScaler):
         }
         for name, value in torch_args.items():
             if value != _TORCH_DEFAULTS[name]:
-                self._config["opt"].setdefault("scaler." + name, _option_text(value))
+                self._config["opt"].setdefault("scaler." + name, option_text(value))
         self._torch_args = torch_args
         self._model = model
         self._names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
@@ -350,83 +337,6 @@ class GradScaler(torch.amp.GradScaler):
     def is_enabled(self) -> bool:
         return self._enabled
 
-    def state_dict(self) -> Dict[str, Any]:
-        """torch.amp.GradScaler's state_dict, plus ``"ampkit"``: every plugin's name and state.
-        Loads with ``torch.load(weights_only=True)``."""
-        if not self._enabled:
-            return {}
-        self._deferred.drain()
-        return {
-            "scale": self.get_scale(),
-            "growth_factor": self.get_growth_factor(),
-            "backoff_factor": self.get_backoff_factor(),
-            "growth_interval": self.get_growth_interval(),
-            "_growth_tracker": self._get_growth_tracker(),
-            "ampkit": {
-                kind: {"plugin": self._plugin(kind)[0], "state": self._plugin_state(kind)}
-                for kind in ("scaler", "clipper", "nan_policy")
-            },
-        }
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Loads torch.amp.GradScaler's state_dict (ampkit-train's scaler_state_dict.pt too) or
-        one of ours, whose plugin states are restored where the plugins are the same."""
-        if not self._enabled:
-            return
-        if len(state_dict) == 0:
-            raise RuntimeError(
-                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
-            )
-        current = self._plugin_state("scaler")
-        if current.get("growth_tracker", 0) != 0:  # so that any new growth_interval admits it
-            self._load_plugin_state("scaler", dict(current, growth_tracker=0))
-        for name in ("growth_factor", "backoff_factor", "growth_interval"):
-            if self._has_scaler_option(name) and state_dict[name] != self._scaler_option(name, type(state_dict[name])):
-                self._set_scaler_option(name, state_dict[name])
-        saved = state_dict.get("ampkit", {})
-        for kind in ("scaler", "clipper", "nan_policy"):
-            entry = saved.get(kind)
-            if entry is not None and entry.get("plugin") == self._plugin(kind)[0]:
-                self._load_plugin_state(kind, entry["state"])
-        state = self._plugin_state("scaler")
-        if "scale" in state:
-            state["scale"] = float(state_dict["scale"])
-        if "growth_tracker" in state:
-            state["growth_tracker"] = int(state_dict["_growth_tracker"])
-        self._load_plugin_state("scaler", state)
-        self._initial = (float(state_dict["scale"]), int(state_dict["_growth_tracker"]))
-        self._refresh_scale()
-
-    def __getstate__(self) -> Dict[str, Any]:
-        if self._enabled:
-            self._deferred.drain()
-        state = self.__dict__.copy()
-        if self._enabled:
-            assert len(self._per_optimizer_states) == 0, (
-                "A GradScaler instance may only be pickled at the beginning of an iteration, "
-                "or at the end after scaler.update()."
-            )
-            state["_saved_state_dict"] = self.state_dict()
-        state["_core"] = None
-        state["_model"], state["_names"] = None, {}  # the model is not the scaler's to pickle
-        state["_scale"] = None
-        state["_scale_per_device"] = {}
-        state["_per_optimizer_states"] = {}
-        state["_loss_sum"], state["_loss_count"] = None, 0
-        state["_bound"], state["_fused_args"] = {}, {}
-        state["_deferred"] = DeferredMode(self._deferred.sync)
-        return state
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        saved = state.pop("_saved_state_dict", None)
-        self.__dict__.update(state)
-        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-        if self._enabled:
-            self._core = self._make_core()
-            self._deferred.reset(self._core)
-            if saved:
-                self.load_state_dict(saved)
-
     # --- what ampkit adds -----------------------------------------------------------------------
 
     @property
@@ -470,180 +380,4 @@ class GradScaler(torch.amp.GradScaler):
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
         return bool(self._last_taken.get(id(optimizer), True))  # deferred: a device tensor, read here
 
-    def set_plugin_option(self, key: str, value: Any) -> None:
-        """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
-        the plugin is made again with it, its other options and its state kept (as a resumed run
-        would make it), and stays guarded. Raises ValueError for an unknown kind, option or value."""
-        kind, dot, name = str(key).partition(".")
-        if not dot or not kind or not name:
-            raise ValueError(f"option '{key}' is not of the form KIND.OPTION (e.g. clipper.max_norm)")
-        if not self._enabled:
-            return
-        cpp(self._core.set_option)(kind, name, _option_text(value))
-        self._deferred.forget()
-
-    def plugin_options(self, kind: str) -> List[tuple]:
-        """The effective options of the ``kind`` plugin: (name, value, source) rows."""
-        if not self._enabled:
-            return []
-        return [tuple(r) for r in cpp(self._core.settings)(kind)]
-
     # --- internals ------------------------------------------------------------------------------
-
-    def _check_scale_growth_tracker(self, funcname: str) -> Any:
-        fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
-        if self._scale is None:
-            raise AssertionError(f"Attempted {funcname} but _scale is None.  {fix}")
-        # torch returns its tracker tensor too; ours is the plugin's state, read only where asked
-        # for (_growth_tracker), never per step: a deferred step must not wait for the device.
-        return (self._scale, None)
-
-    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
-        """torch's lazy start of ``_scale`` on ``dev`` (the first scale(), or a trainer that
-        places it, as Accelerate's FSDP2 load_state does), from the scaler plugin's scale."""
-        self._scale = torch.full((), self._core_scale(), dtype=torch.float32, device=dev)
-        self._scale_per_device = {}
-
-    def _get_scale_async(self) -> Optional[torch.Tensor]:
-        """The scale as a tensor on the device, without waiting for it (torch's; fused optimizers
-        of Apex and Transformer Engine read it)."""
-        return self._scale
-
-    @property
-    def _growth_tracker(self) -> Optional[torch.Tensor]:  # type: ignore[override]
-        """torch's growth tracker: the scaler plugin's ``growth_tracker`` as an int32 tensor on
-        the scale's device (None before the first scale(), as torch's)."""
-        if self._scale is None:
-            return None
-        return torch.full((), self._get_growth_tracker(), dtype=torch.int32, device=self._scale.device)
-
-    @_growth_tracker.setter
-    def _growth_tracker(self, value: Any) -> None:
-        if value is not None and self._enabled:
-            state = self._plugin_state("scaler")
-            if "growth_tracker" in state:
-                state["growth_tracker"] = int(value.item() if isinstance(value, torch.Tensor) else value)
-                self._load_plugin_state("scaler", state)
-
-    @property
-    def _init_scale(self) -> float:  # type: ignore[override]
-        """torch's: the scale at construction or from the last load_state_dict (not the live one)."""
-        return self._initial[0]
-
-    @property
-    def _init_growth_tracker(self) -> int:  # type: ignore[override]
-        return self._initial[1]
-
-    @property
-    def _growth_factor(self) -> float:  # type: ignore[override]
-        return self.get_growth_factor()
-
-    @property
-    def _backoff_factor(self) -> float:  # type: ignore[override]
-        return self.get_backoff_factor()
-
-    @property
-    def _growth_interval(self) -> int:  # type: ignore[override]
-        return self.get_growth_interval()
-
-    def _core_scale(self) -> float:
-        return float(cpp(self._core.scale)())
-
-    def _scale_on(self, device: torch.device) -> torch.Tensor:
-        assert self._scale is not None
-        deferred = self._deferred.scale
-        if deferred is not None and deferred.device == device:
-            return deferred  # the device's own scale, updated there: no copy, no read
-        cached = self._scale_per_device.get(device)
-        if cached is None:
-            cached = self._scale.to(device=device, non_blocking=True)
-            self._scale_per_device[device] = cached
-        return cached
-
-    def _refresh_scale(self) -> None:
-        if self._scale is None:
-            return
-        deferred = self._deferred.scale
-        if deferred is not None and deferred.device == self._scale.device:
-            self._scale = deferred  # the device's own scale, updated there: no copy, no read
-        else:
-            self._scale.fill_(self._core_scale())
-        self._scale_per_device = {}
-
-    def _grads_device(self, optimizer: torch.optim.Optimizer) -> torch.device:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    return p.grad.device
-        return torch.device(self._device)
-
-    def _fused_step_args(self, device: torch.device) -> Any:
-        """grad_scale and found_inf for a fused optimizer on ``device``: made once, filled per step
-        (found_inf stays 0: a bad step never reaches the optimizer)."""
-        args = self._fused_args.get(device)
-        if args is None:
-            args = (torch.ones((), dtype=torch.float32, device=device), torch.zeros((), dtype=torch.float32, device=device))
-            self._fused_args[device] = args
-        return args
-
-    def _slot(self, optimizer: torch.optim.Optimizer) -> int:
-        """The C++ side's table of ``optimizer``'s parameters, bound on its first step and again
-        when its param_groups change (a group added, a params list replaced or resized)."""
-        groups = optimizer.param_groups
-        key = tuple((id(group["params"]), len(group["params"])) for group in groups)
-        bound = self._bound.get(id(optimizer))
-        if bound is not None and bound[1] == key:
-            return bound[0]
-        slot = bound[0] if bound is not None else len(self._bound)
-        params = [p for group in groups for p in group["params"]]
-        names = [self._names.get(id(p), f"param_groups[{g}][{i}]")
-                 for g, group in enumerate(groups) for i, p in enumerate(group["params"])]
-        _, fallback = cpp(self._core.bind)(slot, params, names)
-        if fallback and not self._fallback_said:  # once: the GPU path without ampkit's kernel
-            warnings.warn(fallback, stacklevel=3)
-            self._fallback_said = True
-        self._bound[id(optimizer)] = (slot, key)
-        return slot
-
-    def _iteration_loss(self) -> Optional[torch.Tensor]:
-        """The mean of this iteration's losses given to scale() (None under DDP: each rank's own)."""
-        return self._loss_sum / self._loss_count if self._loss_count and self._pass_loss else None
-
-    def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
-        slot = self._slot(optimizer)
-        with torch.no_grad():
-            recorded, step, factor = cpp(self._core.unscale)(slot, fold, self._iteration_loss())
-        state["step"] = bool(step) if recorded else None
-        state["factor"] = float(factor)
-        state["folded"] = fold
-
-    def _plugin(self, kind: str) -> List[str]:
-        return list(cpp(self._core.plugin)(kind))
-
-    def _plugin_state(self, kind: str) -> Dict[str, Any]:
-        self._deferred.drain()
-        return dict(cpp(self._core.state)(kind))
-
-    def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None:
-        # A list crosses as a float64 tensor: an empty Python list has no element type.
-        values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
-        cpp(self._core.load_state)(kind, values)
-        self._deferred.forget()  # the device state is made again from this one
-
-    def _has_scaler_option(self, name: str) -> bool:
-        return self._enabled and any(r[0] == name for r in self.plugin_options("scaler"))
-
-    def _scaler_option(self, name: str, kind: type) -> Any:
-        if not self._has_scaler_option(name):
-            return self._torch_args[name]
-        text = cpp(self._core.option)("scaler", name)
-        return kind(float(text)) if kind is int else kind(text)
-
-    def _set_scaler_option(self, name: str, value: Any) -> None:
-        if not self._enabled:
-            self._torch_args[name] = value
-            return
-        if not self._has_scaler_option(name):
-            raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
-        cpp(self._core.set_option)("scaler", name, _option_text(value))
-        self._deferred.forget()

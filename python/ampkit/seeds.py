@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 import torch
 
 from ._errors import PluginError, cpp
-from .grad_scaler import GradScaler, _option_text
+from ._plugin_access import option_text as _option_text
+from .grad_scaler import GradScaler
 from .plugins import plugins
 
 __all__ = [

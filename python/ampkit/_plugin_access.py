@@ -1,0 +1,161 @@
+"""The plugins behind ampkit.GradScaler: their options, their state, and torch's state_dict and pickling
+over them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, List, Mapping
+
+import torch
+
+from ._deferred import DeferredMode
+from ._errors import cpp
+from ._optimizer_tables import _refresh_per_optimizer_state
+
+__all__ = ["PluginAccess", "option_text"]
+
+
+def option_text(value: Any) -> str:
+    """The --opt text of a Python value (bool before int: True is an int)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise ValueError(f"option value {value!r} must be a bool, int, float or str")
+
+
+class PluginAccess:
+    """A mixin of :class:`ampkit.GradScaler`: plugin options and states, the state_dict, pickling."""
+
+    _core: Any
+    _deferred: Any
+    _enabled: bool
+    _torch_args: Dict[str, Any]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch.amp.GradScaler's state_dict, plus ``"ampkit"``: every plugin's name and state.
+        Loads with ``torch.load(weights_only=True)``."""
+        if not self._enabled:
+            return {}
+        self._deferred.drain()
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self.get_growth_factor(),
+            "backoff_factor": self.get_backoff_factor(),
+            "growth_interval": self.get_growth_interval(),
+            "_growth_tracker": self._get_growth_tracker(),
+            "ampkit": {
+                kind: {"plugin": self._plugin(kind)[0], "state": self._plugin_state(kind)}
+                for kind in ("scaler", "clipper", "nan_policy")
+            },
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads torch.amp.GradScaler's state_dict (ampkit-train's scaler_state_dict.pt too) or
+        one of ours, whose plugin states are restored where the plugins are the same."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+            )
+        current = self._plugin_state("scaler")
+        if current.get("growth_tracker", 0) != 0:  # so that any new growth_interval admits it
+            self._load_plugin_state("scaler", dict(current, growth_tracker=0))
+        for name in ("growth_factor", "backoff_factor", "growth_interval"):
+            if self._has_scaler_option(name) and state_dict[name] != self._scaler_option(name, type(state_dict[name])):
+                self._set_scaler_option(name, state_dict[name])
+        saved = state_dict.get("ampkit", {})
+        for kind in ("scaler", "clipper", "nan_policy"):
+            entry = saved.get(kind)
+            if entry is not None and entry.get("plugin") == self._plugin(kind)[0]:
+                self._load_plugin_state(kind, entry["state"])
+        state = self._plugin_state("scaler")
+        if "scale" in state:
+            state["scale"] = float(state_dict["scale"])
+        if "growth_tracker" in state:
+            state["growth_tracker"] = int(state_dict["_growth_tracker"])
+        self._load_plugin_state("scaler", state)
+        self._initial = (float(state_dict["scale"]), int(state_dict["_growth_tracker"]))
+        self._refresh_scale()
+
+    def set_plugin_option(self, key: str, value: Any) -> None:
+        """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
+        the plugin is made again with it, its other options and its state kept (as a resumed run
+        would make it), and stays guarded. Raises ValueError for an unknown kind, option or value."""
+        kind, dot, name = str(key).partition(".")
+        if not dot or not kind or not name:
+            raise ValueError(f"option '{key}' is not of the form KIND.OPTION (e.g. clipper.max_norm)")
+        if not self._enabled:
+            return
+        cpp(self._core.set_option)(kind, name, option_text(value))
+        self._deferred.forget()
+
+    def plugin_options(self, kind: str) -> List[tuple]:
+        """The effective options of the ``kind`` plugin: (name, value, source) rows."""
+        if not self._enabled:
+            return []
+        return [tuple(r) for r in cpp(self._core.settings)(kind)]
+
+    def _plugin(self, kind: str) -> List[str]:
+        return list(cpp(self._core.plugin)(kind))
+
+    def _plugin_state(self, kind: str) -> Dict[str, Any]:
+        self._deferred.drain()
+        return dict(cpp(self._core.state)(kind))
+
+    def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None:
+        # A list crosses as a float64 tensor: an empty Python list has no element type.
+        values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
+        cpp(self._core.load_state)(kind, values)
+        self._deferred.forget()  # the device state is made again from this one
+
+    def _has_scaler_option(self, name: str) -> bool:
+        return self._enabled and any(r[0] == name for r in self.plugin_options("scaler"))
+
+    def _scaler_option(self, name: str, kind: type) -> Any:
+        if not self._has_scaler_option(name):
+            return self._torch_args[name]
+        text = cpp(self._core.option)("scaler", name)
+        return kind(float(text)) if kind is int else kind(text)
+
+    def _set_scaler_option(self, name: str, value: Any) -> None:
+        if not self._enabled:
+            self._torch_args[name] = value
+            return
+        if not self._has_scaler_option(name):
+            raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
+        cpp(self._core.set_option)("scaler", name, option_text(value))
+        self._deferred.forget()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if self._enabled:
+            self._deferred.drain()
+        state = self.__dict__.copy()
+        if self._enabled:
+            assert len(self._per_optimizer_states) == 0, (
+                "A GradScaler instance may only be pickled at the beginning of an iteration, "
+                "or at the end after scaler.update()."
+            )
+            state["_saved_state_dict"] = self.state_dict()
+        state["_core"] = None
+        state["_model"], state["_names"] = None, {}  # the model is not the scaler's to pickle
+        state["_scale"] = None
+        state["_scale_per_device"] = {}
+        state["_per_optimizer_states"] = {}
+        state["_loss_sum"], state["_loss_count"] = None, 0
+        state["_bound"], state["_fused_args"] = {}, {}
+        state["_deferred"] = DeferredMode(self._deferred.sync)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        saved = state.pop("_saved_state_dict", None)
+        self.__dict__.update(state)
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        if self._enabled:
+            self._core = self._make_core()
+            self._deferred.reset(self._core)
+            if saved:
+                self.load_state_dict(saved)
