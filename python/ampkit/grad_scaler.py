@@ -34,6 +34,18 @@ __all__ = ["GradScaler", "OptState"]
 _TORCH_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
+def _check_arguments(**given: Any) -> None:
+    """One TypeError naming the argument for a value of the wrong type, before the C++ side sees
+    it (which would answer with a TorchScript signature dump or an AttributeError)."""
+    expected = {"device": (str, torch.device), "precision": (str, type(None)), "opt": (Mapping, type(None)),
+                "model": (torch.nn.Module, type(None)), "scaler": (str, os.PathLike), "clipper": (str, os.PathLike),
+                "nan_policy": (str, os.PathLike), "stats_recipe": (str,), "sync": (str,)}
+    for name, value in given.items():
+        if not isinstance(value, expected[name]):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])
+            raise TypeError(f"ampkit.GradScaler: {name} must be {names}, got {type(value).__name__} {value!r}")
+
+
 class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.GradScaler):
     """A :class:`torch.amp.GradScaler` whose strategies are ampkit plugins.
 
@@ -100,6 +112,8 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         stats_recipe: str = "automatic",
         sync: str = "auto",
     ) -> None:
+        _check_arguments(device=device, precision=precision, opt=opt, model=model, scaler=scaler, clipper=clipper,
+                         nan_policy=nan_policy, stats_recipe=stats_recipe, sync=sync)
         self._device = str(device)
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():

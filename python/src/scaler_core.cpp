@@ -72,6 +72,8 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
     for (const char* kind : kStepKinds) choices[kind] = StrategyChoice{};
     for (const auto& entry : plugins) {
       check_step_kind(entry.key());
+      if (entry.value().empty())  // not the kind's default: an empty name is a mistake
+        throw Error(ErrorCategory::usage, entry.key() + "='' names no plugin: give a plugin name or a path");
       choices[entry.key()].name = entry.value();
     }
     for (const auto& entry : options) {

@@ -154,6 +154,20 @@ BOOST_AUTO_TEST_CASE(text_for_a_float_is_refused) {
                         "got 'abc' (from command line)");
 }
 
+// Decimal numbers only (issue 44): strtod alone took "0x10" as 16 and "5\0" (from Python, where a
+// string may hold a NUL) as 5.
+BOOST_AUTO_TEST_CASE(hex_and_embedded_nul_are_refused) {
+  for (const std::string text : {std::string("0x10"), std::string("0X1p4"), std::string("5\0", 2)}) {
+    const Caught e = catch_error([&] {
+      ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", text}}));
+    });
+    AMPKIT_REQUIRE_ERROR(e, ErrorCategory::usage);
+    AMPKIT_CHECK_CONTAINS(e.message, "option 'scale' of scaler 'static' must be a finite decimal number");
+  }
+  const auto r = ampkit::resolve_options(descriptor("scaler", "static"), inputs({{"scale", "0.5e3"}}));
+  BOOST_TEST(setting(r, "scale").value == "500");  // a plain decimal with an exponent still parses
+}
+
 BOOST_AUTO_TEST_CASE(non_finite_float_is_refused) {
   for (const char* text : {"inf", "nan", "1e999"}) {
     BOOST_TEST_CONTEXT("scale=" << text) {

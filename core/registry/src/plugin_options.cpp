@@ -64,8 +64,12 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
       char* end = nullptr;
       errno = 0;
       double v = 0;
+      // Decimal numbers only: strtod would also take hex ("0x10" as 16), and a string that holds
+      // a NUL would be read up to it ("5\0" as 5), where a user meant something else.
       if (!text.empty() && (std::isspace(static_cast<unsigned char>(text.front())) || text.front() == '+'))
         throw bad(integer ? "must be an integer" : "must be a finite number");
+      if (text.find_first_of(std::string("xX\0", 3)) != std::string::npos)
+        throw bad(integer ? "must be a decimal integer" : "must be a finite decimal number");
       long long as_integer = 0;
       if (integer) {
         as_integer = std::strtoll(text.c_str(), &end, 10);
@@ -73,7 +77,7 @@ std::string validate(const ampkit_plugin_descriptor& d, const ampkit_option_spec
       } else {
         v = std::strtod(text.c_str(), &end);
       }
-      if (text.empty() || end == nullptr || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+      if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
         throw bad(integer ? "must be an integer" : "must be a finite number");
       if (!declared_range(spec).contains(v)) throw bad("must be " + describe_option_type(spec));
       return integer ? std::to_string(as_integer) : format_number(v);
