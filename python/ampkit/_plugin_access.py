@@ -26,6 +26,18 @@ def option_text(value: Any) -> str:
     raise ValueError(f"option value {value!r} must be a bool, int, float or str")
 
 
+def _check_saved_plugins(saved: Any) -> None:
+    """A state_dict's "ampkit" entry, checked whole before anything is loaded from it."""
+    if not isinstance(saved, Mapping):
+        raise ValueError(f"state_dict['ampkit'] must be a dict of plugin states (kind -> {{'plugin': name, "
+                         f"'state': dict}}), got {type(saved).__name__}")
+    for kind, entry in saved.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("plugin"), str) or not isinstance(
+                entry.get("state"), Mapping):
+            raise ValueError(f"state_dict['ampkit'][{kind!r}] must be {{'plugin': name, 'state': dict}}, "
+                             f"got {entry!r:.80}")
+
+
 class PluginAccess:
     """A mixin of :class:`ampkit.GradScaler`: plugin options and states, the state_dict, pickling."""
 
@@ -68,6 +80,7 @@ class PluginAccess:
             if self._has_scaler_option(name) and state_dict[name] != self._scaler_option(name, type(state_dict[name])):
                 self._set_scaler_option(name, state_dict[name])
         saved = state_dict.get("ampkit", {})
+        _check_saved_plugins(saved)
         for kind in ("scaler", "clipper", "nan_policy"):
             entry = saved.get(kind)
             if entry is not None and entry.get("plugin") == self._plugin(kind)[0]:

@@ -22,6 +22,9 @@ namespace ampkit::python {
 
 namespace {
 
+// Where a GradScaler's option values come from, in sources and messages (never "command line").
+constexpr const char* kOptionSource = "ampkit.GradScaler";
+
 // The kinds a GradScaler uses: data-parallel averaging is torch DDP's in a Python loop.
 constexpr const char* kStepKinds[] = {"scaler", "clipper", "nan_policy"};
 
@@ -92,6 +95,7 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
     for (auto& [kind, choice] : choices) {
       if (choice.name.empty()) choice.name = default_plugin(kind);
       choice.options.precision = info_.precision;
+      choice.options.command_line_name = kOptionSource;
     }
     choices["comm"] = StrategyChoice{"local", {}};
     registry_ = std::make_unique<Registry>(registry_options(plugin_dirs, allow_untrusted));
@@ -264,6 +268,7 @@ void ScalerCore::set_option(const std::string& kind, const std::string& name, co
       if (setting.source != "default" && setting.set && setting.source.rfind("default for", 0) != 0)
         inputs.command_line[setting.name] = setting.value;
     inputs.command_line[name] = value;
+    inputs.command_line_name = kOptionSource;
     inputs.precision = info_.precision;
     std::optional<RunInfo> started;
     if (step_->started()) started = last_table_ ? run_info(*last_table_) : info_;

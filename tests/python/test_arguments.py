@@ -39,3 +39,23 @@ def test_an_empty_plugin_name_is_refused_not_taken_as_the_default():
 def test_a_bad_sync_mode_is_named():
     with pytest.raises(ValueError, match="sync must be one of auto, step, deferred, got 'later'"):
         ampkit.GradScaler("cpu", sync="later")
+
+
+def test_option_errors_name_the_grad_scaler_not_a_command_line():
+    with pytest.raises(ValueError) as caught:
+        ampkit.GradScaler("cpu", opt={"scaler.growth_intervall": 3})
+    assert "(from ampkit.GradScaler)" in str(caught.value) and "command line" not in str(caught.value)
+    scaler = ampkit.GradScaler("cpu")
+    with pytest.raises(ValueError) as caught:
+        scaler.load_state_dict(dict(scaler.state_dict(), growth_factor=0.5))
+    assert "(from ampkit.GradScaler)" in str(caught.value) and "command line" not in str(caught.value)
+    assert ("growth_factor", "2", "default") in scaler.plugin_options("scaler")  # the bad load changed nothing
+
+
+@pytest.mark.parametrize("saved", ["str", {"scaler": "x"}, {"scaler": {"plugin": "dynamic", "state": 5}}])
+def test_a_malformed_ampkit_entry_is_one_value_error_and_loads_nothing(saved):
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0)
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=r"state_dict\['ampkit'\]"):
+        scaler.load_state_dict(dict(before, scale=1024.0, ampkit=saved))
+    assert scaler.state_dict() == before

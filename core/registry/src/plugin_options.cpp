@@ -228,7 +228,7 @@ OptionSetting resolve_one(const ampkit_plugin_descriptor& d, const ampkit_option
   if (auto it = inputs.command_line.find(s.name); it != inputs.command_line.end()) {
     text = it->second;
     s.origin = OptionOrigin::command_line;
-    s.source = "command line";
+    s.source = inputs.command_line_name;
   } else if (auto it2 = environment.find(s.name); it2 != environment.end()) {
     text = it2->second;
     s.origin = OptionOrigin::environment;
@@ -260,7 +260,7 @@ ResolvedOptions resolve_options(const ampkit_plugin_descriptor& d, const OptionI
   if (inputs.read_environment) environment = environment_options(d, names);
   for (const auto& [k, v] : inputs.command_line)
     if (std::find(names.begin(), names.end(), k) == names.end())
-      throw unknown_option(d, names, k, "command line");
+      throw unknown_option(d, names, k, inputs.command_line_name);
   for (const auto& [k, v] : inputs.config_file)
     if (std::find(names.begin(), names.end(), k) == names.end())
       throw unknown_option(d, names, k, "config file " + inputs.config_file_name);

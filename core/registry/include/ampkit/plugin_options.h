@@ -33,7 +33,10 @@ struct OptionSetting {
 
 struct OptionInputs {
   std::map<std::string, std::string> command_line;  // option -> value (from --opt kind.option=v)
-  std::map<std::string, std::string> config_file;   // from the YAML file
+  // How the host names where `command_line` came from, in sources and messages: ampkit-train's
+  // "command line", the Python package's "ampkit.GradScaler" (its opt= and setters).
+  std::string command_line_name = "command line";
+  std::map<std::string, std::string> config_file;  // from the YAML file
   std::string config_file_name;
   bool read_environment = true;
   // The run's precision, which picks per-precision defaults; without it such options stay unset
