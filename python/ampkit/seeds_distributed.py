@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 
-from .seeds import AMPConfig, AMPTrainer, _did_you_mean, create_default_amp_config
+from .seeds import AMPConfig, AMPTrainer, create_default_amp_config
+from .seeds_nan import _did_you_mean
 
 __all__ = ["DistributedAMPTrainer", "DistributedConfig"]
 
