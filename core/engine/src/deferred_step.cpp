@@ -54,11 +54,8 @@ struct DeferredStep::Pending {
   bool has_loss = false;
 };
 
-DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, const at::Device& device)
-    : step_(step), rules_(std::move(rules)) {
-  (void)device;
-  scale_ = rules_->scale().clone();
-}
+DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules)
+    : step_(step), rules_(std::move(rules)), scale_(rules_->scale().clone()) {}
 
 DeferredStep::~DeferredStep() = default;
 
@@ -82,7 +79,7 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
       break;
     }
   rules->start(*s.scaler, device, step.counters().consecutive_skips);
-  return std::unique_ptr<DeferredStep>(new DeferredStep(step, std::move(rules), device));
+  return std::unique_ptr<DeferredStep>(new DeferredStep(step, std::move(rules)));
 }
 
 DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss) {

@@ -56,7 +56,7 @@ class DeferredStep {
 
  private:
   struct Pending;
-  DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, const at::Device& device);
+  DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules);
   StepOutcome deliver_one(Pending& p);
 
   AmpStep& step_;
