@@ -216,6 +216,18 @@ models_args=()
 # On a GPU twice: the default (sync auto: the deferred step, no host read) and the synchronous step.
 syncs=(auto)
 [ "$device" = cuda ] && syncs=(auto step)
+# An instrumented build (AMPKIT_INSTRUMENT) has a _C.so that loads only into a python started with
+# the sanitizer runtime first: the section says so and runs nothing (the Release suite runs it).
+instrumented=$(sed -n 's/^AMPKIT_INSTRUMENT:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+[ "$instrumented" = ON ] && syncs=()
+if [ ${#syncs[@]} = 0 ]; then
+  {
+    echo
+    echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py)"
+    echo
+    echo "not run: $build is an instrumented build (AMPKIT_INSTRUMENT=ON), whose Python extension needs the sanitizer runtime preloaded"
+  } >> "$report"
+fi
 for sync in "${syncs[@]}"; do
   extra=()
   [ "$sync" = step ] && extra=(--rounds 3 --compare-steps 0)
