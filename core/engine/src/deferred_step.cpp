@@ -52,6 +52,8 @@ struct DeferredStep::Pending {
   std::unique_ptr<c10::Event> ready;  // CUDA: the copy's completion; CPU: none
   int64_t elements = 0;
   bool has_loss = false;
+  bool tensor_norms = false;
+  DeviceTotals totals;  // with tensor_norms: the per-gradient sums' sources (chunk sums copied to the host)
 };
 
 DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules)
@@ -91,7 +93,7 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   }
   std::vector<at::Tensor> scalars;
   if (loss.defined()) scalars.push_back(loss);
-  const DeviceTotals t = table.measure_on_device(scalars);
+  const DeviceTotals t = table.measure_on_device(scalars, tensor_norms_);
   // 4. The statistics as the host computes them from the same sum: unscaled by the scale this
   // step's backward used.
   const at::Tensor scale = scale_.to(at::kDouble);
@@ -117,11 +119,25 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   auto p = std::make_unique<Pending>();
   p->elements = t.elements;
   p->has_loss = loss.defined();
+  p->tensor_norms = tensor_norms_;
+  if (tensor_norms_) {
+    p->totals.tensor_sum_squares = t.tensor_sum_squares;
+    p->totals.chunk_tensors = t.chunk_tensors;
+    p->totals.tensors = t.tensors;
+  }
+  const bool chunks = tensor_norms_ && t.chunk_sum_squares.defined();
   if (record.is_cpu()) {
     p->host = record;
+    if (chunks)
+      p->totals.chunk_sum_squares = t.chunk_sum_squares.contiguous().clone();  // the buffer is reused
   } else {  // queued behind this step's work; the host reads it once the event has passed
-    p->host = at::empty({kFields}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    const auto pinned = at::TensorOptions().dtype(at::kDouble).pinned_memory(true);
+    p->host = at::empty({kFields}, pinned);
     p->host.copy_(record, /*non_blocking=*/true);
+    if (chunks) {
+      p->totals.chunk_sum_squares = at::empty({t.chunk_sum_squares.numel()}, pinned);
+      p->totals.chunk_sum_squares.copy_(t.chunk_sum_squares, /*non_blocking=*/true);
+    }
     p->ready = std::make_unique<c10::Event>(record.device().type());
     p->ready->record(c10::impl::VirtualGuardImpl(record.device().type()).getStream(record.device()));
   }
@@ -157,6 +173,12 @@ StepOutcome DeferredStep::deliver_one(Pending& p) {
   st.grad_elements = p.elements;
   st.zero_fraction = p.elements ? v[kZeros] / static_cast<double>(p.elements) : 0.0;
   st.found_inf = !st.loss_finite || !std::isfinite(sum) || std::isnan(v[kMaxAbs]);
+  if (p.tensor_norms) {  // as AmpStep's measure makes them from the same sums
+    const at::Tensor& chunk_sums = p.totals.chunk_sum_squares;
+    for (const double s :
+         tensor_sums(p.totals, chunk_sums.defined() ? chunk_sums.data_ptr<double>() : nullptr))
+      st.tensor_norms.push_back(std::sqrt(s) / st.scale);
+  }
   const double host_scale = step_.scale();
   const StepOutcome done = step_.deliver(out);
   const bool agree =

@@ -3,6 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -15,6 +16,8 @@
 #include <tuple>
 #include <utility>
 
+#include "ampkit/error.h"
+
 namespace ampkit {
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
@@ -23,6 +26,22 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
 
 void FusedAdamW::step_unscaling(double grad_scale) {
   run_step(nullptr, grad_scale);
+}
+
+void FusedAdamW::step_deferred(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  run_step(nullptr, std::nullopt, grad_scale, found_inf);
+}
+
+void FusedAdamW::count_deferred_step(bool taken) {
+  if (uncounted_.empty()) throw Error(ErrorCategory::internal, "FusedAdamW: a deferred step counted twice");
+  const std::vector<at::Tensor> params = std::move(uncounted_.front());
+  uncounted_.pop_front();
+  if (!taken) return;
+  for (const auto& p : params) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*state_.at(p.unsafeGetTensorImpl()));
+    state.step(state.step() + 1);
+    device_steps_[p.unsafeGetTensorImpl()].count = state.step();
+  }
 }
 
 at::Tensor FusedAdamW::device_step(const at::Tensor& param, int64_t count) {
@@ -40,7 +59,10 @@ at::Tensor& FusedAdamW::grad_scale_on(const at::Device& device) {
   return t;
 }
 
-at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double> grad_scale) {
+at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double> grad_scale,
+                                const at::Tensor& grad_scale_tensor, const at::Tensor& found_inf) {
+  const bool deferred = found_inf.defined();
+  std::vector<at::Tensor> stepped;  // the deferred step's parameters, counted later
   at::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure != nullptr) {
@@ -68,8 +90,20 @@ at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double
         slot = std::move(fresh);
       }
       auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
-      const at::Tensor step = device_step(p, state.step());
-      state.step(state.step() + 1);
+      at::Tensor step;
+      if (deferred) {  // the device's count is ahead of the host's by the steps not yet counted
+        DeviceStep& d = device_steps_[p.unsafeGetTensorImpl()];
+        if (!d.tensor.defined() || d.tensor.device() != p.device() ||
+            (uncounted_.empty() && d.count != state.step()))
+          d = {at::scalar_tensor(static_cast<double>(state.step()),
+                                 at::TensorOptions().dtype(at::kFloat).device(p.device())),
+               state.step()};
+        step = d.tensor;
+        stepped.push_back(p);
+      } else {
+        step = device_step(p, state.step());
+        state.step(state.step() + 1);
+      }
       Batch& b = batches[{p.device().str(), p.scalar_type()}];
       b.params.push_back(p);
       b.grads.push_back(p.grad());
@@ -85,11 +119,16 @@ at::Tensor FusedAdamW::run_step(const LossClosure& closure, std::optional<double
       // The kernel reads grad_scale as a float on the parameters' device (GradScaler's scale tensor).
       std::optional<at::Tensor> scale;
       if (grad_scale) scale = grad_scale_on(b.params.front().device()).fill_(*grad_scale);
+      if (deferred) scale = grad_scale_tensor;
       at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
                         options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(),
-                        /*maximize=*/false, scale);
+                        /*maximize=*/false, scale,
+                        deferred ? std::optional<at::Tensor>(found_inf) : std::nullopt);
+      // A skipped step leaves the counts where they were (torch's fused optimizers do the same).
+      if (deferred) at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), found_inf));
     }
   }
+  if (deferred) uncounted_.push_back(std::move(stepped));
   return loss;
 }
 

@@ -36,6 +36,10 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
                   "the chunk_kernel statistics recipe takes float, half and bfloat16 gradients only");
     plan_ = plan_stats_chunks(grads);
     table_ = at::Tensor();
+    auto chunk_tensors = std::make_shared<std::vector<size_t>>();
+    chunk_tensors->reserve(plan_.chunks.size());
+    for (const StatsChunk& c : plan_.chunks) chunk_tensors->push_back(c.tensor);
+    chunk_tensors_ = std::move(chunk_tensors);
     ++plans_made_;
   }
   at::Device device(at::kCPU);
@@ -93,7 +97,7 @@ GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
 }
 
 DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
-                                          const std::vector<at::Tensor>& scalars) {
+                                          const std::vector<at::Tensor>& scalars, bool tensor_sums) {
   DeviceTotals t;
   if (recipe_ == DeviceStatsRecipe::fused_scan) {  // CPU tensors: the scan's numbers as tensors
     const GradStats g = compute_grad_stats(grads);
@@ -105,6 +109,8 @@ DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
     for (const auto& s : scalars) flat.push_back(s.detach().to(at::kDouble).reshape({-1}));
     t.scalars = flat.empty() ? at::zeros({0}, f64) : at::cat(flat);
     t.elements = g.elements;
+    if (tensor_sums) t.tensor_sum_squares = g.tensor_sum_squares;
+    t.tensors = grads.size();
     return t;
   }
   if (recipe_ != DeviceStatsRecipe::chunk_kernel)
@@ -115,6 +121,11 @@ DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
   t.scalars = packed_.narrow(0, numbers + 1, packed_.numel() - numbers - 1);
   t.elements = 0;
   for (const int64_t n : plan_.sizes) t.elements += n;
+  t.tensors = grads.size();
+  if (tensor_sums) {
+    t.chunk_tensors = chunk_tensors_;
+    if (numbers > 0) t.chunk_sum_squares = packed_.narrow(0, 0, numbers).view({-1, 4}).select(1, 0);
+  }
   if (numbers == 0) {
     t.max_abs = at::zeros({}, packed_.options());
     t.zeros = at::zeros({}, packed_.options());
@@ -125,6 +136,15 @@ DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
   t.max_abs = at::where(at::isnan(t.sum_squares), std::nan(""), parts.select(1, 1).max());
   t.zeros = parts.select(1, 2).sum();
   return t;
+}
+
+std::vector<double> tensor_sums(const DeviceTotals& totals, const double* chunk_sums) {
+  if (!totals.chunk_tensors) return totals.tensor_sum_squares;
+  std::vector<double> sums(totals.tensors, 0.0);
+  const std::vector<size_t>& tensor_of = *totals.chunk_tensors;
+  for (size_t c = 0; c < tensor_of.size(); ++c)
+    sums[tensor_of[c]] += chunk_sums[c];  // combine_chunk_stats' order
+  return sums;
 }
 
 GradientTable::GradientTable(std::vector<at::Tensor> parameters, std::vector<std::string> names,

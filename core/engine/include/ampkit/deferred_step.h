@@ -41,6 +41,10 @@ class DeferredStep {
   DeferredStep(const DeferredStep&) = delete;
   DeferredStep& operator=(const DeferredStep&) = delete;
 
+  // Whether records carry every gradient's norm (StepStats::tensor_norms, as the synchronous step
+  // gives them): off by default; a copy of one number per chunk, summed on the host on delivery.
+  void set_tensor_norms(bool on) { tensor_norms_ = on; }
+
   // What the next backward multiplies the loss by: float32, 0-dim, on the device, updated in place.
   const at::Tensor& scale() const { return scale_; }
 
@@ -62,6 +66,7 @@ class DeferredStep {
   AmpStep& step_;
   std::unique_ptr<DeviceStepRules> rules_;
   at::Tensor scale_;  // float32, persistent
+  bool tensor_norms_ = false;
   std::deque<std::unique_ptr<Pending>> pending_;
 };
 

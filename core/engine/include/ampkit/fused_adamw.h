@@ -8,6 +8,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,9 +31,15 @@ class FusedAdamW : public torch::optim::AdamW, public UnscalingOptimizer {
   // grad_scale argument, as torch.amp.GradScaler passes it to torch.optim.AdamW(fused=True)), the
   // quotient stored back into .grad.
   void step_unscaling(double grad_scale) override;
+  // The deferred step: the kernel's grad_scale and found_inf arguments, as torch.amp.GradScaler
+  // passes them to torch.optim.AdamW(fused=True); the device step counts subtract found_inf.
+  void step_deferred(const at::Tensor& grad_scale, const at::Tensor& found_inf) override;
+  void count_deferred_step(bool taken) override;
 
  private:
-  at::Tensor run_step(const LossClosure& closure, std::optional<double> grad_scale);
+  // `found_inf`: the deferred step's (the step counts stay on the device until counted).
+  at::Tensor run_step(const LossClosure& closure, std::optional<double> grad_scale,
+                      const at::Tensor& grad_scale_tensor = {}, const at::Tensor& found_inf = {});
 
   // Each parameter's step count as the float tensor on its device that the kernel reads, kept
   // between steps and advanced by one _foreach_add_ per call (as python's fused AdamW keeps
@@ -44,6 +51,8 @@ class FusedAdamW : public torch::optim::AdamW, public UnscalingOptimizer {
   };
   at::Tensor device_step(const at::Tensor& param, int64_t count);
   std::unordered_map<const c10::TensorImpl*, DeviceStep> device_steps_;
+  // Deferred steps run whose outcome has not reached the host: their parameters, in order.
+  std::deque<std::vector<at::Tensor>> uncounted_;
   // The kernel's grad_scale per device: made once, filled each step (a fill, no allocation).
   at::Tensor& grad_scale_on(const at::Device& device);
   std::map<std::string, at::Tensor> grad_scales_;

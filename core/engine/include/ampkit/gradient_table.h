@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +23,18 @@ struct DeviceTotals {
   at::Tensor zeros;        // elements exactly 0
   at::Tensor scalars;      // the scalars' values, flattened, in order
   int64_t elements = 0;
+  // Each gradient's sum of squares (per-tensor norms), as the synchronous pass sums them: already
+  // on the host (fused_scan), or the chunks' sums on the device (chunk_kernel) with the plan's
+  // chunk-to-gradient map, summed in plan order on the host once they are there (tensor_sums).
+  std::vector<double> tensor_sum_squares;
+  at::Tensor chunk_sum_squares;
+  std::shared_ptr<const std::vector<size_t>> chunk_tensors;
+  size_t tensors = 0;
 };
+
+// DeviceTotals' per-gradient sums of squares from `chunk_sums` (the chunks' sums, on the host),
+// or its tensor_sum_squares where it has them.
+std::vector<double> tensor_sums(const DeviceTotals& totals, const double* chunk_sums);
 
 // One recipe's statistics pass (grad_stats.h), with what it keeps between steps: for chunk_kernel,
 // the chunk plan and its copy on the device, made again only when a gradient moved, changed size
@@ -44,7 +56,9 @@ class GradStatsPass {
 
   // The same pass with its figures left on the device, for chunk_kernel and fused_scan (on CPU
   // tensors, where there is nothing to read). The sum of squares is the one run() reads, to the bit.
-  DeviceTotals run_on_device(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars);
+  // `tensor_sums`: also each gradient's sum of squares (DeviceTotals), for per-tensor norms.
+  DeviceTotals run_on_device(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                             bool tensor_sums = false);
 
   // How often the chunk plan was made (tests: once while the gradients stay where they are).
   int64_t plans_made() const { return plans_made_; }
@@ -59,6 +73,8 @@ class GradStatsPass {
   at::Tensor table_;   // plan_'s chunk table on the device (CUDA only)
   at::Tensor packed_;  // the chunks' four numbers, their sum of squares, the scalars: float64, on the device
   at::Tensor host_;    // where packed_ is read to: pinned host memory (packed_ itself on a CPU)
+  std::shared_ptr<const std::vector<size_t>>
+      chunk_tensors_;  // plan_'s chunks' gradients, shared with deferred records
   int64_t plans_made_ = 0;
 };
 
@@ -89,8 +105,8 @@ class GradientTable {
   GradStats measure(const std::vector<at::Tensor>& scalars, std::vector<double>& scalar_values) {
     return pass_.run(grads_, scalars, scalar_values);
   }
-  DeviceTotals measure_on_device(const std::vector<at::Tensor>& scalars) {
-    return pass_.run_on_device(grads_, scalars);
+  DeviceTotals measure_on_device(const std::vector<at::Tensor>& scalars, bool tensor_sums = false) {
+    return pass_.run_on_device(grads_, scalars, tensor_sums);
   }
   int64_t plans_made() const { return pass_.plans_made(); }
 

@@ -2,6 +2,8 @@
 // and clip into its step instead of multiplying the gradients first.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 namespace ampkit {
 
 // The C++ side of torch.optim's `_step_supports_amp_scaling` (the fused Adam, AdamW and SGD, to which
@@ -18,6 +20,15 @@ class UnscalingOptimizer {
   // One step on the gradients divided by `grad_scale` (finite, > 0; read as float32, as
   // GradScaler's scale is). Skipping non-finite steps is the caller's business: it runs no step then.
   virtual void step_unscaling(double grad_scale) = 0;
+
+  // The deferred step (deferred_step.h): the same step with `grad_scale` and `found_inf` as 0-dim
+  // float32 tensors on the parameters' device, read by the kernel there (no host read): where
+  // found_inf is 1 nothing changes, as torch's fused optimizers skip; each parameter's step count
+  // on the device advances by 1 - found_inf. The host's own counts (the optimizer state that
+  // checkpoints save) follow when the step's outcome reaches the host: count_deferred_step(taken),
+  // once per step_deferred, in order.
+  virtual void step_deferred(const at::Tensor& grad_scale, const at::Tensor& found_inf) = 0;
+  virtual void count_deferred_step(bool taken) = 0;
 };
 
 }  // namespace ampkit
