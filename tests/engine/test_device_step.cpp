@@ -3,7 +3,8 @@
 // none) and NaN policies (skip with a streak limit, backoff, abort) run 300 steps through the
 // engine's host step (AmpStep) and through DeviceStepRules on CPU tensors, from the same
 // statistics: planted overflows, non-finite losses, gradient-norm spikes that clip. Every decision,
-// clip coefficient and scale must be the same, bit for bit.
+// clip coefficient and scale must be the same, bit for bit. And the Trainer's deferred step
+// against its synchronous one.
 #define BOOST_TEST_MODULE device_step
 #include <ATen/ATen.h>
 
@@ -19,9 +20,12 @@
 #include "ampkit/amp_step.h"
 #include "ampkit/deferred_step.h"
 #include "ampkit/device_step.h"
+#include "ampkit/fused_adamw.h"
 #include "ampkit/gradient_table.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "trainer_fixture.h"
 
 using namespace ampkit;
 using Plugins = ampkit::test::BuiltinPlugins;
@@ -221,5 +225,104 @@ BOOST_AUTO_TEST_CASE(the_deferred_step_delivers_what_the_synchronous_step_decide
     BOOST_TEST(host.counters().taken == sync.counters().taken);
     BOOST_TEST(host.scale() == sync.scale());
     BOOST_TEST(host.last_outcome().clip_coefficient == sync.last_outcome().clip_coefficient);
+  }
+}
+
+namespace {
+
+// Linear(8 -> 4) under FusedAdamW with built-in strategies: the Trainer both ways (issue 42).
+struct FusedRun {
+  std::unique_ptr<StrategySet> strategies;
+  test::TinyModel model;
+  FusedAdamW optimizer;
+  Trainer trainer;
+  FusedRun(Plugins& plugins, const std::map<std::string, StrategyChoice>& choices, test::TinyModel& from)
+      : strategies(plugins.strategies(choices)),
+        optimizer(model.params(), torch::optim::AdamWOptions(1e-2)),
+        trainer(Precision::fp16, 1, model.params(), model.names(), optimizer, Plugins::of(*strategies),
+                test::constant_lr(1e-2)) {
+    model.copy_weights_from(from);
+  }
+};
+
+}  // namespace
+
+// Trainer::deferred_backward/deferred_update against Trainer::step over 80 fp16 steps with
+// overflows, a NaN loss and clipping, for both deferred recipes: every outcome (per-gradient norms
+// included) and the parameters, bit for bit; one host read per synchronous step, none deferred.
+BOOST_AUTO_TEST_CASE(the_trainers_deferred_step_is_its_synchronous_step) {
+  Plugins plugins;
+  const std::map<std::string, StrategyChoice> choices = {
+      {"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}, {"growth_interval", "4"}})},
+      {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})},
+      {"nan_policy", Plugins::choice("backoff", {})}};
+  for (const auto recipe : {DeviceStatsRecipe::fused_scan, DeviceStatsRecipe::chunk_kernel}) {
+    BOOST_TEST_CONTEXT(to_string(recipe)) {
+      test::TinyModel start;
+      FusedRun sync(plugins, choices, start), deferred(plugins, choices, start);
+      sync.trainer.set_stats_recipe(recipe);
+      deferred.trainer.set_stats_recipe(recipe);
+      std::string kind;
+      BOOST_REQUIRE_EQUAL(deferred.trainer.enable_deferred_step(kind, /*tensor_norms=*/true), "");
+      const auto forward = [](test::TinyModel& m, int64_t step) {
+        return [&m, step](int) {
+          at::Tensor loss = m.loss(test::batch_x(step));
+          if (step % 9 == 4) loss = loss * std::numeric_limits<float>::infinity();
+          if (step == 30) loss = loss * std::nan("");
+          return loss;
+        };
+      };
+      std::vector<StepOutcome> want, got;
+      int64_t sync_reads = 0, deferred_reads = 0;
+      for (int64_t step = 0; step < 80; ++step) {
+        int64_t before = host_reads();
+        want.push_back(sync.trainer.step(forward(sync.model, step)));
+        sync_reads += host_reads() - before;
+        before = host_reads();
+        const Trainer::DeferredBackward b = deferred.trainer.deferred_backward(forward(deferred.model, step));
+        BOOST_TEST(!b.redo);  // no bad-step observer
+        got.insert(got.end(), b.delivered.begin(), b.delivered.end());
+        deferred.trainer.deferred_update();
+        deferred_reads += host_reads() - before;
+        BOOST_TEST(got.size() == static_cast<size_t>(step));  // one step behind, never more
+      }
+      for (const StepOutcome& o : deferred.trainer.settle()) got.push_back(o);
+      BOOST_REQUIRE_EQUAL(got.size(), want.size());
+      int skipped = 0, clipped = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        BOOST_TEST_CONTEXT("step " << i) {
+          const StepOutcome &w = want[i], &g = got[i];
+          BOOST_TEST(g.stats.step == w.stats.step);
+          BOOST_TEST(g.stepped == w.stepped);
+          BOOST_TEST(to_string(g.decision.action) == to_string(w.decision.action));
+          BOOST_TEST(bits(g.stats.scale) == bits(w.stats.scale));
+          BOOST_TEST(bits(g.scale_next) == bits(w.scale_next));
+          BOOST_TEST(bits(g.clip_coefficient) == bits(w.clip_coefficient));
+          BOOST_TEST(bits(g.lr) == bits(w.lr));
+          if (w.stepped) {
+            BOOST_TEST(bits(g.stats.grad_norm) == bits(w.stats.grad_norm));
+            BOOST_TEST(bits(g.stats.loss) == bits(w.stats.loss));
+          }
+          BOOST_REQUIRE_EQUAL(g.stats.tensor_norms.size(), w.stats.tensor_norms.size());
+          for (size_t t = 0; t < w.stats.tensor_norms.size(); ++t)
+            BOOST_TEST(bits(g.stats.tensor_norms[t]) == bits(w.stats.tensor_norms[t]));
+          skipped += !w.stepped;
+          clipped += w.stepped && w.clip_coefficient < 1.0;
+        }
+      }
+      BOOST_TEST(skipped == 10);  // 9 overflows (steps 4, 13, ..., 76) and the NaN
+      BOOST_TEST(clipped > 10);
+      BOOST_TEST(sync_reads == 80);
+      BOOST_TEST(deferred_reads == 0);
+      BOOST_TEST(at::equal(sync.model.layer->weight, deferred.model.layer->weight));
+      BOOST_TEST(at::equal(sync.model.layer->bias, deferred.model.layer->bias));
+      BOOST_TEST(deferred.trainer.steps_taken() == sync.trainer.steps_taken());
+      // The optimizer's own step counts (what checkpoints save) follow the steps taken.
+      for (const auto& p : deferred.model.params()) {
+        const auto& state = static_cast<const torch::optim::AdamWParamState&>(
+            *deferred.optimizer.state().at(p.unsafeGetTensorImpl()));
+        BOOST_TEST(state.step() == sync.trainer.steps_taken());
+      }
+    }
   }
 }

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <unordered_map>
 
+#include "ampkit/deferred_step.h"
 #include "ampkit/error.h"
 #include "ampkit/gradient_table.h"
 #include "ampkit/step_values_carrier.h"
@@ -130,7 +131,8 @@ StepOutcome Trainer::step(const std::function<at::Tensor(int)>& forward) {
 // 1, 2: each micro-batch's forward under autocast, then the backward of loss * scale / accumulate.
 // The mean loss over the micro-batches (unscaled, this rank's) stays on the device, summed in
 // float64, until the step's one read (step 4).
-void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, double scale) {
+void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, double scale,
+                               const at::Tensor& device_scale) {
   const c10::DeviceType device = parameters_.empty() ? c10::kCPU : parameters_.front().device().type();
   if (reducer_ && data_parallel_.broadcast_buffers && !data_parallel_.buffers.empty()) {
     at::NoGradGuard no_grad;
@@ -157,7 +159,12 @@ void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, do
     loss = loss.to(at::kFloat);
     const at::Tensor loss64 = loss.detach().to(at::kDouble).reshape({1});
     loss_sum = loss_sum.defined() ? loss_sum + loss64 : loss64;
-    at::Tensor scaled = loss * (scale / accumulation_steps_);  // 2. scaled backward
+    // 2. scaled backward (the device's scale: divided in float64 and rounded to float once, as the
+    // synchronous step's double is)
+    at::Tensor scaled =
+        device_scale.defined()
+            ? loss * (device_scale.to(at::kDouble) / static_cast<double>(accumulation_steps_)).to(at::kFloat)
+            : loss * (scale / accumulation_steps_);
     if (sync && carrier_) {  // 3. this rank's values ride in the gradient buckets
       step_loss_ = loss_sum / static_cast<double>(accumulation_steps_);
       scaled = carrier_->attach(scaled, rank_row());
@@ -222,7 +229,7 @@ std::vector<double> Trainer::rank_values_of(std::vector<double> packed, int rank
 // AmpStep::finish_iteration's).
 void Trainer::recover(const StepOutcome& out, const std::function<at::Tensor(int)>& forward) {
   zero_grad();
-  if (bad_step_observer_) bad_step_observer_(out, forward);
+  if (bad_step_observer_) (void)bad_step_observer_(out, forward);
   if (out.decision.action != NanAction::rollback) return;
   if (!rollback_)
     throw Error(ErrorCategory::internal,

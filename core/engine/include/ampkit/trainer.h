@@ -14,6 +14,7 @@
 #include <ampkit/step.h>
 #include <ampkit/unscaling_optimizer.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@ class Reducer;
 
 namespace ampkit {
 
+class DeferredStep;
 class StepValuesCarrier;
 
 // Learning rate as a function of the number of optimizer steps actually taken. The cosine's
@@ -91,9 +93,10 @@ class Trainer {
 
   // Called on every step the policy did not let through, before any recovery (backoff,
   // rollback) and while the parameters are still those the bad step ran with; `forward` is the
-  // step's own micro-batch function. The NaN locator hooks in here.
+  // step's own micro-batch function. The NaN locator hooks in here; it returns whether it ran the
+  // step's forward and backward again (which leaves no gradients behind).
   using BadStepObserver =
-      std::function<void(const StepOutcome& outcome, const std::function<at::Tensor(int)>& forward)>;
+      std::function<bool(const StepOutcome& outcome, const std::function<at::Tensor(int)>& forward)>;
   void set_bad_step_observer(BadStepObserver observer) { bad_step_observer_ = std::move(observer); }
 
   // Values this rank sends every other rank each multi-rank step besides its loss (ampkit-train:
@@ -121,6 +124,36 @@ class Trainer {
   void set_fold_unscale(bool fold) { fold_unscale_ = fold; }
   bool folds_unscale() const { return fold_unscale_ && unscaling_ != nullptr; }
 
+  // The deferred step (issue 42, deferred_step.h): no host read on a healthy step. Returns "" when
+  // it is on: the optimizer takes grad_scale and found_inf on the device (FusedAdamW, folded), one
+  // process, a statistics recipe with a deferred form, and a device form for every strategy.
+  // Otherwise it stays off and the reason is returned, with the kind of the strategy without a
+  // device form in `kind` ("" when that is not the reason). `tensor_norms`: the records carry every
+  // gradient's norm (StepStats::tensor_norms), as step()'s do. Call between steps.
+  std::string enable_deferred_step(std::string& kind, bool tensor_norms);
+  bool deferred() const { return deferred_ != nullptr; }
+
+  // One deferred step in two calls, so that the host handles the previous step's record while
+  // this step's backward still runs on the device, before this step's update:
+  // deferred_backward runs 1-3 (forward and backward with the device's scale), then delivers the
+  // records of earlier steps (at most one step behind; waiting for them costs the device nothing,
+  // its queue holds this step's backward): each goes to the host forms, the counters, the
+  // optimizer's step counts and the learning rate, as step() makes them, and one that was not
+  // stepped to the bad-step observer. An observer that ran that step again took this step's
+  // gradients: `redo` asks the caller to call deferred_backward again for this step (from the
+  // random state it started with). A delivered abort: the caller stops; this step never updates.
+  struct DeferredBackward {
+    std::vector<StepOutcome> delivered;
+    bool redo = false;
+  };
+  DeferredBackward deferred_backward(const std::function<at::Tensor(int)>& forward);
+  // 4-8 of this step on the device (statistics, decisions, the scale's update) and the fused
+  // optimizer's step with their grad_scale and found_inf; the record follows later.
+  void deferred_update();
+  // Every record not yet delivered, delivered (waits for the device): before a checkpoint, after
+  // a stop and at the end.
+  std::vector<StepOutcome> settle();
+
   // Every attempted step is exactly one of: taken (its update is in the parameters), skipped
   // (a bad step, never applied) or discarded (applied, then undone by a rollback).
   int64_t steps_attempted() const { return amp_.counters().attempted; }
@@ -141,8 +174,11 @@ class Trainer {
 
  private:
   // The phases of step(), numbered as docs/architecture.md's "One optimizer step".
-  void forward_backward(const std::function<at::Tensor(int)>& forward, double scale);  // 1, 2
-  void average_across_ranks();                                                         // 3
+  // `device_scale` (the deferred step's): the scale as a device tensor, `scale` unused.
+  void forward_backward(const std::function<at::Tensor(int)>& forward, double scale,
+                        const at::Tensor& device_scale = {});  // 1, 2
+  StepOutcome delivered(StepOutcome out);
+  void average_across_ranks();  // 3
   at::Tensor rank_row();
   std::vector<double> rank_values_of(std::vector<double> packed, int ranks) const;
   void recover(const StepOutcome& out, const std::function<at::Tensor(int)>& forward);  // 5
@@ -177,6 +213,10 @@ class Trainer {
   at::Tensor step_values_;  // every rank's loss and values (carrier_: encoded), read in step 4
   int64_t row_length_ = 1;  // this step's values per rank, loss included
   bool started_ = false;
+  // The deferred step: its device side, and the learning rate of each step not yet delivered.
+  std::unique_ptr<DeferredStep> deferred_;
+  std::deque<double> deferred_lrs_;
+  std::function<at::Tensor(int)> previous_forward_;  // the bad-step observer's, one step late
 };
 
 }  // namespace ampkit
