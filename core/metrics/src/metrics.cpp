@@ -268,6 +268,10 @@ void print_summary_table(std::FILE* out, const nlohmann::json& summary) {
     } else if (key == "nan_reports") {
       if (value.empty()) continue;
       text = std::to_string(value.size()) + " locator report(s), first: " + value[0].value("report", "");
+    } else if (key == "step" &&
+               value.is_object()) {  // "fused_scan statistics, deferred host sync, 0 host reads"
+      text = value.value("stats_recipe", "?") + " statistics, " + value.value("host_sync", "?") +
+             " host sync, " + std::to_string(value.value("host_reads", int64_t{0})) + " host reads";
     } else if (value.is_string()) {
       text = value.get<std::string>();
     } else if (value.is_number_float()) {

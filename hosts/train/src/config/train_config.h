@@ -69,6 +69,7 @@ struct TrainConfig {
   std::string init_from;         // a file python's torch.save wrote (state_dict or {model, ...})
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
   int64_t nan_locate = 0;           // bad steps the locator re-runs; 0: off
+  std::string host_sync;            // auto | step | deferred (Trainer::enable_deferred_step)
   std::string nan_report_dir;       // empty: beside --summary, else --metrics, else "."
   int64_t plugin_timeout = 0;       // seconds a plugin may take to load (probe) or construct
   std::string progress;

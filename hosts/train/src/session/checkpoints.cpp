@@ -154,7 +154,7 @@ void CheckpointKeeper::save() {
   for (const auto& s : run_.cfg.settings) m.config[s.name] = {s.value, s.source};
   for (const auto& p : run_.strategies.all())
     m.plugins.push_back({p.kind, p.plugin->info().name, p.plugin->info().version, p.strategy->save()});
-  m.cpu_rng_state = cpu_rng_state();
+  m.cpu_rng_state = held_rng_state_ ? *held_rng_state_ : cpu_rng_state();
   m.param_sha256 = parameter_sha256(run_.params);
   run_.state.steps_discarded = counters.discarded;
   run_.state.rollbacks = counters.rollbacks;

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ampkit/model_view.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,9 @@ class CheckpointKeeper {
   // good ones), unless the last step was just saved.
   void at_end();
   const std::string& last() const { return last_; }
+  // The CPU random state a checkpoint saves where it is not the current one: the deferred loop
+  // handles a step's record after the next step's forward has drawn from it. nullopt: the current.
+  void hold_rng_state(std::optional<std::string> state) { held_rng_state_ = std::move(state); }
   // What writing said (a checkpoint left undeleted, a corrupt one deleted), for the summary.
   const std::vector<std::string>& warnings() const { return warnings_; }
 
@@ -45,6 +49,7 @@ class CheckpointKeeper {
   int64_t last_saved_;
   std::string last_;
   std::vector<std::string> warnings_;
+  std::optional<std::string> held_rng_state_;
 };
 
 // Keeps what a rollback returns to: an in-memory snapshot every snapshot_every taken steps, or

@@ -2,6 +2,8 @@
 #include <cstdio>
 
 #include "ampkit/exit_codes.h"
+#include "ampkit/grad_stats.h"
+#include "ampkit/grad_stats_chunks.h"
 #include "ampkit/kind_flags.h"
 #include "session/session.h"
 
@@ -13,6 +15,38 @@ bool given_on_command_line(const TrainConfig& cfg, const std::string& option) {
   for (const auto& s : cfg.settings)
     if (s.name == option) return s.source != "default";
   return false;
+}
+
+// The statistics recipe and the host sync as far as the configuration decides them (issues 41,
+// 42): the strategies' device forms are known once they are made, so the summary's "step" says
+// what ran.
+void print_step_config(const TrainConfig& cfg) {
+  const bool cuda = cfg.device == "cuda";
+  StatsRecipeFacts facts;  // ampkit-train's master weights are fp32, on one device
+  facts.all_cpu_float = !cuda;
+  facts.cuda_devices = cuda ? 1 : 0;
+  facts.kernel_dtypes = true;
+  facts.kernel_built = chunk_kernel_built();
+  const ResolvedStatsRecipe recipe = choose_stats_recipe(DeviceStatsRecipe::automatic, facts);
+  const std::string recipe_why = !recipe.fallback.empty() ? recipe.fallback
+                                 : cuda                   ? "the statistics kernel, on one CUDA device"
+                                                          : "fp32 parameters on the CPU";
+  std::string sync = "deferred", sync_why;
+  if (cfg.host_sync == "step")
+    sync = "step", sync_why = "--host-sync step";
+  else if (cfg.host_sync == "auto" && !cuda)
+    sync = "step", sync_why = "auto on the CPU";
+  else if (cfg.optimizer != "adamw")
+    sync = "step",
+    sync_why = "--optimizer " + cfg.optimizer + " takes no grad_scale and found_inf on the device";
+  else if (cfg.dist.world_size > 1)
+    sync = "step", sync_why = "the deferred step runs in one process only";
+  else
+    sync_why =
+        "where every strategy has a device form (checked when they are made; the summary's "
+        "step.host_sync says what ran)";
+  std::printf("\nstep\n  statistics recipe  %-10s  (%s)\n  host sync          %-10s  (%s)\n",
+              to_string(recipe.recipe), recipe_why.c_str(), sync.c_str(), sync_why.c_str());
 }
 
 }  // namespace
@@ -56,6 +90,7 @@ void print_config(const TrainConfig& cfg, const StrategySet& strategies) {
   for (const auto& s : cfg.settings)
     std::printf("  %-*s  %-28s  (%s)\n", static_cast<int>(w), s.name.c_str(), s.value.c_str(),
                 s.source.c_str());
+  print_step_config(cfg);
   for (const auto& p : strategies.all()) {
     const PluginInfo& info = p.plugin->info();
     std::printf("\n%s '%s' %s  [%s]\n", p.kind.c_str(), info.name.c_str(), info.version.c_str(),

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "ampkit/checkpoint.h"
+#include "ampkit/error.h"
 #include "ampkit/nan_locator.h"
 
 namespace ampkit::train {
@@ -53,13 +54,28 @@ nlohmann::json first_fault_located_by(const nlohmann::json& reports) {
 NanReporter::NanReporter(SessionObjects& run, Workload& workload, int rank)
     : run_(run), workload_(workload), rank_(rank) {
   run_.trainer.set_bad_step_observer(
-      [this](const StepOutcome& o, const std::function<at::Tensor(int)>& forward) { observe(o, forward); });
+      [this](const StepOutcome& o, const std::function<at::Tensor(int)>& forward) {
+        return observe(o, forward);
+      });
 }
 
-void NanReporter::before_step(int64_t reference_batch) {
-  reference_batch_ = reference_batch;
-  if (run_.cfg.nan_locate > run_.state.locator_runs) pre_step_rng_ = cpu_rng_state();
-  located_ = nullptr;
+void NanReporter::before_step(int64_t step, int64_t reference_batch) {
+  Entry e;
+  e.step = step;
+  e.reference_batch = reference_batch;
+  if (run_.cfg.nan_locate > run_.state.locator_runs) e.rng = cpu_rng_state();
+  steps_.push_back(std::move(e));
+}
+
+NanReporter::Entry& NanReporter::entry(int64_t step) {
+  for (Entry& e : steps_)
+    if (e.step == step) return e;
+  throw Error(ErrorCategory::internal, "NaN reporter: no entry for step " + std::to_string(step));
+}
+
+nlohmann::json NanReporter::located(int64_t step) {
+  while (!steps_.empty() && steps_.front().step < step) steps_.pop_front();
+  return !steps_.empty() && steps_.front().step == step ? steps_.front().located : nlohmann::json();
 }
 
 nlohmann::json NanReporter::report_json(const StepOutcome& o, const NanLocation& loc) const {
@@ -86,19 +102,21 @@ nlohmann::json NanReporter::report_json(const StepOutcome& o, const NanLocation&
   return report;
 }
 
-void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward) {
-  if (run_.state.locator_runs >= run_.cfg.nan_locate) return;
+bool NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward) {
+  if (run_.state.locator_runs >= run_.cfg.nan_locate) return false;
   ++run_.state.locator_runs;
+  Entry& step = entry(o.stats.step);
+  const int64_t reference_batch = step.reference_batch;
   LocatorInputs in;
   in.forward = forward;
   in.micro_batches = run_.cfg.accumulate;
-  in.reference = [this] { return workload_.loss(reference_batch_); };
+  in.reference = [this, reference_batch] { return workload_.loss(reference_batch); };
   in.precision = run_.cfg.precision;
   in.scale = o.stats.scale;
   in.accumulation_steps = run_.cfg.accumulate;
   if (workload_.model().hook_points().empty()) in.parameter_names = run_.trainer.names();
   const std::string rng_after = cpu_rng_state();
-  set_cpu_rng_state(pre_step_rng_);  // the same RNG state as the step itself
+  set_cpu_rng_state(step.rng);  // the same RNG state as the step itself
   const NanLocation loc = locate_fault(in, run_.params);
   set_cpu_rng_state(rng_after);
   const nlohmann::json report = report_json(o, loc);
@@ -108,9 +126,9 @@ void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(i
   const std::filesystem::path file =
       dir / ("nan-report-step-" + std::to_string(o.stats.step) + "-rank-" + std::to_string(rank_) + ".json");
   write_json_file(file, report);
-  located_ = {{"step", o.stats.step}, {"rank", rank_},      {"located", loc.found},
-              {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
-  reports_.push_back(located_);
+  step.located = {{"step", o.stats.step}, {"rank", rank_},      {"located", loc.found},
+                  {"module", loc.module}, {"phase", loc.phase}, {"report", file.string()}};
+  reports_.push_back(step.located);
   const std::string where =
       loc.found ? (!loc.parameter.empty() ? "at parameter '" + loc.parameter + "' (its gradient)"
                    : loc.module.empty()
@@ -121,6 +139,7 @@ void NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(i
   std::fprintf(stderr, "ampkit-train: step %lld: %s; locator: %s: %s; report %s\n",
                static_cast<long long>(o.stats.step), o.decision.reason.c_str(), where.c_str(),
                loc.finding.c_str(), file.string().c_str());
+  return true;
 }
 
 }  // namespace ampkit::train

@@ -2,6 +2,7 @@
 // nan-report-step-N-rank-R.json (docs/troubleshooting-nan.md); one line on stderr per report.
 #pragma once
 
+#include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,21 +28,26 @@ class NanReporter {
   // reference batch and the module types.
   NanReporter(SessionObjects& run, Workload& workload, int rank);
   // Before each step: the batch a healthy reference run uses, and the RNG state the step starts
-  // from (a re-run must draw the same dropout masks).
-  void before_step(int64_t reference_batch);
-  // The step's locator finding for its metrics record, or null.
-  const nlohmann::json& located() const { return located_; }
+  // from (a re-run must draw the same dropout masks). Kept per step until its record has been
+  // handled (the deferred step delivers records one step late).
+  void before_step(int64_t step, int64_t reference_batch);
+  // Step `step`'s locator finding for its metrics record, or null; the steps before it are forgotten.
+  nlohmann::json located(int64_t step);
   const nlohmann::json& reports() const { return reports_; }
 
  private:
-  void observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward);
+  struct Entry {
+    int64_t step = 0, reference_batch = 0;
+    std::string rng;         // kept while the locator has runs left
+    nlohmann::json located;  // the finding, or null
+  };
+  Entry& entry(int64_t step);
+  bool observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward);
   nlohmann::json report_json(const StepOutcome& o, const NanLocation& loc) const;
   SessionObjects& run_;
   Workload& workload_;
   int rank_;
-  std::string pre_step_rng_;
-  int64_t reference_batch_ = 0;
-  nlohmann::json located_;
+  std::deque<Entry> steps_;  // the steps whose records have not been handled, oldest first
   nlohmann::json reports_ = nlohmann::json::array();
 };
 

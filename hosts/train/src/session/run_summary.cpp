@@ -7,6 +7,8 @@
 #include <numeric>
 
 #include "ampkit/exit_codes.h"
+#include "ampkit/grad_stats.h"
+#include "ampkit/host_reads.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
 #include "session/rank_sync.h"
@@ -50,6 +52,10 @@ nlohmann::json RunSummary::to_json() const {
   }
   s["located_by"] = located_by;
   s["warnings"] = warnings;
+  s["step"] = {{"stats_recipe", stats_recipe},
+               {"host_sync", host_sync},
+               {"host_sync_reason", host_sync_reason},
+               {"host_reads", host_reads}};
   return s;
 }
 
@@ -95,6 +101,10 @@ RunSummary Session::summary(double train_seconds) const {
   order_nan_reports(s.nan_reports);
   s.located_by = first_fault_located_by(s.nan_reports);
   s.warnings = warnings_;
+  s.stats_recipe = to_string(t.stats_recipe());
+  s.host_sync = host_sync_;
+  s.host_sync_reason = host_sync_reason_;
+  s.host_reads = ampkit::host_reads();
   for (const auto& w : checkpoints_->warnings()) s.warnings.push_back(w);
   return s;
 }

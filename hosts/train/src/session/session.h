@@ -72,9 +72,22 @@ class Session {
   void enable_data_parallel();
   // session_loop.cpp: the per-step host loop (docs/architecture.md, "One host step").
   void train();
+  void train_deferred();
+  // Where a step sits in the data: its number, data step (rollbacks skip data), epoch, first batch.
+  struct StepPlace {
+    int64_t step = 0, data_step = 0, epoch = 0, first_batch = 0;
+  };
+  StepPlace place_step(int64_t step);
+  std::function<at::Tensor(int)> step_forward(int64_t step, int64_t first_batch);
+  template <typename Run>
+  auto with_model_errors(Run run) -> decltype(run());
+  void check_faults_reached() const;
   StepOutcome run_step(int64_t step, int64_t first_batch);
+  bool record_step(const StepPlace& at, const StepOutcome& out);
   void update_host_state(int64_t step, const StepOutcome& out);
-  StepRecord step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps, double now);
+  StepRecord step_metrics(const StepPlace& at, const StepOutcome& out, double sps, double now);
+  // Trainer::enable_deferred_step where --host-sync asks for it (session_setup.cpp).
+  void choose_host_sync();
   // run_summary.cpp
   RunSummary summary(double train_seconds) const;
   int finish(double train_seconds);
@@ -104,6 +117,7 @@ class Session {
   std::unique_ptr<NanReporter> nan_reports_;
   std::string resumed_from_, abort_reason_;
   bool aborted_by_scaler_ = false;
+  std::string host_sync_ = "step", host_sync_reason_;  // the step that ran, and why (the summary's)
   int stop_ = 0;  // the signal that stopped training (any rank's), read once after the loop
   // The loop's own state.
   std::unique_ptr<MetricsWriter> metrics_;

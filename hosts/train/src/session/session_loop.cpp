@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <functional>
 #include <optional>
 
+#include "ampkit/checkpoint.h"
 #include "ampkit/error.h"
 #include "ampkit/forward_hook.h"
 #include "ampkit/outcome_record.h"
@@ -38,49 +41,87 @@ void Session::train() {
       last_exchange_ = now;
       return step_rank_values(stop_signal(), sps);
     });
-  for (int64_t step = trainer_->steps_attempted(); step < total_steps_; ++step) {
-    if ((world > 1 ? agreed_stop_ : stop_signal()) != 0) break;  // 1. a stop signal, agreed by all ranks
-    const int64_t data_step = step + state_.data_skip;           // 2. the data this step trains on
-    if (data_step / steps_per_epoch_ != epoch_) {
-      epoch_ = data_step / steps_per_epoch_;
-      workload_->start_epoch(epoch_);
+  if (trainer_->deferred())
+    train_deferred();
+  else
+    for (int64_t step = trainer_->steps_attempted(); step < total_steps_; ++step) {
+      if ((world > 1 ? agreed_stop_ : stop_signal()) != 0) break;  // 1. a stop signal, agreed by all ranks
+      const StepPlace at = place_step(step);                       // 2. the data this step trains on
+      const StepOutcome out = run_step(step, at.first_batch);      // 3. Trainer::step, faults planted
+      if (record_step(at, out)) break;                             // 4-7
     }
-    const int64_t first_batch = (data_step % steps_per_epoch_) * cfg_.accumulate;
-    nan_reports_->before_step((first_batch + cfg_.accumulate) % workload_->batches_per_epoch());
-    const StepOutcome out = run_step(step, first_batch);  // 3. Trainer::step, faults planted
-    update_host_state(step, out);                         // 4. rollback data skip, snapshots, counters
-    const double now = seconds_since(train_start_);
-    const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
-    last_time_ = now;
-    const StepRecord record = step_metrics(step, data_step, out, sps, now);  // 5. agreed across ranks
-    metrics_->write(record);
-    layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
-    if (layer_norms_->enabled())
-      tensorboard_->write_step(record, names_, out.stats.tensor_norms);
-    else
-      tensorboard_->write_step(record);
-    progress_->update(step + 1, record);
-    if (out.decision.action == NanAction::abort) {  // 6. abort, or 7. a periodic checkpoint
-      abort_reason_ = out.decision.reason;
-      aborted_by_scaler_ = out.aborted_by_scaler;
-      break;
-    }
-    checkpoints_->after_step();
-  }
   progress_->finish();
   if (agreed_stop_ != 0) adopt_stop_signal(agreed_stop_);  // another rank was signalled
 }
 
-StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
-  FaultInjector& injector = *injector_;
-  const bool faulty = injector.arm(step, strategies_->comm().rank());
-  StepOutcome out;
+// The deferred step (Trainer::deferred_backward): each step's record arrives while the next
+// step's backward runs, and is handled then, before that step's update, so the parameters,
+// optimizer and strategies a checkpoint after it saves are that step's; the last record, and the
+// one pending at a stop, are settled after the loop. Metrics, summary and checkpoints are those
+// of the synchronous loop above.
+void Session::train_deferred() {
+  std::deque<StepPlace> pending;  // the steps whose records have not arrived, oldest first
+  bool stopped = false;
+  for (int64_t step = trainer_->steps_attempted(); step < total_steps_ && !stopped; ++step) {
+    if (stop_signal() != 0) break;        // 1
+    pending.push_back(place_step(step));  // 2
+    // A checkpoint after the previous step saves the random state this step starts from.
+    const std::string rng = cpu_rng_state();
+    checkpoints_->hold_rng_state(rng);
+    const std::function<at::Tensor(int)> forward = step_forward(step, pending.back().first_batch);
+    Trainer::DeferredBackward b = with_model_errors([&] { return trainer_->deferred_backward(forward); });
+    if (b.redo) {  // the locator re-ran the previous step and took this one's gradients
+      set_cpu_rng_state(rng);
+      with_model_errors([&] { return trainer_->deferred_backward(forward); });
+    }
+    check_faults_reached();
+    for (const StepOutcome& out : b.delivered) {  // 4-7 of the previous step
+      stopped = record_step(pending.front(), out);
+      pending.pop_front();
+      if (stopped) break;  // an abort: this step never updates
+    }
+    if (!stopped) trainer_->deferred_update();  // 3: this step's statistics, decisions, update
+  }
+  if (stopped) return;  // an abort's final checkpoint keeps the held state: the last step's
+  checkpoints_->hold_rng_state(std::nullopt);
+  for (const StepOutcome& out : trainer_->settle()) {
+    if (record_step(pending.front(), out)) break;
+    pending.pop_front();
+  }
+}
+
+Session::StepPlace Session::place_step(int64_t step) {
+  StepPlace at;
+  at.step = step;
+  at.data_step = step + state_.data_skip;
+  if (at.data_step / steps_per_epoch_ != epoch_) {
+    epoch_ = at.data_step / steps_per_epoch_;
+    workload_->start_epoch(epoch_);
+  }
+  at.epoch = epoch_;
+  at.first_batch = (at.data_step % steps_per_epoch_) * cfg_.accumulate;
+  nan_reports_->before_step(step, (at.first_batch + cfg_.accumulate) % workload_->batches_per_epoch());
+  return at;
+}
+
+// Step `step`'s micro-batch function, faults planted: it arms them itself, so the locator's re-run
+// of an earlier step (the deferred loop's) plants that step's.
+std::function<at::Tensor(int)> Session::step_forward(int64_t step, int64_t first_batch) {
+  FaultInjector* injector = injector_.get();
+  const int rank = strategies_->comm().rank();
+  return [this, injector, step, rank, first_batch](int micro) {
+    if (micro == 0) injector->arm(step, rank);
+    const bool faulty = injector->armed();
+    ForwardHookScope scope(faulty ? injector : nullptr);
+    const at::Tensor loss = workload_->loss(first_batch + micro);
+    return faulty ? injector->apply_to_loss(loss) : loss;
+  };
+}
+
+template <typename Run>
+auto Session::with_model_errors(Run run) -> decltype(run()) {
   try {
-    out = trainer_->step([&](int micro) {
-      ForwardHookScope scope(faulty ? &injector : nullptr);
-      const at::Tensor loss = workload_->loss(first_batch + micro);
-      return faulty ? injector.apply_to_loss(loss) : loss;
-    });
+    return run();
   } catch (const Error&) {
     throw;
   } catch (const c10::DistError&) {  // a lost rank, whatever the step was doing
@@ -89,11 +130,43 @@ StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
     if (std::optional<Error> own = workload_->model_failure(e)) throw *own;
     throw;
   }
-  if (faulty)
-    for (const Fault& f : injector.unreached())
-      throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': layer '" + f.layer +
-                                            "' never produced an output in " + cfg_.workload + "'s forward");
+}
+
+void Session::check_faults_reached() const {
+  if (!injector_->armed()) return;
+  for (const Fault& f : injector_->unreached())
+    throw Error(ErrorCategory::usage, "--inject '" + f.spec + "': layer '" + f.layer +
+                                          "' never produced an output in " + cfg_.workload + "'s forward");
+}
+
+StepOutcome Session::run_step(int64_t step, int64_t first_batch) {
+  const std::function<at::Tensor(int)> forward = step_forward(step, first_batch);
+  const StepOutcome out = with_model_errors([&] { return trainer_->step(forward); });
+  check_faults_reached();
   return out;
+}
+
+// 4-7 of "One host step" for a step's record: host state, metrics, abort, checkpoint. True: stop.
+bool Session::record_step(const StepPlace& at, const StepOutcome& out) {
+  update_host_state(at.step, out);  // 4. rollback data skip, snapshots, counters
+  const double now = seconds_since(train_start_);
+  const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
+  last_time_ = now;
+  const StepRecord record = step_metrics(at, out, sps, now);  // 5. agreed across ranks
+  metrics_->write(record);
+  layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
+  if (layer_norms_->enabled())
+    tensorboard_->write_step(record, names_, out.stats.tensor_norms);
+  else
+    tensorboard_->write_step(record);
+  progress_->update(at.step + 1, record);
+  if (out.decision.action == NanAction::abort) {  // 6. abort, or 7. a periodic checkpoint
+    abort_reason_ = out.decision.reason;
+    aborted_by_scaler_ = out.aborted_by_scaler;
+    return true;
+  }
+  checkpoints_->after_step();
+  return false;
 }
 
 void Session::update_host_state(int64_t step, const StepOutcome& out) {
@@ -117,19 +190,19 @@ void Session::update_host_state(int64_t step, const StepOutcome& out) {
   }
 }
 
-StepRecord Session::step_metrics(int64_t step, int64_t data_step, const StepOutcome& out, double sps,
-                                 double now) {
-  StepRecord record = step_record(out, epoch_, trainer_->steps_skipped(), sps, now);
+StepRecord Session::step_metrics(const StepPlace& at, const StepOutcome& out, double sps, double now) {
+  const int64_t step = at.step;
+  StepRecord record = step_record(out, at.epoch, trainer_->steps_skipped(), sps, now);
   if (strategies_->comm().world_size() > 1) {
     const RankStep ranks = read_step_rank_values(out.rank_values);
     record.rank_samples_per_second = ranks.samples_per_second;
     if (ranks.stop_signal != 0) agreed_stop_ = ranks.stop_signal;
     if (cfg_.check_ranks) check_same_decision(strategies_->comm(), device_, step, out);
   }
-  record.data_step = data_step;
+  record.data_step = at.data_step;
   record.steps_discarded = trainer_->steps_discarded();
   record.rollbacks = trainer_->rollbacks();
-  record.located = nan_reports_->located();
+  record.located = nan_reports_->located(step);
   if (cfg_.layer_norms_top_k > 0)
     record.top_layers = top_layers(names_, out.stats.tensor_norms, cfg_.layer_norms_top_k);
   return record;

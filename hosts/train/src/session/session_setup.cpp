@@ -230,6 +230,32 @@ void Session::enable_data_parallel() {
   trainer_->enable_data_parallel(dp);
 }
 
+// --host-sync: the deferred step where it was asked for (deferred; auto on a GPU) and can run,
+// else the synchronous one; a run that asked for it and cannot have it says why once.
+void Session::choose_host_sync() {
+  if (cfg_.host_sync == "step") {
+    host_sync_reason_ = "--host-sync step";
+    return;
+  }
+  if (cfg_.host_sync == "auto" && !device_.is_cuda()) {
+    host_sync_reason_ =
+        "auto on the CPU: no launch queue to keep full, and the synchronous step is the cheaper one there";
+    return;
+  }
+  std::string kind;
+  std::string why = trainer_->enable_deferred_step(
+      kind, /*tensor_norms=*/!cfg_.layer_norms_file.empty() || cfg_.layer_norms_top_k > 0);
+  if (why.empty()) {
+    host_sync_ = "deferred";
+    host_sync_reason_ = "--host-sync " + cfg_.host_sync + ": every strategy has a device form";
+    return;
+  }
+  if (!kind.empty()) why = kind + " '" + strategies_->selected(kind).plugin->info().name + "' " + why;
+  host_sync_reason_ = "--host-sync " + cfg_.host_sync + ", but " + why;
+  warnings_.push_back("the step stays synchronous: " + why);
+  if (is_root_) std::fprintf(stderr, "ampkit-train: warning: %s\n", warnings_.back().c_str());
+}
+
 // The whole run, numbered as docs/architecture.md's "One ampkit-train run".
 int Session::run() {
   load_strategies();  // 1
@@ -269,6 +295,7 @@ int Session::run() {
   checkpoints_ = std::make_unique<CheckpointKeeper>(*objects_, writes_checkpoints, steps_per_epoch_);
   rollbacks_ = std::make_unique<RollbackKeeper>(*objects_, rollback_plan_, *checkpoints_);
   nan_reports_ = std::make_unique<NanReporter>(*objects_, *workload_, strategies_->comm().rank());
+  choose_host_sync();
   train();  // 6
   stop_ = stop_signal();
   checkpoints_->at_end();
