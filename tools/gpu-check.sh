@@ -141,6 +141,53 @@ PY
 done
 section training
 
+# The deferred step against the synchronous one (ampkit-train --host-sync, issue 42): the same
+# planted faults, metrics and summary compared, host reads and throughput of each.
+sync_steps=200
+[ "$device" = cpu ] && sync_steps=30
+{
+  echo
+  echo "## Deferred and synchronous steps on $device (ampkit-train --host-sync, synthetic fp16, $sync_steps steps, faults at 5, 12, 20)"
+  echo
+  echo '| check | result | host reads: step, deferred | samples/s: step, deferred |'
+  echo '|---|---|---|---|'
+} >> "$report"
+for mode in step deferred; do
+  "$build/bin/ampkit-train" --device "$device" --workload synthetic --precision fp16 --steps "$sync_steps" --progress never \
+    --nan-policy backoff --clipper norm --opt clipper.max_norm=0.5 --inject inf@step=5 --inject nan@step=12 --inject spike@step=20 \
+    --host-sync "$mode" --metrics "$out/sync-$mode.jsonl" --summary "$out/sync-$mode.json" --nan-report-dir "$out/reports-$mode" \
+    > "$out/sync-$mode.log" 2>&1 || echo "exit $?" >> "$out/sync-$mode.log"
+done
+"$python" - "$out" >> "$report" 2>&1 <<'PY' || failed=1
+import json, os, sys
+out = sys.argv[1]
+def rows(mode):
+    result = []
+    for line in open(os.path.join(out, f"sync-{mode}.jsonl")):
+        r = json.loads(line)
+        for k in ("time", "samples_per_second"):
+            r.pop(k, None)
+        if "located" in r:
+            r["located"]["report"] = os.path.basename(r["located"]["report"])
+        result.append(r)
+    return result
+def summary(mode):
+    s = json.load(open(os.path.join(out, f"sync-{mode}.json")))
+    return s, {k: v for k, v in s.items() if k not in ("wall_seconds", "samples_per_second", "step", "nan_reports")}
+try:
+    (a, sa), (b, sb) = summary("step"), summary("deferred")
+    same = rows("step") == rows("deferred") and sa == sb and b["step"]["host_sync"] == "deferred"
+    result = "identical metrics and summary" if same else "FAILED: the two runs differ"
+    print(f"| deferred = step | {result} | {a['step']['host_reads']}, {b['step']['host_reads']} | "
+          f"{a['samples_per_second']:.0f}, {b['samples_per_second']:.0f} |")
+    sys.exit(0 if same else 1)
+except Exception as e:  # a run that failed left no file
+    tail = open(os.path.join(out, "sync-deferred.log")).read().strip().splitlines()[-1:] or [""]
+    print(f"| deferred = step | FAILED: {type(e).__name__}: {e}; {tail[0][:150]} | | |")
+    sys.exit(1)
+PY
+section host-sync
+
 {
   echo
   echo "## Parity and host reads on $device tensors (tests/engine/test_on_device.cpp)"

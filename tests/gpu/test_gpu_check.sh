@@ -26,7 +26,7 @@ report="$build/gpu-check-dry-run.md"
 rm -f "$report"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" > "$build/gpu-check-dry-run.log" 2>&1 \
   || { cat "$build/gpu-check-dry-run.log"; fail "the dry run exited $?"; }
-for section in "## NCCL" "## Training on cpu" "## Parity and host reads on cpu tensors" "## Throughput:" \
+for section in "## NCCL" "## Training on cpu" "## Deferred and synchronous steps" "## Parity and host reads on cpu tensors" "## Throughput:" \
                "## Post-backward pipeline" "## Real models:"; do
   grep -q "^$section" "$report" || fail "the report has no '$section' section"
 done
@@ -36,6 +36,8 @@ n=$(grep -c "| passed |" "$report")
 n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
+grep -q "^| deferred = step | identical metrics and summary | [0-9]*, 0 |" "$report" ||
+  fail "the deferred step's row: $(grep -m1 '^| deferred = step' "$report")"
 grep -q "^copy: flat tensor copy_" "$report" || fail "no copy bandwidth row"
 n=$(grep -c "^| \(GPT-2\|ViT\) | \(fp16\|bf16\) | fused_scan | [0-9]* | [0-9]* | .* | ok |$" "$report")
 if grep -q '^AMPKIT_INSTRUMENT:BOOL=ON' "$build/CMakeCache.txt"; then
