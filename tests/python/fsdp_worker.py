@@ -1,7 +1,7 @@
 """One rank of tests/python/test_fsdp.py, run by torchrun (not collected by pytest).
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 fsdp_worker.py OUT_DIR \
-        [--steps 50] [--optimizer sgd|adamw] [--plant inf|nan]
+        [--steps 50] [--optimizer sgd|adamw|adamw_fused] [--plant inf|nan]
 
 Two copies of one MLP, each sharded with FSDP2 (``fully_shard`` per Linear and at the root) over
 gloo on the CPU, train side by side in CPU autocast fp16 on this rank's own data: torch's loop
@@ -11,8 +11,8 @@ inf (or a NaN) into its local shard of one gradient in both models: rank 0's own
 so only a reduction across the ranks lets rank 0 see it. Each step starts ampkit's model and
 optimizer state from torch's (an fp16 forward turns a 1e-7 difference into a rounding flip), each
 scaler keeps its own state. Writes OUT_DIR/rank-R.json: per step torch's and ampkit's stepped flag,
-scale after update and clip coefficient, the largest parameter difference after the step, and the
-messages of the misuse checks.
+scale after update and clip coefficient, the largest parameter difference after the step, ampkit's
+warnings, and the messages of the misuse checks.
 """
 
 import argparse
@@ -21,6 +21,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,7 @@ def shard(model):
 def make_optimizer(kind, params):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    return torch.optim.AdamW(params, lr=1e-3)
+    return torch.optim.AdamW(params, lr=1e-3, fused=kind == "adamw_fused")
 
 
 def forward_backward(model, scaler, x, y, step, rank, plant):
@@ -136,14 +137,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    ap.add_argument("--optimizer", choices=("sgd", "adamw", "adamw_fused"), default="sgd")
     ap.add_argument("--plant", choices=("inf", "nan"), default="inf")
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     result = {"rank": rank, "world_size": dist.get_world_size(), "planted": list(PLANTED), "torch": [],
               "ampkit": [], "param_difference": [], "errors": {}}
-    a_model, _ = train(args, rank, result)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a_model, _ = train(args, rank, result)
+    result["warnings"] = sorted({str(w.message) for w in caught if "ampkit" in str(w.message)})
     misuse(a_model, rank, result)
     path = os.path.join(args.out_dir, f"rank-{rank}.json")
     with open(path + ".tmp", "w") as f:
