@@ -79,9 +79,11 @@ def max_difference(a_model, t_model):
 
 def train(args, rank, result):
     t_model, a_model = shard(make_model()), shard(make_model())
-    t_opt, a_opt = make_optimizer(args.optimizer, t_model.parameters()), make_optimizer(args.optimizer, a_model.parameters())
+    t_opt = make_optimizer(args.optimizer, t_model.parameters())
+    a_opt = make_optimizer(args.optimizer, a_model.parameters())
     t_scaler = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
-    a_scaler = ampkit.GradScaler("cpu", growth_interval=GROWTH_INTERVAL, clipper="norm", opt={"clipper.max_norm": MAX_NORM})
+    a_scaler = ampkit.GradScaler("cpu", growth_interval=GROWTH_INTERVAL, clipper="norm",
+                                 opt={"clipper.max_norm": MAX_NORM})
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     for step in range(args.steps):
         x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
