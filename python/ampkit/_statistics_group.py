@@ -51,7 +51,7 @@ class StatisticsGroup:
         if isinstance(self.process_group, str):
             from torch.distributed.distributed_c10d import _resolve_process_group
 
-            self.process_group = _resolve_process_group(self.process_group)
+            self.process_group = _resolve_process_group(self.process_group)  # type: ignore[arg-type]
         return self.process_group
 
     def passes_loss(self, world_size: int) -> bool:
@@ -69,7 +69,7 @@ class StatisticsGroup:
             named = self._named_group()
             if named is None and not (self.average_loss and _distributed() and torch.distributed.get_world_size() > 1):
                 return "", False, False
-            group = named if named is not None else torch.distributed.group.WORLD
+            group: Any = named if named is not None else torch.distributed.group.WORLD
             return group.group_name, False, False
         if len(distributed) != len(params):
             raise ValueError(
@@ -102,4 +102,4 @@ class StatisticsGroup:
     @staticmethod
     def local_gradients(params: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
         """Each DTensor gradient's local shard (None where a parameter has no gradient)."""
-        return [None if p.grad is None else p.grad.to_local() for p in params]
+        return [None if p.grad is None else p.grad.to_local() for p in params]  # type: ignore[attr-defined]
