@@ -32,6 +32,7 @@ class OptimizerTables:
     _loss_sum: Optional[torch.Tensor]
     _loss_count: int
     _pass_loss: bool
+    _group: Any  # StatisticsGroup
 
     def _grads_device(self, optimizer: torch.optim.Optimizer) -> torch.device:
         for group in optimizer.param_groups:
@@ -51,7 +52,8 @@ class OptimizerTables:
 
     def _slot(self, optimizer: torch.optim.Optimizer) -> int:
         """The C++ side's table of ``optimizer``'s parameters, bound on its first step and again
-        when its param_groups change (a group added, a params list replaced or resized)."""
+        when its param_groups change (a group added, a params list replaced or resized). DTensor
+        parameters (FSDP2) are bound as their local shards."""
         groups = optimizer.param_groups
         key = tuple((id(group["params"]), len(group["params"])) for group in groups)
         bound = self._bound.get(id(optimizer))
@@ -61,11 +63,16 @@ class OptimizerTables:
         params = [p for group in groups for p in group["params"]]
         names = [self._names.get(id(p), f"param_groups[{g}][{i}]")
                  for g, group in enumerate(groups) for i, p in enumerate(group["params"])]
-        _, fallback = cpp(self._core.bind)(slot, params, names)
+        group_name, sharded, dtensors = self._group.plan(params)
+        with torch.no_grad():  # DTensors: the C++ side sees their local shards
+            bound_params = [p.to_local() for p in params] if dtensors else params
+        _, fallback = cpp(self._core.bind)(slot, bound_params, names)
         if fallback and not self._fallback_said:  # once: the GPU path without ampkit's kernel
             warnings.warn(fallback, stacklevel=3)
             self._fallback_said = True
-        self._bound[id(optimizer)] = (slot, key)
+        if group_name:
+            cpp(self._core.reduce_across)(slot, group_name, sharded)
+        self._bound[id(optimizer)] = (slot, key, params if dtensors else None)
         return slot
 
     def _iteration_loss(self) -> Optional[torch.Tensor]:
@@ -74,6 +81,9 @@ class OptimizerTables:
 
     def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
         slot = self._slot(optimizer)
+        dtensors = self._bound[id(optimizer)][2]
+        if dtensors is not None:  # this step's local gradient shards: new tensors each step, a list per step
+            cpp(self._core.set_gradients)(slot, self._group.local_gradients(dtensors))
         with torch.no_grad():
             recorded, step, factor = cpp(self._core.unscale)(slot, fold, self._iteration_loss())
         state["step"] = bool(step) if recorded else None

@@ -19,31 +19,21 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from . import _library
+from ._arguments import check_arguments
 from ._deferred import DeferredMode
 from ._errors import cpp
 from ._optimizer_tables import OptimizerTables, _refresh_per_optimizer_state
 from ._plugin_access import PluginAccess, option_text
+from ._statistics_group import StatisticsGroup
 from ._torch_state import TorchPrivateState
 from .deepspeed import scaler_kwargs_from_deepspeed
-from .locator import NanLocator
+from .locator import nan_report
 
 __all__ = ["GradScaler", "OptState"]
 
 # torch.amp.GradScaler's constructor defaults: an argument left at its default leaves the
 # plugin's own default (or AMPKIT_SCALER_<OPTION>) in force.
 _TORCH_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
-
-
-def _check_arguments(**given: Any) -> None:
-    """One TypeError naming the argument for a value of the wrong type, before the C++ side sees
-    it (which would answer with a TorchScript signature dump or an AttributeError)."""
-    expected = {"device": (str, torch.device), "precision": (str, type(None)), "opt": (Mapping, type(None)),
-                "model": (torch.nn.Module, type(None)), "scaler": (str, os.PathLike), "clipper": (str, os.PathLike),
-                "nan_policy": (str, os.PathLike), "stats_recipe": (str,), "sync": (str,)}
-    for name, value in given.items():
-        if not isinstance(value, expected[name]):
-            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])
-            raise TypeError(f"ampkit.GradScaler: {name} must be {names}, got {type(value).__name__} {value!r}")
 
 
 class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.GradScaler):
@@ -85,6 +75,16 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             (:attr:`last_step`, :meth:`state_dict`) follows at most one step later.
             ``"deferred"``: the same from the first step; ``"step"``: one host read per step, as
             torch's. Where the deferred step cannot run, one warning says why.
+        process_group: the ``torch.distributed`` group the gradient statistics are reduced over, before
+            the one host read, so every rank decides on the same numbers. None (default): FSDP2's
+            DTensor gradients (``fully_shard``) are reduced over their device mesh's group (squares,
+            zeros and elements summed, max-abs the largest; one all_gather per optimizer and step),
+            plain gradients (DDP, one process) are not reduced unless ``average_loss``, then over the
+            default group. A group given must hold the mesh's ranks; plain gradients are then
+            reduced over it too (the largest of each figure: equal on every rank under DDP).
+        average_loss: True: the loss given to :meth:`scale` is averaged over the ranks in the same
+            collective, and the NaN policy reads it (a NaN in one rank's loss alone makes every rank
+            skip). False (default): with more than one rank the policy reads the gradients only.
 
     Raises:
         ValueError: an unknown plugin kind or option, or a bad option value (the message names
@@ -111,9 +111,12 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         model: Optional[torch.nn.Module] = None,
         stats_recipe: str = "automatic",
         sync: str = "auto",
+        process_group: Optional["torch.distributed.ProcessGroup"] = None,
+        average_loss: bool = False,
     ) -> None:
-        _check_arguments(device=device, precision=precision, opt=opt, model=model, scaler=scaler, clipper=clipper,
-                         nan_policy=nan_policy, stats_recipe=stats_recipe, sync=sync)
+        check_arguments(device=device, precision=precision, opt=opt, model=model, scaler=scaler, clipper=clipper,
+                        nan_policy=nan_policy, stats_recipe=stats_recipe, sync=sync, process_group=process_group,
+                        average_loss=average_loss)
         self._device = str(device)
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
@@ -153,6 +156,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
         self._fallback_said = False
         self._deferred = DeferredMode(str(sync))
+        self._group = StatisticsGroup(process_group, average_loss)
         self._initial = (float(init_scale), 0)  # torch's _init_scale, _init_growth_tracker
         if self._enabled:
             self._core = self._make_core()
@@ -166,8 +170,9 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         rank = torch.distributed.get_rank() if distributed else 0
         world = torch.distributed.get_world_size() if distributed else 1
         # Under DDP every rank sees the same averaged gradients but its own loss: a decision that
-        # read the loss could differ between ranks, so the policy sees the gradients only.
-        self._pass_loss = world == 1
+        # read the loss could differ between ranks, so the policy sees the gradients only, unless
+        # the loss is averaged over the ranks (average_loss).
+        self._pass_loss = self._group.passes_loss(world)
         self._bound = {}
         make = cpp(lambda: torch.classes.ampkit.ScalerCore(
             c["plugins"], c["opt"], c["precision"], dirs, c["allow_untrusted"], self._device.startswith("cuda"),
@@ -375,20 +380,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         ``finding``, ``observation``, ``forward``, ``backward`` (:class:`ampkit.NanLocator`)."""
         if self._model is None:
             raise ValueError("locate() needs the model: create the GradScaler with model=...")
-        record = self.last_step
-        scale = record.get("scale", 1.0)
-        located = NanLocator(self._model).locate(closure, scale=scale)
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        report = {
-            "step": record.get("step", 0),
-            "rank": torch.distributed.get_rank() if distributed else 0,
-            "detection": record.get("reason", ""),
-            "action": record.get("action", ""),
-            "loss_scale": scale,
-            "precision": self._config["precision"],
-        }
-        report.update(located)
-        return report
+        return nan_report(self._model, closure, self.last_step, self._config["precision"])
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""

@@ -14,7 +14,7 @@ import torch
 
 from ._errors import cpp
 
-__all__ = ["NanLocator"]
+__all__ = ["NanLocator", "nan_report"]
 
 
 def _first_tensor(value: Any) -> Optional[torch.Tensor]:
@@ -79,3 +79,22 @@ class NanLocator:
             session.observe(name, inp if inp is not None and inp.is_floating_point() else None, out)
 
         return hook
+
+
+def nan_report(model: torch.nn.Module, closure: Callable[[], torch.Tensor], record: Dict[str, Any],
+               precision: str) -> Dict[str, Any]:
+    """GradScaler.locate's report: the step's ``record`` (its last_step) and :meth:`NanLocator.locate`'s
+    findings, in the form of ampkit-train's nan-report JSON."""
+    scale = record.get("scale", 1.0)
+    located = NanLocator(model).locate(closure, scale=scale)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    report = {
+        "step": record.get("step", 0),
+        "rank": torch.distributed.get_rank() if distributed else 0,
+        "detection": record.get("reason", ""),
+        "action": record.get("action", ""),
+        "loss_scale": scale,
+        "precision": precision,
+    }
+    report.update(located)
+    return report

@@ -57,6 +57,8 @@ TORCH_LIBRARY(ampkit, m) {
                        std::vector<std::string>, bool, bool, int64_t, int64_t, std::string>())
       .def("scale", &ScalerCore::scale)
       .def("bind", &ScalerCore::bind)
+      .def("reduce_across", &ScalerCore::reduce_across)
+      .def("set_gradients", &ScalerCore::set_gradients)
       .def("unscale", &ScalerCore::unscale)
       .def("prepare_deferred", &ScalerCore::prepare_deferred)
       .def("unscale_deferred", &ScalerCore::unscale_deferred)

@@ -16,6 +16,7 @@
 #include "ampkit/plugin_call.h"
 #include "ampkit/plugin_options.h"
 #include "errors.h"
+#include "group_reduction.h"
 #include "ivalues.h"
 
 namespace ampkit::python {
@@ -126,6 +127,34 @@ std::tuple<std::string, std::string> ScalerCore::bind(int64_t slot, std::vector<
   });
 }
 
+void ScalerCore::reduce_across(int64_t slot, const std::string& group_name, bool sharded) {
+  guarded([&] {
+    table(slot).set_reduction(
+        group_name.empty()
+            ? nullptr
+            : make_group_reduction(group_name, sharded ? GradientLayout::shards : GradientLayout::replicas));
+  });
+}
+
+void ScalerCore::set_gradients(int64_t slot, std::vector<std::optional<at::Tensor>> gradients) {
+  guarded([&] {
+    if (gradients.size() != table(slot).parameters().size())
+      throw Error(ErrorCategory::internal, "set_gradients: gradients and bound parameters differ in count");
+    given_gradients_[slot] = std::move(gradients);
+  });
+}
+
+const std::vector<at::Tensor>& ScalerCore::read_gradients(int64_t slot) {
+  GradientTable& t = table(slot);
+  const std::vector<at::Tensor>& grads = t.read_gradients();
+  const auto given = given_gradients_.find(slot);
+  if (given == given_gradients_.end()) return grads;
+  for (size_t i = 0; i < given->second.size(); ++i)
+    t.replace_gradient(i, given->second[i] ? *given->second[i] : at::Tensor());
+  given_gradients_.erase(given);
+  return grads;
+}
+
 RunInfo ScalerCore::run_info(const GradientTable& table) const {
   RunInfo info = info_;
   info.parameter_names = table.names();
@@ -150,6 +179,7 @@ std::string ScalerCore::prepare_deferred(int64_t slot) {
     if (deferred_ && deferred_slot_ == slot) return std::string();
     settle();
     GradientTable& t = table(slot);
+    if (t.reduces()) return std::string("the deferred step does not reduce statistics across ranks yet");
     if (!step_->started()) step_->start(run_info(t));
     std::string kind, why;
     deferred_ = DeferredStep::make(*step_, t, kind, why);
@@ -165,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int6
     if (!deferred_ || deferred_slot_ != slot)
       throw Error(ErrorCategory::internal, "unscale_deferred before prepare_deferred for this optimizer");
     GradientTable& t = table(slot);
-    for (const at::Tensor& g : t.read_gradients()) {
+    for (const at::Tensor& g : read_gradients(slot)) {
       if (!g.defined()) continue;
       if (g.scalar_type() == at::kHalf)
         throw Error(ErrorCategory::usage, "Attempting to unscale FP16 gradients.");
@@ -200,7 +230,7 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
     if (found == tables_.end())
       throw Error(ErrorCategory::internal, "unscale: no parameters bound to this optimizer");
     GradientTable& table = *found->second;
-    const std::vector<at::Tensor>& grads = table.read_gradients();
+    const std::vector<at::Tensor>& grads = read_gradients(slot);
     // torch.amp.GradScaler's checks on what it unscales: no fp16 gradients; a sparse gradient is
     // coalesced (duplicates summed before the finite check) and its values unscaled in place.
     bool any = false;

@@ -44,6 +44,14 @@ class ScalerCore : public torch::CustomClassHolder {
   // chosen for them and, on a GPU where automatic did not take the chunk kernel, why ("" otherwise).
   std::tuple<std::string, std::string> bind(int64_t slot, std::vector<at::Tensor> parameters,
                                             std::vector<std::string> names);
+  // Table `slot`'s statistics reduced across the c10d process group `group_name` from now on, before
+  // their one read (group_reduction.h): `sharded` for gradients split over the group's ranks
+  // (FSDP2), otherwise whole gradients on every rank (DDP). "" reduces nothing.
+  void reduce_across(int64_t slot, const std::string& group_name, bool sharded);
+  // The gradients table `slot`'s next unscale measures and unscales in place of its parameters'
+  // .grad (a sharded parameter's gradient is a DTensor: Python hands its local shard); None where a
+  // parameter has none. Used once.
+  void set_gradients(int64_t slot, std::vector<std::optional<at::Tensor>> gradients);
   // Statistics, the policy's decision and unscale+clip for the gradients of table `slot`. Returns
   // (recorded: false when no parameter has a gradient, step: whether the optimizer may step,
   // factor: what its fused step still has to multiply the gradients by, 1 when they were
@@ -96,6 +104,8 @@ class ScalerCore : public torch::CustomClassHolder {
   Strategy& strategy(const std::string& kind) const;
   RunInfo run_info(const GradientTable& table) const;
   GradientTable& table(int64_t slot);
+  // table(slot).read_gradients(), with the gradients set_gradients gave in their place.
+  const std::vector<at::Tensor>& read_gradients(int64_t slot);
   // Before the strategies' state changes from outside the step: every record delivered, the
   // deferred step dropped (made again from the new state on its next prepare_deferred).
   void settle();
@@ -105,7 +115,8 @@ class ScalerCore : public torch::CustomClassHolder {
   RunInfo info_;
   DeviceStatsRecipe recipe_ = DeviceStatsRecipe::automatic;
   std::map<int64_t, std::shared_ptr<GradientTable>> tables_;
-  std::shared_ptr<const GradientTable> last_table_;  // the last unscale()'s
+  std::map<int64_t, std::vector<std::optional<at::Tensor>>> given_gradients_;  // set_gradients
+  std::shared_ptr<const GradientTable> last_table_;                            // the last unscale()'s
   std::unique_ptr<DeferredStep> deferred_;
   int64_t deferred_slot_ = -1;
 };

@@ -2,13 +2,15 @@
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 ddp_worker.py OUT_DIR \
         [--nan-policy skip|abort] [--plant input|loss] [--steps 30] [--nan-step 10] [--nan-rank 1]
+        [--average-loss]
 
 Trains a small MLP with torch DDP over gloo on the CPU, CPU autocast fp16 and
 ampkit.GradScaler("cpu", clipper="norm", opt={"clipper.max_norm": 1.0}). At --nan-step, rank
 --nan-rank sets x[0, 0] = nan in its forward input, so its loss and its local gradients are not
 finite; DDP averages the gradients, so every rank's averaged gradients are not finite either.
 With --plant loss it adds a detached nan to its loss instead: that rank's loss is not finite
-while every gradient (its own and the average) stays finite.
+while every gradient (its own and the average) stays finite. --average-loss creates the scaler with
+average_loss=True: the loss the NaN policy reads is the mean over the ranks.
 Writes OUT_DIR/rank-R.json: rank, stepped flags, scale sequence (get_scale() after each update),
 the step records' actions and reasons, the losses, and a sha256 of the parameters' bytes.
 """
@@ -45,6 +47,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--nan-step", type=int, default=10)
     ap.add_argument("--nan-rank", type=int, default=1)
+    ap.add_argument("--average-loss", action="store_true")
     args = ap.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -57,11 +60,12 @@ def main() -> int:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     scaler = ampkit.GradScaler(
-        "cpu", clipper="norm", nan_policy=args.nan_policy, opt={"clipper.max_norm": 1.0}, model=model
+        "cpu", clipper="norm", nan_policy=args.nan_policy, opt={"clipper.max_norm": 1.0}, model=model,
+        average_loss=args.average_loss,
     )
 
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of data
-    stepped, scales, actions, reasons, losses = [], [], [], [], []
+    stepped, scales, actions, reasons, losses, read_losses = [], [], [], [], [], []
     for step in range(args.steps):
         x = torch.randn(8, 16, generator=gen)
         y = torch.randint(0, 4, (8,), generator=gen)
@@ -81,6 +85,7 @@ def main() -> int:
         scales.append(scaler.get_scale())
         actions.append(str(record["action"]))
         reasons.append(str(record["reason"]))
+        read_losses.append(record["loss"] if math.isfinite(record["loss"]) else str(record["loss"]))
         losses.append(float(loss.item()) if math.isfinite(loss.item()) else str(loss.item()))
 
     result = {
@@ -91,6 +96,7 @@ def main() -> int:
         "actions": actions,
         "reasons": reasons,
         "losses": losses,
+        "read_losses": read_losses,  # the loss the NaN policy read (0 where it read none)
         "param_sha256": parameter_sha256(model),
     }
     path = os.path.join(args.out_dir, f"rank-{rank}.json")

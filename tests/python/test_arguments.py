@@ -14,6 +14,8 @@ import ampkit
     ({"model": 5}, "model"),
     ({"scaler": 5}, "scaler"),
     ({"sync": None}, "sync"),
+    ({"process_group": "0"}, "process_group"),
+    ({"average_loss": 1}, "average_loss"),
 ])
 def test_a_value_of_the_wrong_type_is_one_type_error_naming_the_argument(kwargs, name):
     with pytest.raises(TypeError) as caught:
@@ -21,6 +23,13 @@ def test_a_value_of_the_wrong_type_is_one_type_error_naming_the_argument(kwargs,
     message = str(caught.value)
     assert message.startswith(f"ampkit.GradScaler: {name} must be ")
     assert "\n" not in message
+
+
+def test_the_process_group_and_average_loss_messages_name_what_they_take():
+    with pytest.raises(TypeError, match=r"^ampkit.GradScaler: process_group must be ProcessGroup or None, got int 5$"):
+        ampkit.GradScaler("cpu", process_group=5)
+    with pytest.raises(TypeError, match=r"^ampkit.GradScaler: average_loss must be bool, got str 'yes'$"):
+        ampkit.GradScaler("cpu", average_loss="yes")
 
 
 @pytest.mark.parametrize("text", ["0x10", "5\0", "0X1p4"])

@@ -6,7 +6,8 @@ writes: its stepped flags, its scale after each update, its step records and a s
 parameters' bytes. DDP averages the gradients, so a NaN in one rank's forward makes every rank's
 gradients non-finite: every rank must skip that step and only that one, keep the same scale and
 end with bit-identical parameters. The loss is rank-local, so the NaN policy must not read it
-under DDP (a rank that decided on its own loss would skip or abort alone).
+under DDP (a rank that decided on its own loss would skip or abort alone), unless it is averaged
+over the ranks (average_loss=True): then a NaN in one rank's loss is every rank's.
 """
 
 import json
@@ -71,6 +72,7 @@ def test_nan_in_one_ranks_forward_skips_that_step_on_every_rank(tmp_path, nan_po
     assert r1["losses"][NAN_STEP] == "nan" and isinstance(r0["losses"][NAN_STEP], float)
     for r in (r0, r1):
         assert r["reasons"][NAN_STEP].startswith("non-finite gradients"), r["reasons"][NAN_STEP]
+    assert r0["read_losses"] == r1["read_losses"] == [0.0] * STEPS  # without average_loss: no loss read
     # The dynamic scaler's default: 2**16 until the skip halves it; growth_interval 2000 is far.
     assert r0["scales"] == [65536.0] * NAN_STEP + [32768.0] * (STEPS - NAN_STEP)
 
@@ -83,3 +85,22 @@ def test_nan_in_one_ranks_loss_alone_steps_on_every_rank(tmp_path):
     assert r1["losses"][NAN_STEP] == "nan"
     assert skipped(r0) == skipped(r1) == []
     assert r0["scales"] == [65536.0] * STEPS
+
+
+def test_average_loss_makes_a_nan_in_one_ranks_loss_skip_on_every_rank(tmp_path):
+    # average_loss=True: the loss the policy reads is the mean over the ranks, carried in the
+    # statistics' one collective, so rank 1's NaN loss (finite gradients) is every rank's: both skip
+    # step 10 and back off, and no other step.
+    proc, results = run_ranks(tmp_path, "--nan-policy", "skip", "--plant", "loss", "--average-loss")
+    r0, r1 = assert_ranks_agree(proc, results)
+    assert skipped(r0) == skipped(r1) == [NAN_STEP]
+    for r in (r0, r1):
+        assert r["read_losses"][NAN_STEP] == "nan"
+        assert r["reasons"][NAN_STEP].startswith("non-finite loss"), r["reasons"][NAN_STEP]
+    assert r0["scales"] == [65536.0] * NAN_STEP + [32768.0] * (STEPS - NAN_STEP)
+    # Elsewhere each rank read the mean of both ranks' losses: the same number on both.
+    for step in range(STEPS):
+        if step != NAN_STEP:
+            mean = (r0["losses"][step] + r1["losses"][step]) / 2
+            assert r0["read_losses"][step] == r1["read_losses"][step] == pytest.approx(mean, rel=1e-6), step
+

@@ -96,33 +96,36 @@ void read_scalars(const std::vector<at::Tensor>& scalars, std::vector<double>& v
   values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
-GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
-                            std::vector<double>& values) {
-  const std::vector<Part> parts = cut_into_parts(grads);
-  const at::Device device = device_of(grads, scalars);
+// Per dtype, the parts' [norms..., max-abs..., non-zero counts...] (foreach_columns), in a fixed
+// order; `elements` receives how many elements they hold.
+struct ForeachColumns {
+  std::vector<Part> parts;
   std::map<at::ScalarType, std::vector<size_t>> by_dtype;  // part indices; a fixed order
-  for (size_t i = 0; i < parts.size(); ++i) by_dtype[parts[i].data.scalar_type()].push_back(i);
-  std::vector<at::Tensor> packed;
-  for (const auto& [dtype, indices] : by_dtype) {
+  std::vector<at::Tensor> columns;                         // one tensor per dtype
+  int64_t elements = 0;
+};
+
+ForeachColumns foreach_ops_columns(const std::vector<at::Tensor>& grads) {
+  ForeachColumns c;
+  c.parts = cut_into_parts(grads);
+  for (size_t i = 0; i < c.parts.size(); ++i) {
+    c.by_dtype[c.parts[i].data.scalar_type()].push_back(i);
+    c.elements += c.parts[i].data.numel();
+  }
+  for (const auto& [dtype, indices] : c.by_dtype) {
     std::vector<at::Tensor> xs;
-    for (size_t i : indices) xs.push_back(parts[i].data);
-    packed.push_back(foreach_columns(xs));
+    for (size_t i : indices) xs.push_back(c.parts[i].data);
+    c.columns.push_back(foreach_columns(xs));
   }
-  int64_t scalar_count = 0;
-  for (const auto& s : scalars) {
-    packed.push_back(s.detach().to(device, at::kDouble).reshape({-1}));
-    scalar_count += s.numel();
-  }
-  GradStats stats;
-  stats.tensor_sum_squares.assign(grads.size(), 0.0);
-  values.clear();
-  if (packed.empty()) return stats;
-  const at::Tensor host = read_to_host(at::cat(packed)).contiguous();  // the step's one read
-  const double* v = host.data_ptr<double>();
-  for (const auto& [dtype, indices] : by_dtype) {
+  return c;
+}
+
+// The statistics from the columns as read (`v`), per tensor and in total; returns where they end.
+const double* decode_foreach_columns(const ForeachColumns& c, const double* v, GradStats& stats) {
+  for (const auto& [dtype, indices] : c.by_dtype) {
     const size_t n = indices.size();
     for (size_t k = 0; k < n; ++k) {
-      const Part& part = parts[indices[k]];
+      const Part& part = c.parts[indices[k]];
       const double squares = v[k] * v[k], max_abs = v[n + k], nonzero = v[2 * n + k];
       stats.tensor_sum_squares[part.tensor] += squares;
       stats.sum_squares += squares;
@@ -133,6 +136,25 @@ GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vec
     }
     v += 3 * n;
   }
+  return v;
+}
+
+GradStats foreach_ops_stats(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                            std::vector<double>& values) {
+  const ForeachColumns c = foreach_ops_columns(grads);
+  const at::Device device = device_of(grads, scalars);
+  std::vector<at::Tensor> packed = c.columns;
+  int64_t scalar_count = 0;
+  for (const auto& s : scalars) {
+    packed.push_back(s.detach().to(device, at::kDouble).reshape({-1}));
+    scalar_count += s.numel();
+  }
+  GradStats stats;
+  stats.tensor_sum_squares.assign(grads.size(), 0.0);
+  values.clear();
+  if (packed.empty()) return stats;
+  const at::Tensor host = read_to_host(at::cat(packed)).contiguous();  // the step's one read
+  const double* v = decode_foreach_columns(c, host.data_ptr<double>(), stats);
   values.assign(v, v + scalar_count);
   return stats;
 }
@@ -214,6 +236,54 @@ GradStats run_stateless_recipe(DeviceStatsRecipe recipe, const std::vector<at::T
   if (recipe == DeviceStatsRecipe::foreach_ops) return foreach_ops_stats(grads, scalars, scalar_values);
   GradStats stats = compute_grad_stats(grads);
   read_scalars(scalars, scalar_values);
+  return stats;
+}
+
+at::Tensor stats_reduction_vector(const at::Tensor& sum_squares, const at::Tensor& max_abs,
+                                  const at::Tensor& zeros, int64_t elements,
+                                  const std::vector<at::Tensor>& scalars) {
+  const at::Tensor count = at::full({}, static_cast<double>(elements), sum_squares.options());
+  std::vector<at::Tensor> parts{at::stack({sum_squares, max_abs, zeros, count})};
+  for (const auto& s : scalars)
+    parts.push_back(s.detach().to(sum_squares.device(), at::kDouble).reshape({-1}));
+  return at::cat(parts);
+}
+
+void take_reduced_totals(const double* reduced, int64_t count, GradStats& stats,
+                         std::vector<double>& scalar_values) {
+  stats.sum_squares = reduced[StatsReduction::kSumSquares];
+  stats.max_abs = reduced[StatsReduction::kMaxAbs];
+  stats.zeros = static_cast<int64_t>(reduced[StatsReduction::kZeros]);
+  stats.elements = static_cast<int64_t>(reduced[StatsReduction::kElements]);
+  scalar_values.assign(reduced + StatsReduction::kFields, reduced + count);
+}
+
+// The totals from the columns on the device (the zeros of a part that holds NaN counted as the
+// non-zero count leaves them: only a skipped step's zero_fraction can differ from the host's).
+GradStats foreach_ops_stats_reduced(const std::vector<at::Tensor>& grads,
+                                    const std::vector<at::Tensor>& scalars,
+                                    std::vector<double>& scalar_values, StatsReduction& reduction) {
+  const ForeachColumns c = foreach_ops_columns(grads);
+  const at::Device device = device_of(grads, scalars);
+  const auto f64 = at::TensorOptions().device(device).dtype(at::kDouble);
+  at::Tensor squares = at::zeros({}, f64), max_abs = at::zeros({}, f64), nonzero = at::zeros({}, f64);
+  size_t k = 0;
+  for (const auto& [dtype, indices] : c.by_dtype) {
+    const int64_t n = static_cast<int64_t>(indices.size());
+    const at::Tensor& col = c.columns[k++];
+    squares = at::add(squares, col.narrow(0, 0, n).square().sum());
+    max_abs = at::maximum(max_abs, col.narrow(0, n, n).amax());  // both propagate NaN
+    nonzero = at::add(nonzero, col.narrow(0, 2 * n, n).sum());
+  }
+  const at::Tensor zeros = at::sub(at::full({}, static_cast<double>(c.elements), f64), nonzero);
+  std::vector<at::Tensor> packed = c.columns;
+  packed.push_back(reduction.reduce(stats_reduction_vector(squares, max_abs, zeros, c.elements, scalars)));
+  const int64_t reduced_count = packed.back().numel();
+  GradStats stats;
+  stats.tensor_sum_squares.assign(grads.size(), 0.0);
+  const at::Tensor host = read_to_host(at::cat(packed)).contiguous();  // the step's one read
+  const double* v = decode_foreach_columns(c, host.data_ptr<double>(), stats);
+  take_reduced_totals(v, reduced_count, stats, scalar_values);
   return stats;
 }
 

@@ -20,6 +20,7 @@ GradStatsPass::GradStatsPass(DeviceStatsRecipe recipe) : recipe_(recipe) {
 
 GradStats GradStatsPass::run(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                              std::vector<double>& scalar_values) {
+  if (reduction_) return run_reduced(grads, scalars, scalar_values);
   if (recipe_ == DeviceStatsRecipe::chunk_kernel) return run_chunk_kernel(grads, scalars, scalar_values);
   return run_stateless_recipe(recipe_, grads, scalars, scalar_values);
 }
@@ -96,6 +97,40 @@ GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
   return stats;
 }
 
+// This rank's totals reduced across the group on the device, then read with whatever the recipe
+// reads for the per-tensor norms (the chunks' numbers), in one read. Every rank calls reduce() once
+// per pass, with or without gradients of its own, so no rank waits for a collective another skipped.
+GradStats GradStatsPass::run_reduced(const std::vector<at::Tensor>& grads,
+                                     const std::vector<at::Tensor>& scalars,
+                                     std::vector<double>& scalar_values) {
+  if (recipe_ == DeviceStatsRecipe::foreach_ops)
+    return foreach_ops_stats_reduced(grads, scalars, scalar_values, *reduction_);
+  GradStats stats;
+  at::Tensor local, numbers_read;
+  int64_t numbers = 0;
+  if (recipe_ == DeviceStatsRecipe::fused_scan) {  // CPU tensors: the scan's numbers as a CPU vector
+    stats = compute_grad_stats(grads);
+    const auto f64 = at::TensorOptions().dtype(at::kDouble);
+    const double max_abs = std::isnan(stats.sum_squares) ? std::nan("") : stats.max_abs;
+    local = stats_reduction_vector(at::scalar_tensor(stats.sum_squares, f64), at::scalar_tensor(max_abs, f64),
+                                   at::scalar_tensor(static_cast<double>(stats.zeros), f64), stats.elements,
+                                   scalars);
+  } else {
+    numbers = fill_chunk_buffer(grads, scalars);
+    const DeviceTotals t = chunk_totals(numbers);
+    local = stats_reduction_vector(t.sum_squares, t.max_abs, t.zeros, t.elements, {t.scalars});
+    numbers_read = packed_.narrow(0, 0, numbers);
+  }
+  const at::Tensor reduced = reduction_->reduce(local);
+  const at::Tensor host =
+      read_to_host(numbers > 0 ? at::cat({numbers_read, reduced}) : reduced).contiguous();  // the one read
+  const double* v = host.data_ptr<double>();
+  if (recipe_ == DeviceStatsRecipe::chunk_kernel)
+    stats = combine_chunk_stats(plan_, grads, numbers > 0 ? v : nullptr);
+  take_reduced_totals(v + numbers, reduced.numel(), stats, scalar_values);
+  return stats;
+}
+
 DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
                                           const std::vector<at::Tensor>& scalars, bool tensor_sums) {
   DeviceTotals t;
@@ -117,15 +152,22 @@ DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
     throw Error(ErrorCategory::internal,
                 std::string("no deferred statistics for the ") + to_string(recipe_) + " recipe");
   const int64_t numbers = fill_chunk_buffer(grads, scalars);
-  t.sum_squares = packed_.narrow(0, numbers, 1).reshape({});
-  t.scalars = packed_.narrow(0, numbers + 1, packed_.numel() - numbers - 1);
-  t.elements = 0;
-  for (const int64_t n : plan_.sizes) t.elements += n;
+  t = chunk_totals(numbers);
   t.tensors = grads.size();
   if (tensor_sums) {
     t.chunk_tensors = chunk_tensors_;
     if (numbers > 0) t.chunk_sum_squares = packed_.narrow(0, 0, numbers).view({-1, 4}).select(1, 0);
   }
+  return t;
+}
+
+// The totals of the chunk buffer as filled, on the device; `numbers`: fill_chunk_buffer's count.
+DeviceTotals GradStatsPass::chunk_totals(int64_t numbers) const {
+  DeviceTotals t;
+  t.sum_squares = packed_.narrow(0, numbers, 1).reshape({});
+  t.scalars = packed_.narrow(0, numbers + 1, packed_.numel() - numbers - 1);
+  t.elements = 0;
+  for (const int64_t n : plan_.sizes) t.elements += n;
   if (numbers == 0) {
     t.max_abs = at::zeros({}, packed_.options());
     t.zeros = at::zeros({}, packed_.options());

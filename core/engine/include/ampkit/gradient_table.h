@@ -36,6 +36,26 @@ struct DeviceTotals {
 // or its tensor_sum_squares where it has them.
 std::vector<double> tensor_sums(const DeviceTotals& totals, const double* chunk_sums);
 
+// Statistics reduced across the ranks a model's gradients are spread over (FSDP2's shards, or a
+// loss averaged over data-parallel ranks; issue 43), on the device, before the pass's one host read,
+// so that every rank reads the same numbers and takes the same decision. The pass hands reduce()
+// this rank's figures as one float64 vector on the gradients' device, in the order of Field, then
+// the scalars' values; it returns the group's, in the same layout. The engine does not know the
+// group: python/src/group_reduction.cpp makes one collective of it with c10d. The Trainer sets none
+// (its gradients are averaged in its buckets, the loss with them).
+class StatsReduction {
+ public:
+  enum Field : int64_t {
+    kSumSquares,  // inf or NaN where an element is
+    kMaxAbs,      // NaN where an element is NaN
+    kZeros,
+    kElements,
+    kFields
+  };
+  virtual ~StatsReduction() = default;
+  virtual at::Tensor reduce(const at::Tensor& local) = 0;
+};
+
 // One recipe's statistics pass (grad_stats.h), with what it keeps between steps: for chunk_kernel,
 // the chunk plan and its copy on the device, made again only when a gradient moved, changed size
 // or dtype (plan_matches), and the buffer the chunks' numbers and the scalars are packed into with
@@ -63,8 +83,16 @@ class GradStatsPass {
   // How often the chunk plan was made (tests: once while the gradients stay where they are).
   int64_t plans_made() const { return plans_made_; }
 
+  // With a reduction, run() reads the group's totals (sum of squares, max-abs, zeros, elements)
+  // and scalars instead of this rank's, in the same one read; the per-tensor norms stay this rank's.
+  void set_reduction(std::shared_ptr<StatsReduction> reduction) { reduction_ = std::move(reduction); }
+  bool reduces() const { return reduction_ != nullptr; }
+
  private:
+  GradStats run_reduced(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                        std::vector<double>& scalar_values);
   int64_t fill_chunk_buffer(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars);
+  DeviceTotals chunk_totals(int64_t numbers) const;
   GradStats run_chunk_kernel(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                              std::vector<double>& scalar_values);
 
@@ -76,6 +104,7 @@ class GradStatsPass {
   std::shared_ptr<const std::vector<size_t>>
       chunk_tensors_;  // plan_'s chunks' gradients, shared with deferred records
   int64_t plans_made_ = 0;
+  std::shared_ptr<StatsReduction> reduction_;
 };
 
 // The trainable parameters one optimizer steps, by name, with their statistics pass: the recipe
@@ -109,6 +138,9 @@ class GradientTable {
     return pass_.run_on_device(grads_, scalars, tensor_sums);
   }
   int64_t plans_made() const { return pass_.plans_made(); }
+  // Statistics reduced across ranks from now on (GradStatsPass::set_reduction); nullptr: none.
+  void set_reduction(std::shared_ptr<StatsReduction> reduction) { pass_.set_reduction(std::move(reduction)); }
+  bool reduces() const { return pass_.reduces(); }
 
  private:
   std::vector<at::Tensor> parameters_;
