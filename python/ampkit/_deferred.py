@@ -35,7 +35,9 @@ class DeferredMode:
         self.scale: Optional[torch.Tensor] = None  # the device scale the next backward uses
         self.refused: Dict[int, str] = {}  # slot -> why it stays synchronous (said once)
         self.in_iteration = False
-        self.why = "synchronous until the first iteration has shown one optimizer" if sync == "auto" else ""
+        self.why = "the first iteration is synchronous, to see how many optimizers it steps" if sync == "auto" else ""
+        self.last = "step"  # how the last step ran (last_step's host_sync), and why (host_sync_reason)
+        self.last_reason = "no step yet"
 
     def reset(self, core: Any) -> None:
         """A new C++ side (a new scaler, or after unpickling)."""
@@ -47,8 +49,19 @@ class DeferredMode:
         self.slot, self.scale = None, None
 
     def applies(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
-        """Whether this step of ``optimizer`` (bound as ``slot``) runs deferred."""
-        if self.sync == "step" or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        """Whether this step of ``optimizer`` (bound as ``slot``) runs deferred; says why in
+        ``last`` and ``last_reason``."""
+        deferred = self._decide(optimizer, slot)
+        self.last = "deferred" if deferred else "step"
+        self.last_reason = f"sync={self.sync!r}" + (f": {self.why}" if self.why else "")
+        return deferred
+
+    def _decide(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
+        if self.sync == "step":
+            self.why = ""
+            return False
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            self.why = f"{type(optimizer).__name__} takes no grad_scale and found_inf (a fused optimizer does)"
             return False
         if self.in_iteration and self.slot != slot:
             raise RuntimeError(
@@ -57,16 +70,17 @@ class DeferredMode:
         if self.sync == "auto" and self.single_optimizer is not True:
             return False
         if slot in self.refused:
+            self.why = self.refused[slot]
             return False
         if self.slot != slot:
             why = cpp(self.core.prepare_deferred)(slot)
             if why:
                 self.refused[slot] = why
-                self.why = f"synchronous: {why}"
+                self.why = why
                 warnings.warn(f"ampkit.GradScaler: the step stays synchronous: {why}", stacklevel=4)
                 return False
             self.slot, self.scale = slot, cpp(self.core.device_scale)()
-            self.why = "deferred"
+        self.why = "every strategy has a device form and the optimizer is fused"
         return True
 
     def step(self, optimizer: torch.optim.Optimizer, slot: int, loss: Optional[torch.Tensor], args: Any,
@@ -98,7 +112,7 @@ class DeferredMode:
         if self.single_optimizer is None:
             self.single_optimizer = optimizers == 1
             if self.sync == "auto" and optimizers != 1:
-                self.why = f"synchronous: {optimizers} optimizers per iteration"
+                self.why = f"{optimizers} optimizers per iteration (the deferred step serves one)"
 
     def drain(self) -> None:
         """Every record delivered: the plugins' host state is the device's."""

@@ -217,6 +217,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
 
         return apply_scale(outputs)
 
+    @torch.compiler.disable
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscales (and clips, with the named clipper) ``optimizer``'s gradients in place.
 
@@ -233,6 +234,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._unscale(optimizer, state, fold=False)
         state["stage"] = OptState.UNSCALED
 
+    @torch.compiler.disable
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Steps ``optimizer`` unless this iteration's gradients were not finite (or the NaN
         policy said skip). Returns True when it stepped, False when it skipped; a disabled scaler
@@ -287,6 +289,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._last_taken[id(optimizer)] = stepped
         return stepped
 
+    @torch.compiler.disable
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """The scaler plugin's update with this iteration's statistics (or ``new_scale``)."""
         if not self._enabled:
@@ -365,12 +368,15 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         grad_norm (unscaled), grad_norm_clipped, grad_max_abs, zero_fraction, clip_coef,
         clip_threshold, clipped, found_inf, action, reason ("" where the policy gave none), stepped,
         skipped_steps, top_layers ([{name, grad_norm}], largest first); plus layer_norms
-        ({name: grad_norm} for every parameter; names need ``model=``) and stats_recipe (the
-        statistics recipe that ran)."""
+        ({name: grad_norm} for every parameter; names need ``model=``), stats_recipe (the
+        statistics recipe that ran), host_sync (``"step"`` or ``"deferred"``: how it ran) and
+        host_sync_reason (why)."""
         if not self._enabled:
             return {}
         self._deferred.drain()
-        return dict(cpp(self._core.record)())
+        record = dict(cpp(self._core.record)())
+        record["host_sync"], record["host_sync_reason"] = self._deferred.last, self._deferred.last_reason
+        return record
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
         """After a skipped step: re-runs it (``closure`` is its forward under its autocast, returning

@@ -51,8 +51,10 @@ def _run(sync: str, steps: int = 300, recipe: str = "automatic", policy: str = "
     out["params"] = [p.detach().clone() for p in model.parameters()]
     out["scale"] = scaler.get_scale()
     out["state"] = scaler.state_dict()
-    out["record"] = {k: v for k, v in (scaler.last_step if not torch_way else {}).items()
-                     if k not in ("top_layers", "layer_norms")}
+    last = scaler.last_step if not torch_way else {}
+    out["host_sync"] = (last.get("host_sync"), last.get("host_sync_reason"))
+    out["record"] = {k: v for k, v in last.items()
+                     if k not in ("top_layers", "layer_norms", "host_sync", "host_sync_reason")}
     return out
 
 
@@ -83,6 +85,10 @@ def test_the_scale_sequence_is_torchs():
 def test_auto_goes_deferred_after_one_synchronous_iteration():
     auto = _run("auto", steps=20)
     assert auto["reads"] == [1] + [0] * 19
+    assert auto["host_sync"] == ("deferred", "sync='auto': every strategy has a device form and the optimizer is fused")
+    one = _run("auto", steps=1)
+    assert one["host_sync"] == ("step", "sync='auto': the first iteration is synchronous, to see how many optimizers it steps")
+    assert _run("step", steps=2)["host_sync"] == ("step", "sync='step'")
 
 
 def test_a_strategy_without_a_device_form_keeps_the_step_synchronous_and_says_so():
@@ -92,6 +98,7 @@ def test_a_strategy_without_a_device_form_keeps_the_step_synchronous_and_says_so
     said = [str(w.message) for w in caught if "synchronous" in str(w.message)]
     assert said == ["ampkit.GradScaler: the step stays synchronous: scaler 'predictive' has no device form"]
     assert run["reads"] == [1] * 12
+    assert run["host_sync"] == ("step", "sync='deferred': scaler 'predictive' has no device form")
 
 
 def test_an_abort_reaches_python_and_no_step_after_it_is_applied():
