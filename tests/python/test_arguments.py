@@ -68,3 +68,17 @@ def test_a_malformed_ampkit_entry_is_one_value_error_and_loads_nothing(saved):
     with pytest.raises(ValueError, match=r"state_dict\['ampkit'\]"):
         scaler.load_state_dict(dict(before, scale=1024.0, ampkit=saved))
     assert scaler.state_dict() == before
+
+
+def test_a_state_dict_window_beyond_the_options_is_refused_and_loads_nothing():
+    # A NaN policy's spike windows hold at most spike_window values (issue 44: a 1,000,000-entry
+    # window was loaded as is); the whole load_state_dict is refused and nothing changes.
+    scaler = ampkit.GradScaler("cpu", nan_policy="skip", opt={"nan_policy.spike_window": 16})
+    before = scaler.state_dict()
+    saved = before["ampkit"]
+    bad = dict(saved, nan_policy=dict(saved["nan_policy"], state=dict(saved["nan_policy"]["state"],
+                                                                        loss_window=[1.0] * 1_000_000)))
+    said = r"'skip'.* failed in load\(\): checkpoint loss_window holds 1000000 values, more than this run's"
+    with pytest.raises(ampkit.PluginError, match=said + r" nan_policy.spike_window=16$"):
+        scaler.load_state_dict(dict(before, scale=1024.0, ampkit=bad))
+    assert scaler.state_dict() == before

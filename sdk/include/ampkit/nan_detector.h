@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@ class SpikeDetector {
     while (values_.size() > window_) values_.pop_front();
   }
   std::vector<double> values() const { return {values_.begin(), values_.end()}; }
+  size_t capacity() const { return window_; }
   void set_values(const std::vector<double>& v) {
     values_.assign(v.begin(), v.end());
     while (values_.size() > window_) values_.pop_front();
@@ -121,12 +123,29 @@ class NanDetector {
     state.set("loss_window", loss_.values());
     state.set("grad_norm_window", grad_.values());
   }
+  // A checkpoint's windows as this run's options bound them: at most spike_window values, each one
+  // a run could have put there (finite; a gradient norm >= 0); anything else is refused whole.
   void load(const State& state) {
-    loss_.set_values(state.get<std::vector<double>>("loss_window"));
-    grad_.set_values(state.get<std::vector<double>>("grad_norm_window"));
+    const std::vector<double> loss = state.get<std::vector<double>>("loss_window");
+    const std::vector<double> grad = state.get<std::vector<double>>("grad_norm_window");
+    check_window("loss_window", loss, /*norms=*/false);
+    check_window("grad_norm_window", grad, /*norms=*/true);
+    loss_.set_values(loss);
+    grad_.set_values(grad);
   }
 
  private:
+  void check_window(const char* key, const std::vector<double>& values, bool norms) const {
+    if (values.size() > loss_.capacity())
+      throw std::runtime_error(
+          std::string("checkpoint ") + key + " holds " + std::to_string(values.size()) +
+          " values, more than this run's nan_policy.spike_window=" + std::to_string(loss_.capacity()));
+    for (const double v : values)
+      if (!std::isfinite(v) || (norms && v < 0))
+        throw std::runtime_error(
+            std::string("checkpoint ") + key + " holds " + number(v) +
+            (norms ? ": a window holds finite norms >= 0 only" : ": a window holds finite values only"));
+  }
   static std::string number(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.4g", v);

@@ -133,6 +133,37 @@ BOOST_AUTO_TEST_CASE(saved_detector_state_continues_identically) {
   BOOST_TEST((a->save() == b->save()));
 }
 
+// A checkpoint's windows are bounded by this run's options (issue 44): more values than
+// spike_window, or a value no run puts there, is refused whole, and the policy keeps its own.
+BOOST_AUTO_TEST_CASE(a_detector_window_beyond_the_options_is_refused) {
+  const std::map<std::string, std::string> o = {
+      {"spike_window", "16"}, {"spike_zscore", "3"}, {"spike_min_samples", "4"}};
+  for (const char* policy : {"skip", "backoff", "abort"}) {
+    auto p = make(policy, o);
+    for (int i = 0; i < 5; ++i) p->decide(healthy(1.0 + 0.01 * i, 2.0));
+    const State before = p->save();
+    const auto refused = [&](const std::string& key, std::vector<double> values, const std::string& says) {
+      State s = before;
+      s.set(key, std::move(values));
+      try {
+        p->load(s);
+        BOOST_ERROR(policy << ": " << key << " was loaded");
+      } catch (const std::runtime_error& e) {
+        BOOST_TEST(std::string(e.what()).find(says) != std::string::npos, e.what());
+      }
+      BOOST_TEST((p->save() == before));  // nothing of it loaded
+    };
+    refused("loss_window", std::vector<double>(1000000, 1.0),
+            "checkpoint loss_window holds 1000000 values, more than this run's nan_policy.spike_window=16");
+    refused("grad_norm_window", std::vector<double>(17, 1.0), "grad_norm_window holds 17 values");
+    refused("loss_window", {1.0, std::nan("")}, "loss_window holds nan: a window holds finite values only");
+    refused("grad_norm_window", {-1.0}, "grad_norm_window holds -1: a window holds finite norms >= 0 only");
+    State ok = before;
+    ok.set("loss_window", std::vector<double>(16, -3.5));  // a full window of (negative) losses loads
+    BOOST_CHECK_NO_THROW(p->load(ok));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(rollback_rolls_back_after_the_streak_and_aborts_after_max_rollbacks) {
   auto p = make("rollback", {{"rollback_after", "2"}, {"max_rollbacks", "2"}, {"skip_batches", "7"}});
   BOOST_TEST(p->rollback_plan().snapshot_every == 100);
