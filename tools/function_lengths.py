@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Lists C++ functions by length and fails when one is longer than the limit (issue 16).
+"""Lists C++ and Python functions by length and fails when one is longer than the limit (issue 16).
 
 A function's length is its lines from the first line of its signature to its closing brace;
 lambdas and local classes count towards the function they are written in. Comments, string and
 character literals and preprocessor lines are blanked first, so braces inside them do not count.
+A Python function (python/ampkit) is measured from its `def` line to its last line, as Python's
+own parser reports them; functions and classes nested in it count towards it.
 
-    tools/function_lengths.py                     # core/ hosts/ plugins/ sdk/, limit 80, top 15
+    tools/function_lengths.py                     # core/ hosts/ plugins/ sdk/ python/, limit 80, top 15
     tools/function_lengths.py --top 40 core/engine
     tools/function_lengths.py --self-test         # the scanner on fixtures with known lengths
 
@@ -17,6 +19,7 @@ usage error. Tests and benchmark programs are not scanned: they
 live in tests/ and tools/bench/, outside the default folders.
 """
 import argparse
+import ast
 import bisect
 import os
 import re
@@ -24,8 +27,8 @@ import subprocess
 import sys
 import tempfile
 
-SOURCE_SUFFIXES = (".cpp", ".cc", ".h", ".hpp")
-DEFAULT_ROOTS = ("core", "hosts", "plugins", "sdk")
+SOURCE_SUFFIXES = (".cpp", ".cc", ".h", ".hpp", ".py")
+DEFAULT_ROOTS = ("core", "hosts", "plugins", "sdk", "python")
 CONTAINER = re.compile(r"(^|\W)(namespace|class|struct|union|enum)(\W|$)|^\s*extern\s*$")
 CONTROL = re.compile(r"^\s*(if|for|while|switch|catch|do|else|try)\b")
 ACCESS = re.compile(r"^\s*(public|private|protected)\s*:(?!:)")
@@ -171,6 +174,21 @@ def scan(text):
             header_from = k + 1
 
 
+def scan_python(text):
+    """Yields (first_line, last_line, name) of each outermost function in Python source text:
+    module-level functions and the methods of module-level classes (nested ones count in them)."""
+    def outermost(body, prefix):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield node.lineno, node.end_lineno, prefix + node.name
+            elif isinstance(node, ast.ClassDef):
+                yield from outermost(node.body, prefix + node.name + ".")
+            elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` and the like
+                yield from outermost(node.body + node.orelse, prefix)
+
+    yield from outermost(ast.parse(text).body, "")
+
+
 def source_files(roots, excludes):
     for root in roots:
         if os.path.isfile(root):
@@ -188,7 +206,8 @@ def measure(paths):
     found = []
     for path in paths:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for first, last, name in scan(f.read()):
+            text = f.read()
+            for first, last, name in (scan_python(text) if path.endswith(".py") else scan(text)):
                 found.append((last - first + 1, path, first, name))
     found.sort(key=lambda x: (-x[0], x[1], x[2]))
     return found
@@ -220,6 +239,17 @@ def self_test():
         "  return x + l(1) + s[0] + '{';\n"
         "}\n"
         "}  // namespace a\n")
+    py_fixture = (
+        '"""A module."""\n'
+        "def top(x):\n"
+        "    def inner():  # counts in top\n"
+        "        return x\n"
+        "    return inner()\n"
+        "class K:\n"
+        '    """A class."""\n'
+        "    def method(self):\n" + "".join("        x = %d  # def not_a_function():\n" % i for i in range(79)) +
+        "        return x\n"
+        "    def short(self): return 1\n")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "fixture.cpp")
         with open(path, "w") as f:
@@ -232,7 +262,15 @@ def self_test():
         file_over = subprocess.run(
             [sys.executable, __file__, "--limit", "100", "--file-limit", str(lines - 1), path],
             capture_output=True, text=True)
+        py_path = os.path.join(d, "fixture.py")
+        with open(py_path, "w") as f:
+            f.write(py_fixture)
+        py_got = {name: length for length, _, _, name in measure([py_path])}
     want = {"f": 1, "g": 80, "operator<": 1, "C": 8, "long_one": 81}
+    py_want = {"top": 4, "K.method": 81, "K.short": 1}
+    if py_got != py_want:
+        print("function_lengths self-test FAILED on Python: got %s, want %s" % (py_got, py_want))
+        return 1
     if got != want:
         print("function_lengths self-test FAILED: got %s, want %s" % (got, want))
         return 1
@@ -243,8 +281,8 @@ def self_test():
         print("function_lengths self-test FAILED: the file limit check gave exit %d at %d lines, %d at %d" %
               (file_ok.returncode, lines, file_over.returncode, lines - 1))
         return 1
-    print("function_lengths self-test passed: %s; a file of %d lines against limits %d and %d" %
-          (want, lines, lines, lines - 1))
+    print("function_lengths self-test passed: %s, %s; a file of %d lines against limits %d and %d" %
+          (want, py_want, lines, lines, lines - 1))
     return 0
 
 

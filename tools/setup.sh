@@ -50,6 +50,15 @@ if [ "$have_tb" != "$TENSORBOARD_VERSION" ]; then
   pip_install "tensorboard==$TENSORBOARD_VERSION"
 fi
 "$PYTHON" -c 'import pytest' 2>/dev/null || { say "installing pytest from PyPI (tests/python: the ampkit Python package's tests)"; pip_install pytest; }
+# The Python package's source gates (ctest check_python_format, check_python_lint, check_python_types;
+# pyproject.toml's [tool.ruff] and [tool.mypy]) and its pip install test (test_pip_install builds the
+# package with scikit-build-core, without downloading anything).
+RUFF_VERSION=0.17.6 MYPY_VERSION=2.4.1 SKBUILD_VERSION=1.1.2
+have_gates=$("$PYTHON" -c 'from importlib.metadata import version as v; print(v("ruff"), v("mypy"), v("scikit-build-core"))' 2>/dev/null || true)
+if [ "$have_gates" != "$RUFF_VERSION $MYPY_VERSION $SKBUILD_VERSION" ]; then
+  say "installing ruff==$RUFF_VERSION, mypy==$MYPY_VERSION and scikit-build-core==$SKBUILD_VERSION from PyPI (the Python package's gates and pip install test)"
+  pip_install "ruff==$RUFF_VERSION" "mypy==$MYPY_VERSION" "scikit-build-core==$SKBUILD_VERSION"
+fi
 # Benchmark dependencies, only for tools/bench/gpu_models.py and its test (test_gpu_models_tiny):
 # real models that nobody on this project wrote, randomly initialised.
 TRANSFORMERS_VERSION=5.24.0 TIMM_VERSION=1.0.31

@@ -4,12 +4,12 @@ clippers and NaN policies chosen by name (docs/python.md)."""
 from __future__ import annotations
 
 from . import _library  # noqa: F401  (loads the C++ side first)
+from . import seeds as seeds
 from ._errors import AmpkitError, PluginError, TrainingAborted
 from .grad_scaler import GradScaler, OptState
 from .locator import NanLocator
 from .lr_scheduler import LRScheduler
 from .plugins import OptionInfo, PluginInfo, plugins
-from . import seeds
 from .seeds import (
     RECOMMENDED_CLIPPING_THRESHOLDS,
     AMPConfig,

@@ -19,10 +19,19 @@ def _process_group_types() -> tuple:
 def check_arguments(**given: Any) -> None:
     """One TypeError naming the argument for a value of the wrong type, before the C++ side sees
     it (which would answer with a TorchScript signature dump or an AttributeError)."""
-    expected = {"device": (str, torch.device), "precision": (str, type(None)), "opt": (Mapping, type(None)),
-                "model": (torch.nn.Module, type(None)), "scaler": (str, os.PathLike), "clipper": (str, os.PathLike),
-                "nan_policy": (str, os.PathLike), "stats_recipe": (str,), "sync": (str,),
-                "process_group": _process_group_types(), "average_loss": (bool,)}
+    expected = {
+        "device": (str, torch.device),
+        "precision": (str, type(None)),
+        "opt": (Mapping, type(None)),
+        "model": (torch.nn.Module, type(None)),
+        "scaler": (str, os.PathLike),
+        "clipper": (str, os.PathLike),
+        "nan_policy": (str, os.PathLike),
+        "stats_recipe": (str,),
+        "sync": (str,),
+        "process_group": _process_group_types(),
+        "average_loss": (bool,),
+    }
     for name, value in given.items():
         if not isinstance(value, expected[name]):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])

@@ -66,7 +66,8 @@ class DeferredMode:
         if self.in_iteration and self.slot != slot:
             raise RuntimeError(
                 "ampkit.GradScaler: a second optimizer in a deferred iteration; the deferred step serves one "
-                "optimizer per iteration (create the scaler with sync='step' for several)")
+                "optimizer per iteration (create the scaler with sync='step' for several)"
+            )
         if self.sync == "auto" and self.single_optimizer is not True:
             return False
         if slot in self.refused:
@@ -83,8 +84,9 @@ class DeferredMode:
         self.why = "every strategy has a device form and the optimizer is fused"
         return True
 
-    def step(self, optimizer: torch.optim.Optimizer, slot: int, loss: Optional[torch.Tensor], args: Any,
-             kwargs: Any) -> torch.Tensor:
+    def step(
+        self, optimizer: torch.optim.Optimizer, slot: int, loss: Optional[torch.Tensor], args: Any, kwargs: Any
+    ) -> torch.Tensor:
         """The deferred step: the device's grad_scale and found_inf to the fused optimizer; returns
         whether it stepped, as a bool tensor on the device (reading it waits for the device)."""
         with torch.no_grad():

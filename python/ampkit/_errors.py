@@ -7,6 +7,8 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from ._facts import ERROR_CATEGORIES
+
 __all__ = ["AmpkitError", "PluginError", "TrainingAborted"]
 
 
@@ -22,9 +24,14 @@ class TrainingAborted(AmpkitError):
     """The NaN policy (``abort``, or a streak limit) or the loss scaler stopped the run."""
 
 
-# ampkit::ErrorCategory's values (core/common/include/ampkit/error.h) and python/src/errors.h's
-# kAborted: the category of the last failure, which the C++ side keeps for us.
-_USAGE, _PLUGIN, _ABORTED = 1, 2, 100
+# The exception of each category that has one of its own (the others raise AmpkitError), by the
+# category's name in ampkit::ErrorCategory (core/common/include/ampkit/error.h) or python/src/errors.h's
+# "aborted"; the C++ side keeps the category of the last failure for us.
+_EXCEPTIONS = {
+    ERROR_CATEGORIES["usage"]: ValueError,
+    ERROR_CATEGORIES["plugin"]: PluginError,
+    ERROR_CATEGORIES["aborted"]: TrainingAborted,
+}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,13 +41,7 @@ def translate(exc: BaseException) -> BaseException:
     kind, message = torch.ops.ampkit.last_error()
     if kind < 0 or message not in str(exc):  # not ours: torch refused the call's arguments
         return exc
-    if kind == _USAGE:
-        return ValueError(message)
-    if kind == _PLUGIN:
-        return PluginError(message)
-    if kind == _ABORTED:
-        return TrainingAborted(message)
-    return AmpkitError(message)
+    return _EXCEPTIONS.get(kind, AmpkitError)(message)
 
 
 def cpp(fn: F) -> F:

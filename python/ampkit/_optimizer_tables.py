@@ -46,7 +46,10 @@ class OptimizerTables:
         (found_inf stays 0: a bad step never reaches the optimizer)."""
         args = self._fused_args.get(device)
         if args is None:
-            args = (torch.ones((), dtype=torch.float32, device=device), torch.zeros((), dtype=torch.float32, device=device))
+            args = (
+                torch.ones((), dtype=torch.float32, device=device),
+                torch.zeros((), dtype=torch.float32, device=device),
+            )
             self._fused_args[device] = args
         return args
 
@@ -61,8 +64,11 @@ class OptimizerTables:
             return bound[0]
         slot = bound[0] if bound is not None else len(self._bound)
         params = [p for group in groups for p in group["params"]]
-        names = [self._names.get(id(p), f"param_groups[{g}][{i}]")
-                 for g, group in enumerate(groups) for i, p in enumerate(group["params"])]
+        names = [
+            self._names.get(id(p), f"param_groups[{g}][{i}]")
+            for g, group in enumerate(groups)
+            for i, p in enumerate(group["params"])
+        ]
         group_name, sharded, dtensors = self._group.plan(params)
         with torch.no_grad():  # DTensors: the C++ side sees their local shards
             bound_params = [p.to_local() for p in params] if dtensors else params
@@ -77,7 +83,9 @@ class OptimizerTables:
 
     def _iteration_loss(self) -> Optional[torch.Tensor]:
         """The mean of this iteration's losses given to scale() (None under DDP: each rank's own)."""
-        return self._loss_sum / self._loss_count if self._loss_count and self._pass_loss else None
+        if self._loss_sum is None or not self._pass_loss:
+            return None
+        return self._loss_sum / self._loss_count
 
     def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
         slot = self._slot(optimizer)

@@ -4,12 +4,13 @@ over them."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, List, Mapping
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 
 import torch
 
 from ._deferred import DeferredMode
 from ._errors import cpp
+from ._facts import STEP_KINDS
 from ._optimizer_tables import _refresh_per_optimizer_state
 
 __all__ = ["PluginAccess", "option_text"]
@@ -29,13 +30,19 @@ def option_text(value: Any) -> str:
 def _check_saved_plugins(saved: Any) -> None:
     """A state_dict's "ampkit" entry, checked whole before anything is loaded from it."""
     if not isinstance(saved, Mapping):
-        raise ValueError(f"state_dict['ampkit'] must be a dict of plugin states (kind -> {{'plugin': name, "
-                         f"'state': dict}}), got {type(saved).__name__}")
+        raise ValueError(
+            f"state_dict['ampkit'] must be a dict of plugin states (kind -> {{'plugin': name, "
+            f"'state': dict}}), got {type(saved).__name__}"
+        )
     for kind, entry in saved.items():
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("plugin"), str) or not isinstance(
-                entry.get("state"), Mapping):
-            raise ValueError(f"state_dict['ampkit'][{kind!r}] must be {{'plugin': name, 'state': dict}}, "
-                             f"got {entry!r:.80}")
+        if (
+            not isinstance(entry, Mapping)
+            or not isinstance(entry.get("plugin"), str)
+            or not isinstance(entry.get("state"), Mapping)
+        ):
+            raise ValueError(
+                f"state_dict['ampkit'][{kind!r}] must be {{'plugin': name, 'state': dict}}, got {entry!r:.80}"
+            )
 
 
 class PluginAccess:
@@ -45,6 +52,13 @@ class PluginAccess:
     _deferred: Any
     _enabled: bool
     _torch_args: Dict[str, Any]
+    _per_optimizer_states: Dict[int, Dict[str, Any]]
+
+    if TYPE_CHECKING:  # GradScaler's and the other mixins', which this one calls
+
+        def get_scale(self) -> float: ...
+        def _refresh_scale(self) -> None: ...
+        def _make_core(self) -> Any: ...
 
     def state_dict(self) -> Dict[str, Any]:
         """torch.amp.GradScaler's state_dict, plus ``"ampkit"``: every plugin's name and state.
@@ -59,8 +73,7 @@ class PluginAccess:
             "growth_interval": self.get_growth_interval(),
             "_growth_tracker": self._get_growth_tracker(),
             "ampkit": {
-                kind: {"plugin": self._plugin(kind)[0], "state": self._plugin_state(kind)}
-                for kind in ("scaler", "clipper", "nan_policy")
+                kind: {"plugin": self._plugin(kind)[0], "state": self._plugin_state(kind)} for kind in STEP_KINDS
             },
         }
 
@@ -81,7 +94,7 @@ class PluginAccess:
                 self._set_scaler_option(name, state_dict[name])
         saved = state_dict.get("ampkit", {})
         _check_saved_plugins(saved)
-        for kind in ("scaler", "clipper", "nan_policy"):
+        for kind in STEP_KINDS:
             entry = saved.get(kind)
             if entry is not None and entry.get("plugin") == self._plugin(kind)[0]:
                 self._load_plugin_state(kind, entry["state"])
@@ -93,6 +106,29 @@ class PluginAccess:
         self._load_plugin_state("scaler", state)
         self._initial = (float(state_dict["scale"]), int(state_dict["_growth_tracker"]))
         self._refresh_scale()
+
+    def get_growth_factor(self) -> float:
+        return self._scaler_option("growth_factor", float)
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._set_scaler_option("growth_factor", float(new_factor))
+
+    def get_backoff_factor(self) -> float:
+        return self._scaler_option("backoff_factor", float)
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_scaler_option("backoff_factor", float(new_factor))
+
+    def get_growth_interval(self) -> int:
+        return self._scaler_option("growth_interval", int)
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._set_scaler_option("growth_interval", int(new_interval))
+
+    def _get_growth_tracker(self) -> int:
+        if not self._enabled:
+            return 0
+        return int(self._plugin_state("scaler").get("growth_tracker", 0))
 
     def set_plugin_option(self, key: str, value: Any) -> None:
         """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):

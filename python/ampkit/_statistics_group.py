@@ -41,8 +41,10 @@ class StatisticsGroup:
     def __getstate__(self) -> dict:
         # A ProcessGroup does not pickle: its c10d name does, and is resolved again on use.
         group = self.process_group
-        return {"process_group": group if group is None or isinstance(group, str) else group.group_name,
-                "average_loss": self.average_loss}
+        return {
+            "process_group": group if group is None or isinstance(group, str) else group.group_name,
+            "average_loss": self.average_loss,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -74,20 +76,26 @@ class StatisticsGroup:
         if len(distributed) != len(params):
             raise ValueError(
                 "ampkit.GradScaler: an optimizer's parameters are partly DTensors (FSDP2's shards) and partly "
-                "plain tensors; give the sharded and the plain ones to separate optimizers")
+                "plain tensors; give the sharded and the plain ones to separate optimizers"
+            )
         mesh = distributed[0].device_mesh
         if any(p.device_mesh != mesh for p in distributed):
             raise ValueError("ampkit.GradScaler: an optimizer's DTensor parameters lie on different device meshes")
         if mesh.ndim != 1:
             raise ValueError(
                 f"ampkit.GradScaler: DTensor parameters on a {mesh.ndim}-D device mesh (HSDP) are not supported; "
-                "fully_shard over a 1-D mesh")
+                "fully_shard over a 1-D mesh"
+            )
         sharded = [any(isinstance(pl, shard) for pl in p.placements) for p in distributed]
-        if any(sharded) and not all(sharded) or not all(
-                isinstance(pl, (shard, replicate)) for p in distributed for pl in p.placements):
+        if (
+            any(sharded)
+            and not all(sharded)
+            or not all(isinstance(pl, (shard, replicate)) for p in distributed for pl in p.placements)
+        ):
             raise ValueError(
                 "ampkit.GradScaler: an optimizer's DTensor parameters must be all sharded (Shard) or all "
-                f"replicated (Replicate); got placements {sorted({str(p.placements) for p in distributed})}")
+                f"replicated (Replicate); got placements {sorted({str(p.placements) for p in distributed})}"
+            )
         group = self._named_group()
         if group is None:
             group = mesh.get_group()
@@ -96,7 +104,8 @@ class StatisticsGroup:
             if sorted(ranks) != sorted(mesh_ranks):
                 raise ValueError(
                     f"ampkit.GradScaler: process_group holds ranks {sorted(ranks)}, but the gradients are sharded "
-                    f"over ranks {sorted(mesh_ranks)} (their device mesh)")
+                    f"over ranks {sorted(mesh_ranks)} (their device mesh)"
+                )
         return group.group_name, all(sharded), True
 
     @staticmethod

@@ -4,7 +4,7 @@ torch, backed by the scaler plugin's state."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 import torch
 
@@ -22,6 +22,18 @@ class TorchPrivateState:
     _deferred: Any
     _enabled: bool
     _initial: Any
+
+    if TYPE_CHECKING:  # the other mixins' and GradScaler's, which this one reads
+
+        def _get_growth_tracker(self) -> int: ...
+        def _plugin_state(self, kind: str) -> Dict[str, Any]: ...
+        def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None: ...
+        def get_growth_factor(self) -> float: ...
+        def set_growth_factor(self, new_factor: float) -> None: ...
+        def get_backoff_factor(self) -> float: ...
+        def set_backoff_factor(self, new_factor: float) -> None: ...
+        def get_growth_interval(self) -> int: ...
+        def set_growth_interval(self, new_interval: int) -> None: ...
 
     def _check_scale_growth_tracker(self, funcname: str) -> Any:
         fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
@@ -43,7 +55,7 @@ class TorchPrivateState:
         return self._scale
 
     @property
-    def _growth_tracker(self) -> Optional[torch.Tensor]:  # type: ignore[override]
+    def _growth_tracker(self) -> Optional[torch.Tensor]:
         """torch's growth tracker: the scaler plugin's ``growth_tracker`` as an int32 tensor on
         the scale's device (None before the first scale(), as torch's)."""
         if self._scale is None:
@@ -58,26 +70,48 @@ class TorchPrivateState:
                 state["growth_tracker"] = int(value.item() if isinstance(value, torch.Tensor) else value)
                 self._load_plugin_state("scaler", state)
 
+    # torch's attributes, which its own methods assign: here views of the scaler plugin's state
+    # and options, so an assignment sets what torch's would.
     @property
-    def _init_scale(self) -> float:  # type: ignore[override]
+    def _init_scale(self) -> float:
         """torch's: the scale at construction or from the last load_state_dict (not the live one)."""
         return self._initial[0]
 
+    @_init_scale.setter
+    def _init_scale(self, value: float) -> None:
+        self._initial = (float(value), self._initial[1])
+
     @property
-    def _init_growth_tracker(self) -> int:  # type: ignore[override]
+    def _init_growth_tracker(self) -> int:
         return self._initial[1]
 
+    @_init_growth_tracker.setter
+    def _init_growth_tracker(self, value: int) -> None:
+        self._initial = (self._initial[0], int(value))
+
     @property
-    def _growth_factor(self) -> float:  # type: ignore[override]
+    def _growth_factor(self) -> float:
         return self.get_growth_factor()
 
-    @property
-    def _backoff_factor(self) -> float:  # type: ignore[override]
-        return self.get_backoff_factor()
+    @_growth_factor.setter
+    def _growth_factor(self, value: float) -> None:
+        self.set_growth_factor(value)
 
     @property
-    def _growth_interval(self) -> int:  # type: ignore[override]
+    def _backoff_factor(self) -> float:
+        return self.get_backoff_factor()
+
+    @_backoff_factor.setter
+    def _backoff_factor(self, value: float) -> None:
+        self.set_backoff_factor(value)
+
+    @property
+    def _growth_interval(self) -> int:
         return self.get_growth_interval()
+
+    @_growth_interval.setter
+    def _growth_interval(self, value: int) -> None:
+        self.set_growth_interval(value)
 
     def _core_scale(self) -> float:
         return float(cpp(self._core.scale)())

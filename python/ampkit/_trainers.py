@@ -106,8 +106,10 @@ class TrainerClipping:
                 f"{caller}: norm_type={norm_type!r}; ampkit's 'norm' clipper takes the 2-norm or the "
                 "inf-norm (largest absolute gradient)"
             )
-        wanted = {"max_norm": float(max_norm) if limited else NO_LIMIT,
-                  "norm_type": "inf" if norm_type == math.inf else "2"}
+        wanted = {
+            "max_norm": float(max_norm) if limited else NO_LIMIT,
+            "norm_type": "inf" if norm_type == math.inf else "2",
+        }
         for name, value in wanted.items():
             if self._options[name] != value:
                 set_clipper_option(self.scaler, name, value)

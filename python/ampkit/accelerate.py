@@ -55,20 +55,29 @@ def prepare_scaler(accelerator: Accelerator, **gradscaler_kwargs: Any) -> Option
         DeepSpeed, Megatron-LM, XLA).
     """
     if accelerator._models or accelerator._optimizers:
-        raise RuntimeError("prepare_scaler(accelerator) must run before accelerator.prepare(...): the "
-                           "prepared optimizers already hold the accelerator's scaler")
+        raise RuntimeError(
+            "prepare_scaler(accelerator) must run before accelerator.prepare(...): the "
+            "prepared optimizers already hold the accelerator's scaler"
+        )
     if accelerator.mixed_precision != "fp16":
-        warnings.warn(f"ampkit.accelerate.prepare_scaler: mixed_precision is "
-                      f"{accelerator.mixed_precision!r}, which uses no loss scaler: ampkit is not installed",
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            f"ampkit.accelerate.prepare_scaler: mixed_precision is "
+            f"{accelerator.mixed_precision!r}, which uses no loss scaler: ampkit is not installed",
+            UserWarning,
+            stacklevel=2,
+        )
         return None
     if accelerator.distributed_type not in _SUPPORTED:
-        raise NotImplementedError(f"ampkit.accelerate.prepare_scaler: distributed type "
-                                  f"{accelerator.distributed_type} brings a loss scaler of its own")
+        raise NotImplementedError(
+            f"ampkit.accelerate.prepare_scaler: distributed type "
+            f"{accelerator.distributed_type} brings a loss scaler of its own"
+        )
     device = accelerator.device.type
     if accelerator.scaler is None:
-        warn_fp16_on_cpu("ampkit.accelerate.prepare_scaler",
-                         "Accelerate alone would have run mixed_precision='fp16' as fp32, without a scaler")
+        warn_fp16_on_cpu(
+            "ampkit.accelerate.prepare_scaler",
+            "Accelerate alone would have run mixed_precision='fp16' as fp32, without a scaler",
+        )
     handler = accelerator.scaler_handler
     kwargs = dict(handler.to_kwargs() if handler is not None else {}, **gradscaler_kwargs)
     scaler, clipping = make_scaler(device, kwargs)
@@ -84,17 +93,23 @@ def _install_clipping(accelerator: Accelerator, clipping: TrainerClipping) -> No
     not the class's) by ones that hand the threshold to ampkit's clipper."""
     state = {"checked": False}
 
-    def clip_grad_norm_(self: Accelerator, parameters: Union[torch.Tensor, Iterable[torch.Tensor]],
-                        max_norm: float, norm_type: Union[float, int, str] = 2) -> torch.Tensor:
+    def clip_grad_norm_(
+        self: Accelerator,
+        parameters: Union[torch.Tensor, Iterable[torch.Tensor]],
+        max_norm: float,
+        norm_type: Union[float, int, str] = 2,
+    ) -> torch.Tensor:
         """Accelerate's ``clip_grad_norm_`` with ampkit's clipper: sets its threshold to
         ``max_norm``, unscales (and so clips) and returns the unclipped total norm."""
         norm = math.inf if str(norm_type) == "inf" else float(norm_type)
         clipping.configure(float(max_norm), norm, f"accelerator.clip_grad_norm_(max_norm={max_norm})")
         optimizers = self._optimizers
         if len(optimizers) != 1:
-            raise ValueError(f"accelerator.clip_grad_norm_ with ampkit and {len(optimizers)} prepared "
-                             "optimizers: ampkit's clipper clips each optimizer's gradients by their "
-                             "own norm; prepare one optimizer, or name the clipper (clipper='norm')")
+            raise ValueError(
+                f"accelerator.clip_grad_norm_ with ampkit and {len(optimizers)} prepared "
+                "optimizers: ampkit's clipper clips each optimizer's gradients by their "
+                "own norm; prepare one optimizer, or name the clipper (clipper='norm')"
+            )
         if not state["checked"]:
             _check_same_parameters(parameters, optimizers[0])
             state["checked"] = True
@@ -102,9 +117,11 @@ def _install_clipping(accelerator: Accelerator, clipping: TrainerClipping) -> No
         return clipping.unclipped_norm(self.device)
 
     def clip_grad_value_(self: Accelerator, parameters: Any, clip_value: float) -> None:
-        raise ValueError("accelerator.clip_grad_value_ with ampkit: ampkit clips inside the scaler's "
-                         "step; use prepare_scaler(accelerator, clipper='value', "
-                         "opt={'clipper.clip_value': v}) and drop the clip_grad_value_ call")
+        raise ValueError(
+            "accelerator.clip_grad_value_ with ampkit: ampkit clips inside the scaler's "
+            "step; use prepare_scaler(accelerator, clipper='value', "
+            "opt={'clipper.clip_value': v}) and drop the clip_grad_value_ call"
+        )
 
     accelerator.clip_grad_norm_ = types.MethodType(clip_grad_norm_, accelerator)
     accelerator.clip_grad_value_ = types.MethodType(clip_grad_value_, accelerator)
@@ -117,6 +134,8 @@ def _check_same_parameters(parameters: Union[torch.Tensor, Iterable[torch.Tensor
     with_grads = {id(p) for p in given if p.grad is not None}
     owned = {id(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None}
     if with_grads != owned:
-        raise ValueError("accelerator.clip_grad_norm_ with ampkit: the parameters given are not the "
-                         "optimizer's (ampkit's clipper clips the optimizer's gradients by their total "
-                         "norm); pass model.parameters() of the prepared model")
+        raise ValueError(
+            "accelerator.clip_grad_norm_ with ampkit: the parameters given are not the "
+            "optimizer's (ampkit's clipper clips the optimizer's gradients by their total "
+            "norm); pass model.parameters() of the prepared model"
+        )

@@ -31,9 +31,14 @@ from .locator import nan_report
 
 __all__ = ["GradScaler", "OptState"]
 
-# torch.amp.GradScaler's constructor defaults: an argument left at its default leaves the
-# plugin's own default (or AMPKIT_SCALER_<OPTION>) in force.
-_TORCH_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+# torch.amp.GradScaler's constructor defaults, read from its signature: an argument left at its
+# default leaves the plugin's own default (or AMPKIT_SCALER_<OPTION>) in force.
+_TORCH_DEFAULTS = {name: p.default for name, p in inspect.signature(torch.amp.GradScaler.__init__).parameters.items()}
+
+
+def _scaler_options(torch_args: Mapping[str, Any]) -> Dict[str, str]:
+    """The scaler plugin's options that torch's arguments set: those given other than their default."""
+    return {"scaler." + k: option_text(v) for k, v in torch_args.items() if v != _TORCH_DEFAULTS[k]}
 
 
 class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.GradScaler):
@@ -114,13 +119,24 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         process_group: Optional["torch.distributed.ProcessGroup"] = None,
         average_loss: bool = False,
     ) -> None:
-        check_arguments(device=device, precision=precision, opt=opt, model=model, scaler=scaler, clipper=clipper,
-                        nan_policy=nan_policy, stats_recipe=stats_recipe, sync=sync, process_group=process_group,
-                        average_loss=average_loss)
+        check_arguments(
+            device=device,
+            precision=precision,
+            opt=opt,
+            model=model,
+            scaler=scaler,
+            clipper=clipper,
+            nan_policy=nan_policy,
+            stats_recipe=stats_recipe,
+            sync=sync,
+            process_group=process_group,
+            average_loss=average_loss,
+        )
         self._device = str(device)
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
-            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.")
+            # torch's warning, issued as torch issues it (no stacklevel).
+            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.")  # noqa: B028
             self._enabled = False
         torch_args = {
             "init_scale": init_scale,
@@ -130,15 +146,13 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         }
         self._config: Dict[str, Any] = {
             "plugins": {"scaler": str(scaler), "clipper": str(clipper), "nan_policy": str(nan_policy)},
-            "opt": {str(k): option_text(v) for k, v in (opt or {}).items()},
+            # opt= wins over torch's arguments.
+            "opt": {**_scaler_options(torch_args), **{str(k): option_text(v) for k, v in (opt or {}).items()}},
             "precision": precision or "fp16",
             "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
             "stats_recipe": str(stats_recipe),
         }
-        for name, value in torch_args.items():
-            if value != _TORCH_DEFAULTS[name]:
-                self._config["opt"].setdefault("scaler." + name, option_text(value))
         self._torch_args = torch_args
         self._model = model
         self._names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
@@ -174,9 +188,19 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         # the loss is averaged over the ranks (average_loss).
         self._pass_loss = self._group.passes_loss(world)
         self._bound = {}
-        make = cpp(lambda: torch.classes.ampkit.ScalerCore(
-            c["plugins"], c["opt"], c["precision"], dirs, c["allow_untrusted"], self._device.startswith("cuda"),
-            rank, world, c["stats_recipe"]))
+        make = cpp(
+            lambda: torch.classes.ampkit.ScalerCore(
+                c["plugins"],
+                c["opt"],
+                c["precision"],
+                dirs,
+                c["allow_untrusted"],
+                self._device.startswith("cuda"),
+                rank,
+                world,
+                c["stats_recipe"],
+            )
+        )
         return make()
 
     @classmethod
@@ -190,7 +214,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
 
     # --- torch.amp.GradScaler's methods -------------------------------------------------------
 
-    def scale(self, outputs: Any) -> Any:  # type: ignore[override]
+    def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor, or the tensors of a nested list/tuple, by the loss scale."""
         if not self._enabled:
             return outputs
@@ -277,12 +301,12 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             if fused:  # unscale and clip folded into the fused optimizer's step (torch always hands it grad_scale)
                 grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
                 grad_scale.fill_(1.0 / state["factor"])
-                optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
+                optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
                 try:
                     optimizer.step(*args, **kwargs)
                 finally:
-                    del optimizer.grad_scale
-                    del optimizer.found_inf
+                    del optimizer.grad_scale  # type: ignore[attr-defined]
+                    del optimizer.found_inf  # type: ignore[attr-defined]
             else:
                 optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
@@ -332,29 +356,6 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             return 1.0
         self._deferred.drain()
         return self._core_scale()
-
-    def get_growth_factor(self) -> float:
-        return self._scaler_option("growth_factor", float)
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._set_scaler_option("growth_factor", float(new_factor))
-
-    def get_backoff_factor(self) -> float:
-        return self._scaler_option("backoff_factor", float)
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_scaler_option("backoff_factor", float(new_factor))
-
-    def get_growth_interval(self) -> int:
-        return self._scaler_option("growth_interval", int)
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        self._set_scaler_option("growth_interval", int(new_interval))
-
-    def _get_growth_tracker(self) -> int:
-        if not self._enabled:
-            return 0
-        return int(self._plugin_state("scaler").get("growth_tracker", 0))
 
     def is_enabled(self) -> bool:
         return self._enabled

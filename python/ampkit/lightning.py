@@ -94,8 +94,10 @@ class AmpkitPrecision(MixedPrecision):
         if not clip_val or clip_val <= 0:
             return None
         if GradClipAlgorithmType(gradient_clip_algorithm) is not GradClipAlgorithmType.NORM:
-            raise ValueError("AmpkitPrecision: clipping by value is ampkit's 'value' clipper: "
-                             "AmpkitPrecision(clipper='value', opt={'clipper.clip_value': v})")
+            raise ValueError(
+                "AmpkitPrecision: clipping by value is ampkit's 'value' clipper: "
+                "AmpkitPrecision(clipper='value', opt={'clipper.clip_value': v})"
+            )
         if not self._clipping.follows_trainer:  # refused there, with the reason
             self._clipping.configure(float(clip_val), 2.0, f"clip_gradients(clip_val={clip_val})")
         if float(clip_val) != self._clipping.max_norm:
@@ -129,8 +131,9 @@ class AmpkitCheckpointIO(CheckpointIO):
         full = dict(checkpoint, **{self.KEY: state}) if state else checkpoint
         self.inner.save_checkpoint(full, path, storage_options=storage_options)
 
-    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
-                        weights_only: Optional[bool] = None) -> Dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
+    ) -> Dict[str, Any]:
         """Reads the checkpoint, restores the precision plugin's state from it and returns the
         rest."""
         checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -175,8 +178,9 @@ class AmpkitFabricPrecision(FabricMixedPrecision):
         )
 
 
-def fabric_plugins(device: str = "cuda", checkpoint_io: Optional[CheckpointIO] = None,
-                   **gradscaler_kwargs: Any) -> List[Any]:
+def fabric_plugins(
+    device: str = "cuda", checkpoint_io: Optional[CheckpointIO] = None, **gradscaler_kwargs: Any
+) -> List[Any]:
     """``Fabric(plugins=...)``'s list: an :class:`AmpkitFabricPrecision` and the
     :class:`AmpkitCheckpointIO` (around ``checkpoint_io``, default ``TorchCheckpointIO``) that
     saves and restores its state with ``fabric.save``/``fabric.load``.

@@ -3,12 +3,12 @@
 Zero cost on healthy steps: nothing is hooked until :meth:`NanLocator.locate` re-runs a bad step.
 Then a forward hook on every submodule hands its output to the engine's locator
 (core/engine/include/ampkit/nan_locator.h, the one ampkit-train uses), which summarizes it and
-hooks its gradient; the report has the form of ampkit-train's nan-report JSON.
+hooks its gradient; the C++ side lays the report out as ampkit-train's nan-report JSON.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -46,10 +46,17 @@ class NanLocator:
         non-finite output wins, then a non-finite loss, then the first non-finite gradient in
         backward order. The model's gradients are cleared afterwards. Dropout draws anew in the
         re-run unless the closure restores the RNG state the step had."""
+        session, loss = self._run(closure, scale)
+        return dict(cpp(session.finish)(loss, self._module_types()))
+
+    def _module_types(self) -> Dict[str, str]:
+        return {name: type(module).__name__ for name, module in self.model.named_modules() if name}
+
+    def _run(self, closure: Callable[[], torch.Tensor], scale: float) -> Tuple[Any, float]:
+        """The re-run: (its LocatorSession, ready to finish; the loss)."""
         session = cpp(torch.classes.ampkit.LocatorSession)()
-        modules = dict(self.model.named_modules())
         handles = []
-        for name, module in modules.items():
+        for name, module in self.model.named_modules():
             if name:
                 handles.append(module.register_forward_hook(self._hook(session, name)))
         try:
@@ -64,10 +71,7 @@ class NanLocator:
                 h.remove()
         for p in self.model.parameters():
             p.grad = None
-        report = dict(cpp(session.finish)(float(loss.detach())))
-        module = modules.get(report["module"]) if report["module"] else None
-        report["module_type"] = type(module).__name__ if module is not None else ""
-        return report
+        return session, float(loss.detach())
 
     @staticmethod
     def _hook(session: Any, name: str) -> Callable[..., None]:
@@ -81,20 +85,25 @@ class NanLocator:
         return hook
 
 
-def nan_report(model: torch.nn.Module, closure: Callable[[], torch.Tensor], record: Dict[str, Any],
-               precision: str) -> Dict[str, Any]:
+def nan_report(
+    model: torch.nn.Module, closure: Callable[[], torch.Tensor], record: Dict[str, Any], precision: str
+) -> Dict[str, Any]:
     """GradScaler.locate's report: the step's ``record`` (its last_step) and :meth:`NanLocator.locate`'s
     findings, in the form of ampkit-train's nan-report JSON."""
-    scale = record.get("scale", 1.0)
-    located = NanLocator(model).locate(closure, scale=scale)
+    scale = float(record.get("scale", 1.0))
+    locator = NanLocator(model)
+    session, loss = locator._run(closure, scale)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    report = {
-        "step": record.get("step", 0),
-        "rank": torch.distributed.get_rank() if distributed else 0,
-        "detection": record.get("reason", ""),
-        "action": record.get("action", ""),
-        "loss_scale": scale,
-        "precision": precision,
-    }
-    report.update(located)
-    return report
+    rank = torch.distributed.get_rank() if distributed else 0
+    return dict(
+        cpp(session.report)(
+            loss,
+            locator._module_types(),
+            int(record.get("step", 0)),
+            rank,
+            str(record.get("reason", "")),
+            str(record.get("action", "")),
+            scale,
+            precision,
+        )
+    )

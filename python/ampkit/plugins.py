@@ -52,4 +52,7 @@ def plugins(
     ones. Read from the files without running plugin code, as ``ampkit-plugins list``."""
     dirs = tuple(_library.plugin_folders(plugin_dirs)) + (_library.builtin_plugin_dir(),)
     rows = cpp(torch.ops.ampkit.list_plugins)(list(dirs), allow_untrusted_plugins)
-    return [PluginInfo(*r, _dirs=dirs, _allow_untrusted=allow_untrusted_plugins) for r in rows]
+    return [
+        PluginInfo(kind, name, version, summary, path, _dirs=dirs, _allow_untrusted=allow_untrusted_plugins)
+        for kind, name, version, summary, path in rows
+    ]

@@ -12,13 +12,18 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 
-from .seeds import AMPConfig, AMPTrainer, create_default_amp_config
 from .seeds_nan import _did_you_mean
+from .seeds_trainer import AMPConfig, AMPTrainer, create_default_amp_config
 
 __all__ = ["DistributedAMPTrainer", "DistributedConfig"]
 
-_ENV_NAMES = (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
-              ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT"))
+_ENV_NAMES = (
+    ("rank", "RANK"),
+    ("world_size", "WORLD_SIZE"),
+    ("local_rank", "LOCAL_RANK"),
+    ("master_addr", "MASTER_ADDR"),
+    ("master_port", "MASTER_PORT"),
+)
 
 
 def _default_backend() -> str:
@@ -81,12 +86,16 @@ class DistributedConfig:
         """Raises :class:`ValueError` naming the first bad field; returns self."""
         known = [b for b in torch.distributed.Backend.backend_list if b != "undefined"]
         checks = [
-            (all(p.split(":")[-1] in known for p in self.backend.split(",")),
-             f"backend='{self.backend}' is not one of {', '.join(known)}"),
+            (
+                all(p.split(":")[-1] in known for p in self.backend.split(",")),
+                f"backend='{self.backend}' is not one of {', '.join(known)}",
+            ),
             (self.world_size >= 1, f"world_size={self.world_size} must be at least 1"),
             (0 <= self.rank < self.world_size, f"rank={self.rank} must be in [0, world_size={self.world_size})"),
-            (0 <= self.local_rank < self.world_size,
-             f"local_rank={self.local_rank} must be in [0, world_size={self.world_size})"),
+            (
+                0 <= self.local_rank < self.world_size,
+                f"local_rank={self.local_rank} must be in [0, world_size={self.world_size})",
+            ),
             (bool(self.master_addr), "master_addr is empty"),
             (0 < self.master_port < 65536, f"master_port={self.master_port} must be in [1, 65535]"),
             (self.timeout_s is None or self.timeout_s > 0, f"timeout_s={self.timeout_s} must be positive"),
@@ -105,15 +114,23 @@ class DistributedAMPTrainer(AMPTrainer):
     torchrun's environment) unless one is initialized, puts the model on ``cuda:local_rank`` (nccl
     with CUDA) or the CPU (unless ``amp_config.device`` says otherwise) and wraps it in DDP."""
 
-    def __init__(self, model: torch.nn.Module, amp_config: Optional[AMPConfig] = None,
-                 dist_config: Optional[DistributedConfig] = None, optimizer: Optional[torch.optim.Optimizer] = None,
-                 loss_fn: Optional[Callable] = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        amp_config: Optional[AMPConfig] = None,
+        dist_config: Optional[DistributedConfig] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        loss_fn: Optional[Callable] = None,
+    ) -> None:
         dc = (dist_config if dist_config is not None else DistributedConfig.from_env()).validate()
         self.dist_config = dc
         if not torch.distributed.is_initialized():
-            extra = {} if dc.timeout_s is None else {"timeout": datetime.timedelta(seconds=dc.timeout_s)}
-            torch.distributed.init_process_group(dc.backend, init_method=dc.resolved_init_method(),
-                                                 world_size=dc.world_size, rank=dc.rank, **extra)
+            extra: Dict[str, Any] = (
+                {} if dc.timeout_s is None else {"timeout": datetime.timedelta(seconds=dc.timeout_s)}
+            )
+            torch.distributed.init_process_group(
+                dc.backend, init_method=dc.resolved_init_method(), world_size=dc.world_size, rank=dc.rank, **extra
+            )
         config = amp_config if amp_config is not None else create_default_amp_config()
         if config.device is not None:
             device = torch.device(config.device)

@@ -14,11 +14,17 @@ from .grad_scaler import GradScaler
 __all__ = ["NaNDetector", "NaNRecoveryManager", "NaNReport"]
 
 # The seeds' NaN strategies: (nan_policy plugin, its options).
-_NAN_STRATEGIES = {"skip": ("skip", {}), "reduce_scale": ("backoff", {}), "clip": ("skip", {"on_spike": "clip"}),
-                   "abort": ("abort", {})}
+_NAN_STRATEGIES = {
+    "skip": ("skip", {}),
+    "reduce_scale": ("backoff", {}),
+    "clip": ("skip", {"on_spike": "clip"}),
+    "abort": ("abort", {}),
+}
 _CLIP_SPIKE_ZSCORE = 6.0  # nan_policy.spike_zscore's help: "6 is a cautious starting point"
-_ROLLBACK = ("nan strategy 'rollback' restores a snapshot of the model and optimizer, which ampkit.GradScaler "
-             "does not hold: use ampkit-train --nan-policy rollback, or 'skip', 'reduce_scale', 'clip' or 'abort'")
+_ROLLBACK = (
+    "nan strategy 'rollback' restores a snapshot of the model and optimizer, which ampkit.GradScaler "
+    "does not hold: use ampkit-train --nan-policy rollback, or 'skip', 'reduce_scale', 'clip' or 'abort'"
+)
 
 
 def _did_you_mean(name: str, names: Iterable[str]) -> str:
@@ -61,10 +67,13 @@ class NaNDetector:
 
     def check_gradients(self, model: Union[torch.nn.Module, Iterable[torch.Tensor]]) -> NaNReport:
         """Checks every gradient with one host read; the report names the first bad parameter."""
-        named = model.named_parameters() if isinstance(model, torch.nn.Module) else (
-            (f"parameters[{i}]", p) for i, p in enumerate(model))
+        named = (
+            model.named_parameters()
+            if isinstance(model, torch.nn.Module)
+            else ((f"parameters[{i}]", p) for i, p in enumerate(model))
+        )
         grads = [(n, p.grad._values() if p.grad.is_sparse else p.grad) for n, p in named if p.grad is not None]
-        bad = torch.stack([(~torch.isfinite(g)).any().cpu() for _, g in grads]).nonzero() if grads else []
+        bad: Any = torch.stack([(~torch.isfinite(g)).any().cpu() for _, g in grads]).nonzero() if grads else []
         if len(bad) == 0:
             return self._report(True)
         name, g = grads[int(bad[0])]
@@ -78,20 +87,32 @@ class NaNRecoveryManager:
     :class:`ValueError`: it needs ampkit-train's snapshots. The other arguments are the policy's
     options of the same names (None: the plugin's default)."""
 
-    def __init__(self, strategy: str = "skip", *, max_consecutive: Optional[int] = None,
-                 spike_zscore: Optional[float] = None, spike_window: Optional[int] = None,
-                 spike_min_samples: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        strategy: str = "skip",
+        *,
+        max_consecutive: Optional[int] = None,
+        spike_zscore: Optional[float] = None,
+        spike_window: Optional[int] = None,
+        spike_min_samples: Optional[int] = None,
+    ) -> None:
         if strategy == "rollback":
             raise ValueError(_ROLLBACK)
         if strategy not in _NAN_STRATEGIES:
-            raise ValueError(f"unknown nan strategy '{strategy}' (skip, reduce_scale, clip, abort)"
-                             + _did_you_mean(strategy, _NAN_STRATEGIES))
+            raise ValueError(
+                f"unknown nan strategy '{strategy}' (skip, reduce_scale, clip, abort)"
+                + _did_you_mean(strategy, _NAN_STRATEGIES)
+            )
         self.strategy = strategy
         self.policy, options = _NAN_STRATEGIES[strategy]
         if strategy == "clip" and spike_zscore is None:
             spike_zscore = _CLIP_SPIKE_ZSCORE
-        given = {"max_consecutive": max_consecutive, "spike_zscore": spike_zscore, "spike_window": spike_window,
-                 "spike_min_samples": spike_min_samples}
+        given = {
+            "max_consecutive": max_consecutive,
+            "spike_zscore": spike_zscore,
+            "spike_window": spike_window,
+            "spike_min_samples": spike_min_samples,
+        }
         self.options: Dict[str, Any] = {**options, **{k: v for k, v in given.items() if v is not None}}
 
     def scaler_kwargs(self) -> Dict[str, Any]:

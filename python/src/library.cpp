@@ -6,6 +6,7 @@
 #include "ampkit/plugin_call.h"
 #include "errors.h"
 #include "locator.h"
+#include "plugin_listing.h"
 #include "scaler_core.h"
 
 namespace ampkit::python {
@@ -77,7 +78,8 @@ TORCH_LIBRARY(ampkit, m) {
   m.class_<ampkit::python::LocatorSession>("LocatorSession")
       .def(torch::init<>())
       .def("observe", &ampkit::python::LocatorSession::observe)
-      .def("finish", &ampkit::python::LocatorSession::finish);
+      .def("finish", &ampkit::python::LocatorSession::finish)
+      .def("report", &ampkit::python::LocatorSession::report);
   m.def("last_error", &ampkit::python::last_error_op);
   m.def("install_fault_reporter", &ampkit::python::install_fault_reporter);
   // Device-to-host reads the engine made in this process (ampkit/host_reads.h): tests count them.

@@ -54,20 +54,46 @@ void LocatorSession::observe(const std::string& module, std::optional<at::Tensor
   guarded([&] { tap(module, input ? *input : at::Tensor(), std::move(output)); });
 }
 
-c10::Dict<std::string, c10::IValue> LocatorSession::finish(double loss) {
+void LocatorSession::add_findings(c10::Dict<std::string, c10::IValue>& r, double loss,
+                                  const c10::Dict<std::string, std::string>& module_types) {
+  const NanLocation loc = recording_->finish(loss);
+  r.insert("located", loc.found);
+  r.insert("module", loc.module);
+  const auto type = loc.module.empty() ? module_types.end() : module_types.find(loc.module);
+  r.insert("module_type", type == module_types.end() ? std::string() : type->value());
+  r.insert("phase", loc.phase);
+  r.insert("finding", loc.finding);
+  r.insert("micro_batch", static_cast<int64_t>(loc.micro_batch));
+  r.insert("micro_batch_loss",
+           std::isfinite(loc.loss) ? c10::IValue(loc.loss) : c10::IValue(std::string("nan")));
+  if (!loc.module.empty()) r.insert("observation", observation(loc.observation));
+  r.insert("forward", observations(loc.forward));
+  r.insert("backward", observations(loc.backward));
+}
+
+c10::Dict<std::string, c10::IValue> LocatorSession::finish(double loss,
+                                                           c10::Dict<std::string, std::string> module_types) {
   return guarded([&] {
-    const NanLocation loc = recording_->finish(loss);
     c10::Dict<std::string, c10::IValue> r = str_any_dict();
-    r.insert("located", loc.found);
-    r.insert("module", loc.module);
-    r.insert("phase", loc.phase);
-    r.insert("finding", loc.finding);
-    r.insert("micro_batch", static_cast<int64_t>(loc.micro_batch));
-    r.insert("micro_batch_loss",
-             std::isfinite(loc.loss) ? c10::IValue(loc.loss) : c10::IValue(std::string("nan")));
-    if (!loc.module.empty()) r.insert("observation", observation(loc.observation));
-    r.insert("forward", observations(loc.forward));
-    r.insert("backward", observations(loc.backward));
+    add_findings(r, loss, module_types);
+    return r;
+  });
+}
+
+c10::Dict<std::string, c10::IValue> LocatorSession::report(double loss,
+                                                           c10::Dict<std::string, std::string> module_types,
+                                                           int64_t step, int64_t rank, std::string detection,
+                                                           std::string action, double loss_scale,
+                                                           std::string precision) {
+  return guarded([&] {
+    c10::Dict<std::string, c10::IValue> r = str_any_dict();
+    r.insert("step", step);
+    r.insert("rank", rank);
+    r.insert("detection", detection);
+    r.insert("action", action);
+    r.insert("loss_scale", loss_scale);
+    r.insert("precision", precision);
+    add_findings(r, loss, module_types);
     return r;
   });
 }

@@ -15,15 +15,24 @@ namespace ampkit::python {
 
 // One re-run of a bad step (ampkit.NanLocator.locate): created before the forward, fed every
 // module's output by the forward hooks (observe), finished with the loss after the scaled
-// backward. The report has the keys of ampkit-train's nan-report JSON that the re-run knows:
-// located, module, phase, finding, micro_batch, micro_batch_loss, observation, forward, backward.
+// backward. The layout is ampkit-train's nan-report JSON (hosts/train/src/session/nan_reports.cpp),
+// declared here once for Python: finish() gives the keys the re-run knows (located, module,
+// module_type, phase, finding, micro_batch, micro_batch_loss, observation, forward, backward),
+// report() the whole report, with the step's (step, rank, detection, action, loss_scale,
+// precision) first. `module_types`: every module's type name by path. Call one of them, once.
 class LocatorSession : public torch::CustomClassHolder {
  public:
   LocatorSession();
   void observe(const std::string& module, std::optional<at::Tensor> input, at::Tensor output);
-  c10::Dict<std::string, c10::IValue> finish(double loss);
+  c10::Dict<std::string, c10::IValue> finish(double loss, c10::Dict<std::string, std::string> module_types);
+  c10::Dict<std::string, c10::IValue> report(double loss, c10::Dict<std::string, std::string> module_types,
+                                             int64_t step, int64_t rank, std::string detection,
+                                             std::string action, double loss_scale, std::string precision);
 
  private:
+  // finish()'s keys added to `r`.
+  void add_findings(c10::Dict<std::string, c10::IValue>& r, double loss,
+                    const c10::Dict<std::string, std::string>& module_types);
   std::unique_ptr<LocatorRecording> recording_;
 };
 

@@ -16,8 +16,10 @@
 #include "ampkit/plugin_call.h"
 #include "ampkit/plugin_options.h"
 #include "errors.h"
+#include "facts.h"
 #include "group_reduction.h"
 #include "ivalues.h"
+#include "plugin_listing.h"
 
 namespace ampkit::python {
 
@@ -25,44 +27,6 @@ namespace {
 
 // Where a GradScaler's option values come from, in sources and messages (never "command line").
 constexpr const char* kOptionSource = "ampkit.GradScaler";
-
-// The kinds a GradScaler uses: data-parallel averaging is torch DDP's in a Python loop.
-constexpr const char* kStepKinds[] = {"scaler", "clipper", "nan_policy"};
-
-void check_step_kind(const std::string& kind) {
-  for (const char* k : kStepKinds)
-    if (kind == k) return;
-  if (kind == "comm")
-    throw Error(ErrorCategory::usage,
-                "plugin kind 'comm' is not used by ampkit.GradScaler: in Python, gradients are averaged "
-                "across ranks by torch DDP (see docs/python.md)");
-  const std::string hint = did_you_mean(kind, {"scaler", "clipper", "nan_policy"});
-  throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind +
-                                        "' (kinds: scaler, clipper, nan_policy)" +
-                                        (hint.empty() ? "" : "; " + hint));
-}
-
-Precision precision_from(const std::string& text) {
-  if (const std::optional<Precision> p = parse_precision(text)) return *p;
-  std::vector<std::string> names;
-  for (const Precision p : kPrecisions) names.emplace_back(to_string(p));
-  const std::string hint = did_you_mean(text, names);
-  throw Error(ErrorCategory::usage, "precision '" + text + "' is not one of " + precision_names(", ") +
-                                        (hint.empty() ? "" : "; " + hint));
-}
-
-RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted) {
-  RegistryOptions o;
-  for (const auto& d : dirs) o.plugin_dirs.emplace_back(d);
-  o.allow_untrusted = allow_untrusted;
-  o.plugin_dirs_name = "plugin_dirs folder";
-  o.allow_untrusted_name = "allow_untrusted_plugins=True";
-  o.use_default_dirs = false;  // the Python package names its own plugin folder in `dirs`
-  // The crash probe forks; a fork of a threaded process (Python with torch's thread pools) may
-  // only run async-signal-safe code until exec, which dlopen and static initializers are not.
-  o.probe = false;
-  return o;
-}
 
 }  // namespace
 
@@ -382,34 +346,6 @@ c10::Dict<std::string, c10::IValue> ScalerCore::record() const {
     r.insert("stats_recipe",
              std::string(last_table_ ? to_string(last_table_->recipe()) : to_string(recipe_)));
     return r;
-  });
-}
-
-std::vector<std::vector<std::string>> list_plugins(std::vector<std::string> plugin_dirs,
-                                                   bool allow_untrusted) {
-  return guarded([&] {
-    Registry registry(registry_options(plugin_dirs, allow_untrusted));
-    std::vector<std::vector<std::string>> rows;
-    for (const PluginInfo& p : registry.scan().plugins)
-      rows.push_back({p.kind, p.name, p.version, p.summary, p.is_static ? std::string() : p.path.string()});
-    return rows;
-  });
-}
-
-std::vector<std::vector<std::string>> plugin_options(std::vector<std::string> plugin_dirs,
-                                                     bool allow_untrusted, std::string kind,
-                                                     std::string name) {
-  return guarded([&] {
-    Registry registry(registry_options(plugin_dirs, allow_untrusted));
-    const LoadedPlugin& p = registry.load(registry.find(kind, name));
-    const ampkit_plugin_descriptor& d = p.descriptor();
-    std::vector<std::vector<std::string>> rows;
-    for (size_t i = 0; i < d.option_count; ++i) {
-      const ampkit_option_spec& s = d.options[i];
-      rows.push_back(
-          {s.name, describe_option_type(s), s.default_value ? s.default_value : "", s.help ? s.help : ""});
-    }
-    return rows;
   });
 }
 

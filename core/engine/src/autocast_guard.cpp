@@ -6,12 +6,13 @@
 namespace ampkit {
 
 AutocastGuard::AutocastGuard(Precision precision, c10::DeviceType device) : device_(device) {
-  if (precision == Precision::fp32) return;
+  const std::optional<c10::ScalarType> dtype = autocast_dtype(precision);
+  if (!dtype) return;
   active_ = true;
   previous_enabled_ = at::autocast::is_autocast_enabled(device);
   previous_dtype_ = at::autocast::get_autocast_dtype(device);
   at::autocast::set_autocast_enabled(device, true);
-  at::autocast::set_autocast_dtype(device, precision == Precision::bf16 ? at::kBFloat16 : at::kHalf);
+  at::autocast::set_autocast_dtype(device, *dtype);
   at::autocast::increment_nesting();
 }
 

@@ -5,7 +5,15 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <optional>
+
 namespace ampkit {
+
+// The dtype autocast runs a precision's forward in: none for fp32.
+inline std::optional<c10::ScalarType> autocast_dtype(Precision precision) {
+  if (precision == Precision::fp32) return std::nullopt;
+  return precision == Precision::bf16 ? c10::kBFloat16 : c10::kHalf;
+}
 
 // Enables autocast for a precision on a device type for the guard's lifetime (nothing for fp32);
 // restores the previous state and, when the outermost guard ends, clears the cast cache.

@@ -1,0 +1,31 @@
+"""What the C++ side declares once and the Python layer reads at import, never spells again: the
+plugin kinds a GradScaler selects, the precisions, the error categories (by name), the autocast
+dtype of a precision and the plugins' per-precision option defaults (python/src/facts.cpp)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from . import _library  # noqa: F401  (loads the C++ side first)
+
+__all__ = ["ERROR_CATEGORIES", "PRECISIONS", "STEP_KINDS", "autocast_dtype", "option_defaults"]
+
+#: The kinds of :class:`ampkit.GradScaler`'s plugins, in ampkit's order (``comm`` is torch DDP's).
+STEP_KINDS: Tuple[str, ...] = tuple(torch.ops.ampkit.step_kinds())
+#: Every precision, in the order messages list them.
+PRECISIONS: Tuple[str, ...] = tuple(torch.ops.ampkit.precisions())
+#: ampkit::ErrorCategory's names and values, and "aborted": what a failed C++ call reports.
+ERROR_CATEGORIES: Dict[str, int] = {str(name): int(value) for name, value in torch.ops.ampkit.error_categories()}
+
+
+def autocast_dtype(precision: str) -> Optional[torch.dtype]:
+    """The dtype autocast runs ``precision`` in (None for fp32); ValueError for an unknown one."""
+    probe = torch.ops.ampkit.autocast_dtype(precision)
+    return None if probe is None else probe.dtype
+
+
+def option_defaults(dirs: List[str], allow_untrusted: bool, kind: str, name: str, option: str) -> List[Tuple[str, str]]:
+    """A plugin option's declared default for each precision, ``(precision, value text)`` pairs."""
+    return [(str(p), str(v)) for p, v in torch.ops.ampkit.option_defaults(dirs, allow_untrusted, kind, name, option)]
