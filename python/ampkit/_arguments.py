@@ -22,8 +22,9 @@ def check_arguments(**given: Any) -> None:
     expected = {"device": (str, torch.device), "precision": (str, type(None)), "opt": (Mapping, type(None)),
                 "model": (torch.nn.Module, type(None)), "scaler": (str, os.PathLike), "clipper": (str, os.PathLike),
                 "nan_policy": (str, os.PathLike), "stats_recipe": (str,), "sync": (str,),
-                "process_group": _process_group_types(), "average_loss": (bool,)}
+                "process_group": _process_group_types(), "average_loss": (bool,),
+                "plugin_timeout": (int, type(None))}
     for name, value in given.items():
-        if not isinstance(value, expected[name]):
+        if not isinstance(value, expected[name]) or (name == "plugin_timeout" and isinstance(value, bool)):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])
             raise TypeError(f"ampkit.GradScaler: {name} must be {names}, got {type(value).__name__} {value!r}")

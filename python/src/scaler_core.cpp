@@ -2,6 +2,7 @@
 #include "scaler_core.h"
 
 #include <ATen/core/List.h>
+#include <dlfcn.h>
 
 #include <cmath>
 #include <filesystem>
@@ -51,17 +52,42 @@ Precision precision_from(const std::string& text) {
                                         (hint.empty() ? "" : "; " + hint));
 }
 
-RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted) {
+// ampkit/_probe beside this library (_C.so): the program the crash probe execs.
+std::string probe_program() {
+  Dl_info here{};
+  if (::dladdr(reinterpret_cast<void*>(&probe_program), &here) == 0 || here.dli_fname == nullptr)
+    throw Error(ErrorCategory::internal, "cannot tell where ampkit's _C.so is, to find its plugin probe");
+  return (std::filesystem::path(here.dli_fname).parent_path() / "_probe").string();
+}
+
+// `timeout`: seconds the probe may take (0: no limit); ampkit.plugins' listing and option look-ups
+// take ampkit-train's default, as GradScaler's plugin_timeout does.
+RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted,
+                                 int64_t timeout = 30) {
   RegistryOptions o;
   for (const auto& d : dirs) o.plugin_dirs.emplace_back(d);
   o.allow_untrusted = allow_untrusted;
   o.plugin_dirs_name = "plugin_dirs folder";
   o.allow_untrusted_name = "allow_untrusted_plugins=True";
   o.use_default_dirs = false;  // the Python package names its own plugin folder in `dirs`
-  // The crash probe forks; a fork of a threaded process (Python with torch's thread pools) may
-  // only run async-signal-safe code until exec, which dlopen and static initializers are not.
-  o.probe = false;
+  // Each plugin file is loaded in a child first, as ampkit-train's are: a static initializer that
+  // crashes, exits or throws (anything) fails there, and this interpreter never loads it. The
+  // child execs ampkit/_probe: a fork of a threaded process (torch's thread pools) may run only
+  // async-signal-safe code until exec, which dlopen and static initializers are not.
+  o.probe_program = probe_program();
+  o.probe_timeout_seconds = static_cast<double>(timeout);  // 0: no limit
   return o;
+}
+
+// plugin_timeout: seconds (ampkit-train's --plugin-timeout), or -1 for None (no limit: 0).
+unsigned checked_timeout(int64_t seconds) {
+  if (seconds == -1) return 0;
+  if (seconds < 1 || seconds > 86400)
+    throw Error(ErrorCategory::usage,
+                "plugin_timeout must be a number of seconds from 1 to 86400, or None for "
+                "no limit; got " +
+                    std::to_string(seconds));
+  return static_cast<unsigned>(seconds);
 }
 
 }  // namespace
@@ -69,9 +95,10 @@ RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allo
 ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
                        c10::Dict<std::string, std::string> options, std::string precision,
                        std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda, int64_t rank,
-                       int64_t world_size, std::string stats_recipe) {
+                       int64_t world_size, std::string stats_recipe, int64_t plugin_timeout) {
   guarded([&] {
     recipe_ = parse_stats_recipe(stats_recipe);
+    const unsigned timeout = checked_timeout(plugin_timeout);
     std::map<std::string, StrategyChoice> choices;
     for (const char* kind : kStepKinds) choices[kind] = StrategyChoice{};
     for (const auto& entry : plugins) {
@@ -99,9 +126,9 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
       choice.options.command_line_name = kOptionSource;
     }
     choices["comm"] = StrategyChoice{"local", {}};
-    registry_ = std::make_unique<Registry>(registry_options(plugin_dirs, allow_untrusted));
+    registry_ = std::make_unique<Registry>(registry_options(plugin_dirs, allow_untrusted, timeout));
     set_ = StrategySet::load(*registry_, choices);
-    set_->create(0);
+    set_->create(timeout);  // the constructors, and every later scaler, clipper and policy call
     if (set_->nan_policy().rollback_plan().enabled())
       throw Error(ErrorCategory::usage,
                   "NaN policy '" + set_->selected("nan_policy").plugin->info().name +
