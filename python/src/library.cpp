@@ -6,6 +6,7 @@
 #include "ampkit/plugin_call.h"
 #include "errors.h"
 #include "locator.h"
+#include "plugin_registry.h"
 #include "scaler_core.h"
 
 namespace ampkit::python {

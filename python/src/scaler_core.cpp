@@ -2,7 +2,6 @@
 #include "scaler_core.h"
 
 #include <ATen/core/List.h>
-#include <dlfcn.h>
 
 #include <cmath>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "errors.h"
 #include "group_reduction.h"
 #include "ivalues.h"
+#include "plugin_registry.h"
 
 namespace ampkit::python {
 
@@ -50,33 +50,6 @@ Precision precision_from(const std::string& text) {
   const std::string hint = did_you_mean(text, names);
   throw Error(ErrorCategory::usage, "precision '" + text + "' is not one of " + precision_names(", ") +
                                         (hint.empty() ? "" : "; " + hint));
-}
-
-// ampkit/_probe beside this library (_C.so): the program the crash probe execs.
-std::string probe_program() {
-  Dl_info here{};
-  if (::dladdr(reinterpret_cast<void*>(&probe_program), &here) == 0 || here.dli_fname == nullptr)
-    throw Error(ErrorCategory::internal, "cannot tell where ampkit's _C.so is, to find its plugin probe");
-  return (std::filesystem::path(here.dli_fname).parent_path() / "_probe").string();
-}
-
-// `timeout`: seconds the probe may take (0: no limit); ampkit.plugins' listing and option look-ups
-// take ampkit-train's default, as GradScaler's plugin_timeout does.
-RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted,
-                                 int64_t timeout = 30) {
-  RegistryOptions o;
-  for (const auto& d : dirs) o.plugin_dirs.emplace_back(d);
-  o.allow_untrusted = allow_untrusted;
-  o.plugin_dirs_name = "plugin_dirs folder";
-  o.allow_untrusted_name = "allow_untrusted_plugins=True";
-  o.use_default_dirs = false;  // the Python package names its own plugin folder in `dirs`
-  // Each plugin file is loaded in a child first, as ampkit-train's are: a static initializer that
-  // crashes, exits or throws (anything) fails there, and this interpreter never loads it. The
-  // child execs ampkit/_probe: a fork of a threaded process (torch's thread pools) may run only
-  // async-signal-safe code until exec, which dlopen and static initializers are not.
-  o.probe_program = probe_program();
-  o.probe_timeout_seconds = static_cast<double>(timeout);  // 0: no limit
-  return o;
 }
 
 // plugin_timeout: seconds (ampkit-train's --plugin-timeout), or -1 for None (no limit: 0).
@@ -409,34 +382,6 @@ c10::Dict<std::string, c10::IValue> ScalerCore::record() const {
     r.insert("stats_recipe",
              std::string(last_table_ ? to_string(last_table_->recipe()) : to_string(recipe_)));
     return r;
-  });
-}
-
-std::vector<std::vector<std::string>> list_plugins(std::vector<std::string> plugin_dirs,
-                                                   bool allow_untrusted) {
-  return guarded([&] {
-    Registry registry(registry_options(plugin_dirs, allow_untrusted));
-    std::vector<std::vector<std::string>> rows;
-    for (const PluginInfo& p : registry.scan().plugins)
-      rows.push_back({p.kind, p.name, p.version, p.summary, p.is_static ? std::string() : p.path.string()});
-    return rows;
-  });
-}
-
-std::vector<std::vector<std::string>> plugin_options(std::vector<std::string> plugin_dirs,
-                                                     bool allow_untrusted, std::string kind,
-                                                     std::string name) {
-  return guarded([&] {
-    Registry registry(registry_options(plugin_dirs, allow_untrusted));
-    const LoadedPlugin& p = registry.load(registry.find(kind, name));
-    const ampkit_plugin_descriptor& d = p.descriptor();
-    std::vector<std::vector<std::string>> rows;
-    for (size_t i = 0; i < d.option_count; ++i) {
-      const ampkit_option_spec& s = d.options[i];
-      rows.push_back(
-          {s.name, describe_option_type(s), s.default_value ? s.default_value : "", s.help ? s.help : ""});
-    }
-    return rows;
   });
 }
 

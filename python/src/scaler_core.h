@@ -122,12 +122,4 @@ class ScalerCore : public torch::CustomClassHolder {
   int64_t deferred_slot_ = -1;
 };
 
-// What the registry finds: (kind, name, version, summary, path) rows, and one plugin's options
-// as (name, type, default, help) rows.
-std::vector<std::vector<std::string>> list_plugins(std::vector<std::string> plugin_dirs,
-                                                   bool allow_untrusted);
-std::vector<std::vector<std::string>> plugin_options(std::vector<std::string> plugin_dirs,
-                                                     bool allow_untrusted, std::string kind,
-                                                     std::string name);
-
 }  // namespace ampkit::python
