@@ -90,6 +90,9 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         average_loss: True: the loss given to :meth:`scale` is averaged over the ranks in the same
             collective, and the NaN policy reads it (a NaN in one rank's loss alone makes every rank
             skip). False (default): with more than one rank the policy reads the gradients only.
+        plugin_timeout: seconds a plugin may take to load (in a child process), to construct, and in
+            any later call (ampkit-train's ``--plugin-timeout``, same default); past it, one line
+            naming the plugin and the call, and Python exits with code 3. None: no limit.
 
     Raises:
         ValueError: an unknown plugin kind or option, or a bad option value (the message names
@@ -118,20 +121,9 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         sync: str = "auto",
         process_group: Optional["torch.distributed.ProcessGroup"] = None,
         average_loss: bool = False,
+        plugin_timeout: Optional[int] = 30,
     ) -> None:
-        check_arguments(
-            device=device,
-            precision=precision,
-            opt=opt,
-            model=model,
-            scaler=scaler,
-            clipper=clipper,
-            nan_policy=nan_policy,
-            stats_recipe=stats_recipe,
-            sync=sync,
-            process_group=process_group,
-            average_loss=average_loss,
-        )
+        check_arguments(locals())
         self._device = str(device)
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
@@ -152,6 +144,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
             "stats_recipe": str(stats_recipe),
+            "plugin_timeout": -1 if plugin_timeout is None else plugin_timeout,
         }
         self._torch_args = torch_args
         self._model = model
@@ -199,6 +192,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
                 rank,
                 world,
                 c["stats_recipe"],
+                c["plugin_timeout"],
             )
         )
         return make()

@@ -42,9 +42,10 @@ deepspeed_mapping(const std::string& json_text, const std::string& where) {
 
 // A crash, exit() or abort inside a plugin call ends the interpreter with one line naming the
 // plugin and the call, and exit code 3 (ampkit-train's for plugin errors); other crashes go to
-// the handlers Python had (faulthandler's, say). SIGALRM stays Python's: no time limits.
+// the handlers Python had (faulthandler's, say). The watchdog thread (not SIGALRM, which stays
+// Python's) ends a call past its GradScaler's plugin_timeout the same way; without one, no limit.
 void install_fault_reporter() {
-  install_plugin_fault_reporter("ampkit", 3, false);
+  install_plugin_fault_reporter("ampkit", 3, true);
 }
 
 }  // namespace
@@ -55,7 +56,7 @@ TORCH_LIBRARY(ampkit, m) {
   using ampkit::python::ScalerCore;
   m.class_<ScalerCore>("ScalerCore")
       .def(torch::init<c10::Dict<std::string, std::string>, c10::Dict<std::string, std::string>, std::string,
-                       std::vector<std::string>, bool, bool, int64_t, int64_t, std::string>())
+                       std::vector<std::string>, bool, bool, int64_t, int64_t, std::string, int64_t>())
       .def("scale", &ScalerCore::scale)
       .def("bind", &ScalerCore::bind)
       .def("reduce_across", &ScalerCore::reduce_across)

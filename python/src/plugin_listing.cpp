@@ -1,5 +1,10 @@
-// ampkit.plugins() and the per-precision defaults the seeds' API reads (python/ampkit/seeds.py).
+// The Python package's registry (its crash probe execs ampkit/_probe), ampkit.plugins() and the
+// per-precision defaults the seeds' API reads (python/ampkit/seeds.py).
 #include "plugin_listing.h"
+
+#include <dlfcn.h>
+
+#include <filesystem>
 
 #include "ampkit/error.h"
 #include "ampkit/plugin_options.h"
@@ -7,16 +12,32 @@
 
 namespace ampkit::python {
 
-RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted) {
+namespace {
+
+// ampkit/_probe beside this library (_C.so): the program the crash probe execs.
+std::string probe_program() {
+  Dl_info here{};
+  if (::dladdr(reinterpret_cast<void*>(&probe_program), &here) == 0 || here.dli_fname == nullptr)
+    throw Error(ErrorCategory::internal, "cannot tell where ampkit's _C.so is, to find its plugin probe");
+  return (std::filesystem::path(here.dli_fname).parent_path() / "_probe").string();
+}
+
+}  // namespace
+
+RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted,
+                                 int64_t timeout) {
   RegistryOptions o;
   for (const auto& d : dirs) o.plugin_dirs.emplace_back(d);
   o.allow_untrusted = allow_untrusted;
   o.plugin_dirs_name = "plugin_dirs folder";
   o.allow_untrusted_name = "allow_untrusted_plugins=True";
   o.use_default_dirs = false;  // the Python package names its own plugin folder in `dirs`
-  // The crash probe forks; a fork of a threaded process (Python with torch's thread pools) may
-  // only run async-signal-safe code until exec, which dlopen and static initializers are not.
-  o.probe = false;
+  // Each plugin file is loaded in a child first, as ampkit-train's are: a static initializer that
+  // crashes, exits or throws (anything) fails there, and this interpreter never loads it. The
+  // child execs ampkit/_probe: a fork of a threaded process (torch's thread pools) may run only
+  // async-signal-safe code until exec, which dlopen and static initializers are not.
+  o.probe_program = probe_program();
+  o.probe_timeout_seconds = static_cast<double>(timeout);  // 0: no limit
   return o;
 }
 

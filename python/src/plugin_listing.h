@@ -1,6 +1,7 @@
 // What the registry finds, for ampkit.plugins() and the seeds' per-precision defaults.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -9,9 +10,12 @@
 
 namespace ampkit::python {
 
-// The Python package's registry settings: `dirs` only (it names its own plugin folder), no crash
-// probe, and its argument names in messages.
-RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted);
+// The registry of a GradScaler or an ampkit.plugins call: `dirs` searched (the package's own
+// plugin folder among them), each plugin file probed in an exec'd child (ampkit/_probe) within
+// `timeout` seconds (0: no limit; ampkit.plugins' calls take ampkit-train's default), and its
+// argument names in messages.
+RegistryOptions registry_options(const std::vector<std::string>& dirs, bool allow_untrusted,
+                                 int64_t timeout = 30);
 
 // What the registry finds: (kind, name, version, summary, path) rows, and one plugin's options
 // as (name, type, default, help) rows.

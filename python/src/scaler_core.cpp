@@ -28,14 +28,26 @@ namespace {
 // Where a GradScaler's option values come from, in sources and messages (never "command line").
 constexpr const char* kOptionSource = "ampkit.GradScaler";
 
+// plugin_timeout: seconds (ampkit-train's --plugin-timeout), or -1 for None (no limit: 0).
+unsigned checked_timeout(int64_t seconds) {
+  if (seconds == -1) return 0;
+  if (seconds < 1 || seconds > 86400)
+    throw Error(ErrorCategory::usage,
+                "plugin_timeout must be a number of seconds from 1 to 86400, or None for "
+                "no limit; got " +
+                    std::to_string(seconds));
+  return static_cast<unsigned>(seconds);
+}
+
 }  // namespace
 
 ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
                        c10::Dict<std::string, std::string> options, std::string precision,
                        std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda, int64_t rank,
-                       int64_t world_size, std::string stats_recipe) {
+                       int64_t world_size, std::string stats_recipe, int64_t plugin_timeout) {
   guarded([&] {
     recipe_ = parse_stats_recipe(stats_recipe);
+    const unsigned timeout = checked_timeout(plugin_timeout);
     std::map<std::string, StrategyChoice> choices;
     for (const char* kind : kStepKinds) choices[kind] = StrategyChoice{};
     for (const auto& entry : plugins) {
@@ -63,9 +75,9 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
       choice.options.command_line_name = kOptionSource;
     }
     choices["comm"] = StrategyChoice{"local", {}};
-    registry_ = std::make_unique<Registry>(registry_options(plugin_dirs, allow_untrusted));
+    registry_ = std::make_unique<Registry>(registry_options(plugin_dirs, allow_untrusted, timeout));
     set_ = StrategySet::load(*registry_, choices);
-    set_->create(0);
+    set_->create(timeout);  // the constructors, and every later scaler, clipper and policy call
     if (set_->nan_policy().rollback_plan().enabled())
       throw Error(ErrorCategory::usage,
                   "NaN policy '" + set_->selected("nan_policy").plugin->info().name +

@@ -33,10 +33,11 @@ class ScalerCore : public torch::CustomClassHolder {
   // `plugins`: kind -> plugin name or path (scaler, clipper, nan_policy; missing kinds take their
   // defaults); `options`: "KIND.OPTION" -> text, as --opt; `precision` picks per-precision
   // defaults; `plugin_dirs` are searched before AMPKIT_PLUGIN_PATH; `stats_recipe` is one of
-  // grad_stats.h's recipes (automatic: chosen per optimizer from its parameters).
+  // grad_stats.h's recipes (automatic: chosen per optimizer from its parameters);
+  // `plugin_timeout` bounds the probe, each constructor and each later call, in seconds (0: none).
   ScalerCore(c10::Dict<std::string, std::string> plugins, c10::Dict<std::string, std::string> options,
              std::string precision, std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda,
-             int64_t rank, int64_t world_size, std::string stats_recipe);
+             int64_t rank, int64_t world_size, std::string stats_recipe, int64_t plugin_timeout);
 
   double scale() const;
   // The parameters of one optimizer (in its param_groups' order) and their names, as table `slot`

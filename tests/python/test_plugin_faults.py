@@ -1,6 +1,7 @@
 """Plugin trouble from Python: one exception or one line, never a silent death."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 import ampkit
+from plugin_fault_cases import FAULTS
 
 BUILD = os.path.abspath(os.environ.get("AMPKIT_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build")))
 BROKEN = os.path.join(BUILD, "tests", "broken-plugins")
@@ -70,3 +72,103 @@ def test_an_untrusted_plugin_folder_is_refused_unless_allowed(tmp_path):
         ampkit.GradScaler("cpu", clipper=str(target))
     scaler = ampkit.GradScaler("cpu", clipper=str(target), allow_untrusted_plugins=True)
     assert scaler.plugin_options("clipper")[0][0] == "max_norm"
+
+
+# Issue 44: each fault of the one list (plugin_fault_cases.py) in a fresh interpreter. The plugin's
+# GradScaler is made with a small plugin_timeout and trained long enough for a plugin's own thread
+# (which acts after 0.3 s); a PluginError is printed, then the interpreter must still load the
+# built-in plugins and refuse the broken one again.
+FAULT_SCRIPT = """
+import sys, time, torch
+sys.path.insert(0, {python!r})
+import ampkit
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+try:
+    scaler = ampkit.GradScaler("cpu", {kind}={path!r}, plugin_timeout=2)
+except ampkit.PluginError as e:
+    print("PluginError:", e, flush=True)
+    ampkit.GradScaler("cpu", scaler="static", clipper="norm", nan_policy="skip")
+    try:
+        ampkit.GradScaler("cpu", {kind}={path!r}, plugin_timeout=2)
+    except ampkit.PluginError as again:
+        print("refused again:", str(again) == str(e), flush=True)
+    sys.exit(0)
+for step in range(200):
+    opt.zero_grad()
+    scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    time.sleep(0.01)
+print("not reached", flush=True)
+"""
+
+
+def fault_file(fault):
+    return os.path.join(BROKEN, fault.folder, f"libampkit-{fault.kind}-{fault.plugin}.so")
+
+
+def fault_cases():
+    for f in FAULTS:
+        marks = [pytest.mark.xfail(strict=True, reason=f.open_in_python)] if f.open_in_python else []
+        yield pytest.param(f, id=f"{f.defect.split(',')[0]}-{f.plugin}", marks=marks)
+
+
+@pytest.mark.parametrize("fault", list(fault_cases()))
+def test_a_plugin_fault_in_python_names_the_plugin_and_the_call(fault):
+    script = FAULT_SCRIPT.format(python=os.path.join(BUILD, "python"), kind=fault.kind, path=fault_file(fault))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, AMPKIT_PLUGIN_PATH=""))
+    if fault.python == "PluginError":
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.splitlines() == [f"PluginError: plugin file {fault_file(fault)}: {fault.message}",
+                                           "refused again: True"], run.stdout + run.stderr
+        return
+    assert run.returncode == 3, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("ampkit: error: ") and f"'{fault.plugin}'" in lines[0], lines[0]
+    assert fault.message in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f.defect.split(',')[0]}-{f.plugin}")
+def test_ampkit_train_gives_the_same_line_for_each_fault(fault):
+    flag = "--" + fault.kind.replace("_", "-")
+    run = subprocess.run(
+        ["timeout", "120", os.path.join(BUILD, "bin", "ampkit-train"), "--workload", "synthetic", "--threads", "1",
+         "--progress", "never", "--steps", "1000000", "--plugin-timeout", "2", flag, fault_file(fault)],
+        capture_output=True, text=True, env=dict(os.environ, AMPKIT_PLUGIN_PATH=""))
+    assert run.returncode == 3, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("ampkit-train: error: ") and f"{fault.plugin}" in lines[0], lines[0]
+    assert fault.message in lines[0], lines[0]
+
+
+def test_the_fault_table_in_docs_python_md_is_the_list():
+    # One row per fault of plugin_fault_cases.py, in its order, saying what each host gives.
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")).read()
+    rows = [r for r in text.splitlines() if re.match(r"\| P\d", r)]
+    assert len(rows) == len(FAULTS), rows
+    for row, fault in zip(rows, FAULTS):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == fault.defect and f"`{fault.folder}`" in cells[1] and fault.call in cells[1], row
+        assert fault.message in cells[2], row
+        python = cells[3]
+        assert ("not yet" in python) == bool(fault.open_in_python), row
+        assert python.startswith("`ampkit.PluginError`" if fault.python == "PluginError" else "exit 3"), row
+
+
+def test_plugin_timeout_defaults_to_ampkit_trains_and_is_checked():
+    import inspect
+
+    help_text = subprocess.run([os.path.join(BUILD, "bin", "ampkit-train"), "--help"], capture_output=True,
+                               text=True).stdout
+    default = int(re.search(r"--plugin-timeout arg \(=(\d+)\)", help_text).group(1))
+    assert inspect.signature(ampkit.GradScaler).parameters["plugin_timeout"].default == default
+    with pytest.raises(TypeError, match="plugin_timeout must be int or None, got float 2.5"):
+        ampkit.GradScaler("cpu", plugin_timeout=2.5)
+    for bad in (0, -1, 86401):  # -1 is not a way to say "no limit": None is
+        with pytest.raises(ValueError, match=f"plugin_timeout must be a number of seconds from 1 to 86400, or None for no limit; got {bad}$"):
+            ampkit.GradScaler("cpu", plugin_timeout=bad)
+    ampkit.GradScaler("cpu", plugin_timeout=None)

@@ -22,11 +22,9 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
   return probe_plugins({&info}, create, timeout_seconds);
 }
 
-namespace {
-
 // The probe child: loads (and creates) each plugin in turn, writing one '+' per plugin that
 // passed, or '!' and the error message, then exits. A crash kills it, which the parent sees.
-[[noreturn]] void run_probe_child(const std::vector<const PluginInfo*>& infos, bool create, int out_fd) {
+void run_probe(const std::vector<const PluginInfo*>& infos, bool create, int out_fd) {
   // The child inherits the host's signal handlers and mask (a crash reporter, Boost.Test's
   // execution monitor). A crash while loading must kill the child, so the parent sees it.
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) ::signal(sig, SIG_DFL);
@@ -71,6 +69,33 @@ namespace {
   ::_exit(0);
 }
 
+namespace {
+
+// The exec'd probe's arguments (probe_plugins' `program`), made before the fork: after it, only
+// async-signal-safe calls.
+std::vector<std::string> probe_arguments(const std::string& program,
+                                         const std::vector<const PluginInfo*>& infos, bool create,
+                                         int out_fd) {
+  std::vector<std::string> args = {program, std::to_string(out_fd), create ? "1" : "0"};
+  for (const PluginInfo* info : infos) {
+    args.push_back(info->path.string());
+    args.push_back((info->load_from.empty() ? info->path : info->load_from).string());
+  }
+  return args;
+}
+
+// In the forked child: the pinned files (/proc/self/fd/N) and the pipe stay open across exec.
+[[noreturn]] void exec_probe(const std::vector<const PluginInfo*>& infos, char* const argv[], int out_fd) {
+  for (const PluginInfo* info : infos)
+    if (info->pinned_fd >= 0) ::fcntl(info->pinned_fd, F_SETFD, 0);
+  ::fcntl(out_fd, F_SETFD, 0);
+  ::execv(argv[0], argv);
+  static const char failed[] = "!cannot run the plugin probe program ";
+  (void)!::write(out_fd, failed, sizeof failed - 1);
+  (void)!::write(out_fd, argv[0], std::strlen(argv[0]));
+  ::_exit(3);
+}
+
 // Everything the child writes until it closes the pipe or the deadline passes (then timed_out).
 std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
   std::string message;
@@ -80,12 +105,13 @@ std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
             .count();
-    if (left <= 0) {
+    if (left <= 0 && timeout_seconds > 0) {
       timed_out = true;
       break;
     }
     pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(left));
+    const int wait_ms = timeout_seconds > 0 ? static_cast<int>(std::min<int64_t>(left, 1 << 30)) : -1;
+    const int r = ::poll(&p, 1, wait_ms);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) break;  // the pipe is unusable; waitpid still reports how the child ended
     if (r == 0) continue;
@@ -136,17 +162,23 @@ ProbeResult probe_verdict(const std::vector<const PluginInfo*>& infos, const std
 
 // The parent knows which plugin failed, crashed or hung by the number of '+' the child wrote
 // before the end.
-ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create, double timeout_seconds) {
+ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create, double timeout_seconds,
+                          const std::string& program) {
   if (infos.empty()) return {true, false, ""};
   int fds[2];
-  if (::pipe(fds) != 0)
+  if (::pipe2(fds, O_CLOEXEC) != 0)
     return {false, false, "cannot create a pipe to probe " + infos.front()->path.string()};
+  const std::vector<std::string> args = probe_arguments(program, infos, create, fds[1]);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) return {false, false, "cannot fork to probe " + infos.front()->path.string()};
   if (pid == 0) {
+    if (!program.empty()) exec_probe(infos, argv.data(), fds[1]);
     ::close(fds[0]);
-    run_probe_child(infos, create, fds[1]);
+    run_probe(infos, create, fds[1]);
   }
   ::close(fds[1]);
   bool timed_out = false;

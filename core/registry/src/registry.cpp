@@ -3,6 +3,7 @@
 #include "ampkit/registry.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,19 @@ std::vector<const ampkit_plugin_descriptor*>& static_plugins() {
 std::vector<boost::dll::shared_library>& loaded_libraries() {
   static auto* libs = new std::vector<boost::dll::shared_library>();
   return *libs;
+}
+
+// The files (device, inode) this process has loaded: their static initializers ran here already,
+// so probing them again would tell nothing (a Python interpreter makes many GradScalers).
+std::set<std::pair<dev_t, ino_t>>& loaded_files() {
+  static auto* files = new std::set<std::pair<dev_t, ino_t>>();
+  return *files;
+}
+
+std::pair<dev_t, ino_t> file_identity(const PluginInfo& info) {
+  struct stat st {};
+  const int r = info.pinned_fd >= 0 ? ::fstat(info.pinned_fd, &st) : ::stat(info.path.c_str(), &st);
+  return r == 0 ? std::make_pair(st.st_dev, st.st_ino) : std::make_pair(dev_t{0}, ino_t{0});
 }
 
 bool looks_like_path(const std::string& s) {
@@ -118,6 +132,7 @@ const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info, bool rep
   const ampkit_plugin_descriptor* d = entry();
   validate_descriptor(info, d);
   loaded_libraries().push_back(std::move(lib));
+  loaded_files().insert(file_identity(info));
   return d;
 }
 
@@ -342,9 +357,11 @@ std::vector<const LoadedPlugin*> Registry::load_all(const std::vector<PluginInfo
                        [&](const PluginInfo& p) { return p.path == info.path; }))
         pinned.push_back(pin(info));
     }
-    for (const auto& info : pinned) to_probe.push_back(&info);
+    for (const auto& info : pinned)
+      if (!loaded_files().count(file_identity(info))) to_probe.push_back(&info);
     if (options_.probe && !to_probe.empty()) {
-      const ProbeResult probe = probe_plugins(to_probe, /*create=*/false, options_.probe_timeout_seconds);
+      const ProbeResult probe =
+          probe_plugins(to_probe, /*create=*/false, options_.probe_timeout_seconds, options_.probe_program);
       if (!probe.ok) throw Error(ErrorCategory::plugin, probe.message);
     }
     return load_pinned(infos, pinned);

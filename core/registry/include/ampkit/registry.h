@@ -73,7 +73,11 @@ struct RegistryOptions {
   std::string plugin_dirs_name = "plugin folder";
   std::string allow_untrusted_name = "allow_untrusted";
   bool probe = true;                    // load each plugin in a child process first, so a crash is reported
-  double probe_timeout_seconds = 30.0;  // a probe child that has not finished by then is killed
+  double probe_timeout_seconds = 30.0;  // a probe child that has not finished by then is killed (0: never)
+  // A program the probe child runs (fork, then exec) to load the plugins, instead of loading them
+  // in the forked copy of the host: a threaded host (Python, with torch's thread pools) may run
+  // only async-signal-safe code between fork and exec. "" : the forked copy loads them.
+  std::string probe_program;
 };
 
 struct ScanResult {
@@ -128,8 +132,13 @@ struct ProbeResult {
 // options, start() and save(), in a forked child; a crash or hang there is reported, not shared.
 ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_seconds = 30.0);
 // The same for several plugins in one child, in order; the message names the first that failed.
+// `program`: the probe child execs it (RegistryOptions::probe_program) as
+// `program FD CREATE PATH LOAD_FROM...`, and it calls run_probe.
 ProbeResult probe_plugins(const std::vector<const PluginInfo*>& infos, bool create,
-                          double timeout_seconds = 30.0);
+                          double timeout_seconds = 30.0, const std::string& program = "");
+// The probe child's work: loads (and with `create` creates) each plugin in turn, reporting to
+// the parent on `out_fd`, then ends the process. For a probe program (probe_plugins' `program`).
+[[noreturn]] void run_probe(const std::vector<const PluginInfo*>& infos, bool create, int out_fd);
 
 // Statically linked plugins (the static build of ampkit-train) register here at start-up.
 void register_static_plugin(const ampkit_plugin_descriptor* descriptor);
