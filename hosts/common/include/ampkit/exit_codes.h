@@ -14,7 +14,7 @@ enum class ExitCode : int {
   internal = 1,       // a bug or an unexpected failure (LibTorch error, out of memory)
   usage = 2,          // bad command line, option value, config file or environment variable
   plugin = 3,         // plugin not found, unreadable, untrusted, incompatible, or failed to create
-  data = 4,           // dataset missing or malformed
+  data = 4,           // dataset missing or malformed; your own model (torchscript) failing or untrainable
   aborted = 5,        // a strategy stopped training: the NaN policy, or the loss scaler at its floor
   checkpoint = 6,     // checkpoint unreadable, corrupt, incompatible or not writable
   distributed = 7,    // rendezvous failed, a rank died or timed out
