@@ -124,6 +124,15 @@ AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 
   "('ema_norm', '1.0.0', 5, 'completed')" ] || fail "summary: $(cat "$work/train.json")"
 [ "$(wc -l <"$work/train.jsonl")" -eq 5 ] || fail "expected 5 metrics records"
 
+step "ampkit-train --clipper ema_norm --host-sync deferred: synchronous, said once (issue 42)"
+out=$(AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 3 --clipper ema_norm \
+  --host-sync deferred --synthetic-inputs 16 --synthetic-width 32 --synthetic-depth 2 --batch-size 32 \
+  --progress never --summary "$work/sync.json" 2>&1) || fail "ampkit-train exited with $?: $out"
+[ "$(printf '%s\n' "$out" | grep -c "warning: the step stays synchronous: clipper 'ema_norm' has no device form")" = 1 ] ||
+  fail "no single line naming ema_norm: $out"
+[ "$(json "$work/sync.json" "d['step']['host_sync'], d['step']['host_reads']")" = "('step', 3)" ] ||
+  fail "summary step: $(cat "$work/sync.json")"
+
 step "ampkit.GradScaler(clipper='ema_norm') from Python, by name"
 AMPKIT_PLUGIN_PATH=$ema PYTHONPATH=$build/python python3 - <<'PY' || fail "the ema_norm plugin from Python"
 import torch, ampkit
