@@ -156,8 +156,9 @@ std::vector<HostOption> plugin_options() {
   out.push_back(untrusted);
   out.push_back(
       integer("plugin-timeout", "30",
-              "Seconds a plugin may take to load (in the probe child) and to construct its strategy; "
-              "past that the run stops with exit 3 naming it.",
+              "Seconds a plugin may take to load (in the probe child), to construct its strategy, or in "
+              "any later call into it; past that the run stops with exit 3 naming the plugin and the call "
+              "(ampkit.GradScaler's plugin_timeout= is the same limit).",
               field(&TrainConfig::plugin_timeout))
           .range(1, 86400));
   return out;
