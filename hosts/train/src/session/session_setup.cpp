@@ -231,7 +231,9 @@ void Session::enable_data_parallel() {
 }
 
 // --host-sync: the deferred step where it was asked for (deferred; auto on a GPU) and can run,
-// else the synchronous one; a run that asked for it and cannot have it says why once.
+// else the synchronous one, with why in the summary. One warning line where the user asked for it
+// (deferred) or a chosen strategy has no device form; auto says nothing about an optimizer or a
+// world size that rules it out (every multi-GPU run would warn).
 void Session::choose_host_sync() {
   if (cfg_.host_sync == "step") {
     host_sync_reason_ = "--host-sync step";
@@ -252,6 +254,7 @@ void Session::choose_host_sync() {
   }
   if (!kind.empty()) why = kind + " '" + strategies_->selected(kind).plugin->info().name + "' " + why;
   host_sync_reason_ = "--host-sync " + cfg_.host_sync + ", but " + why;
+  if (cfg_.host_sync == "auto" && kind.empty()) return;
   warnings_.push_back("the step stays synchronous: " + why);
   if (is_root_) std::fprintf(stderr, "ampkit-train: warning: %s\n", warnings_.back().c_str());
 }
