@@ -29,6 +29,15 @@ namespace {
 
 constexpr int64_t kVocab = 256;  // bytes: no tokenizer, every corpus works
 
+// A linear layer as Python's nn.Linear computes it: at::linear, which autocast runs as one addmm
+// over the flattened sequence with the bias cast too. The C++ frontend's nn::Linear::forward
+// multiplies, then adds the fp32 bias to the bf16/fp16 product in a second pass (F::linear for
+// inputs of more than two dimensions), and its backward sums the bias's gradient in a third: about
+// 4% of a 1-thread bf16 step, and not the math of tools/bench/torch_reference.py's model.
+at::Tensor linear(const std::string& module, const torch::nn::Linear& m, const at::Tensor& x) {
+  return tap(module, x, at::linear(x, m->weight, m->bias));
+}
+
 struct BlockImpl : torch::nn::Module {
   // `path` is the block's name in the model ("blocks.3"): the prefix of its hook points.
   BlockImpl(int64_t width, int64_t heads, const std::string& path)
@@ -42,13 +51,13 @@ struct BlockImpl : torch::nn::Module {
         out(register_module("out", torch::nn::Linear(4 * width, width))) {}
   at::Tensor forward(const at::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    auto parts = call(path_ + "qkv", qkv, call(path_ + "ln1", ln1, x)).split(C, 2);
+    auto parts = linear(path_ + "qkv", qkv, call(path_ + "ln1", ln1, x)).split(C, 2);
     auto heads = [&](const at::Tensor& t) { return t.reshape({B, T, heads_, C / heads_}).transpose(1, 2); };
     at::Tensor y =
         at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
                                          /*is_causal=*/true);
-    at::Tensor h = x + call(path_ + "proj", proj, y.transpose(1, 2).contiguous().view({B, T, C}));
-    return h + call(path_ + "out", out, F::gelu(call(path_ + "fc", fc, call(path_ + "ln2", ln2, h))));
+    at::Tensor h = x + linear(path_ + "proj", proj, y.transpose(1, 2).contiguous().view({B, T, C}));
+    return h + linear(path_ + "out", out, F::gelu(linear(path_ + "fc", fc, call(path_ + "ln2", ln2, h))));
   }
   int64_t heads_;
   std::string path_;
@@ -73,7 +82,7 @@ struct GptImpl : torch::nn::Module {
     const int64_t T = idx.size(1);
     at::Tensor x = call("tokens", tokens, idx) + call("positions", positions, at::arange(T, idx.options()));
     for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
-    return call("head", head, call("ln", ln, x));
+    return linear("head", head, call("ln", ln, x));
   }
   torch::nn::Embedding tokens, positions;
   torch::nn::ModuleList blocks;
