@@ -87,11 +87,16 @@ class OptimizerTables:
             return None
         return self._loss_sum / self._loss_count
 
+    def _give_local_gradients(self, optimizer: torch.optim.Optimizer, slot: int) -> None:
+        """DTensor parameters: this step's local gradient shards to the C++ side, which measures them
+        (new tensors each step, a list per step). Plain parameters: their .grad is read there."""
+        dtensors = self._bound[id(optimizer)][2]
+        if dtensors is not None:
+            cpp(self._core.set_gradients)(slot, self._group.local_gradients(dtensors))
+
     def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
         slot = self._slot(optimizer)
-        dtensors = self._bound[id(optimizer)][2]
-        if dtensors is not None:  # this step's local gradient shards: new tensors each step, a list per step
-            cpp(self._core.set_gradients)(slot, self._group.local_gradients(dtensors))
+        self._give_local_gradients(optimizer, slot)
         with torch.no_grad():
             recorded, step, factor = cpp(self._core.unscale)(slot, fold, self._iteration_loss())
         state["step"] = bool(step) if recorded else None

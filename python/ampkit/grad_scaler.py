@@ -282,6 +282,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         if state["stage"] is OptState.READY:
             slot = self._slot(optimizer)
             if self._deferred.applies(optimizer, slot):  # no host read: docs/python.md
+                self._give_local_gradients(optimizer, slot)
                 stepped_on_device = self._deferred.step(optimizer, slot, self._iteration_loss(), args, kwargs)
                 state["stage"], state["step"] = OptState.STEPPED, True
                 self._last_taken[id(optimizer)] = stepped_on_device

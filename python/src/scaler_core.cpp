@@ -155,7 +155,6 @@ std::string ScalerCore::prepare_deferred(int64_t slot) {
     if (deferred_ && deferred_slot_ == slot) return std::string();
     settle();
     GradientTable& t = table(slot);
-    if (t.reduces()) return std::string("the deferred step does not reduce statistics across ranks yet");
     if (!step_->started()) step_->start(run_info(t));
     std::string kind, why;
     deferred_ = DeferredStep::make(*step_, t, kind, why);

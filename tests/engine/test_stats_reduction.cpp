@@ -134,3 +134,45 @@ BOOST_AUTO_TEST_CASE(a_rank_without_gradients_still_joins_the_reduction) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(the_deferred_pass_reduces_on_the_device_to_the_figures_the_reading_pass_reads) {
+  // GradStatsPass::run_on_device with a reduction (the deferred step, issue 42): the same vector
+  // goes to the group, nothing is read, and the totals left on the device are the ones run() reads,
+  // with the group's element count; an inf on the other rank reaches this one's totals.
+  const std::vector<at::Tensor> grads = sample_grads();
+  const std::vector<at::Tensor> loss = {at::scalar_tensor(2.5, at::kFloat)};
+  for (const DeviceStatsRecipe recipe : {DeviceStatsRecipe::fused_scan, DeviceStatsRecipe::chunk_kernel}) {
+    BOOST_TEST_CONTEXT(to_string(recipe)) {
+      for (const bool other_inf : {false, true}) {
+        auto read_group = std::make_shared<TwoRanks>(), device_group = std::make_shared<TwoRanks>();
+        if (other_inf) {
+          read_group->other = at::tensor({INFINITY, INFINITY, 0.0, 10.0, 3.0}, at::kDouble);
+          device_group->other = read_group->other;
+        }
+        std::vector<double> values;
+        const GradStats read = measure(recipe, grads, loss, values, read_group);
+        std::vector<at::Tensor> params;
+        for (const auto& g : grads) params.push_back(g.defined() ? at::zeros_like(g) : at::zeros({1}));
+        GradientTable table(params, std::vector<std::string>(params.size(), "p"), recipe);
+        table.set_reduction(device_group);
+        (void)table.read_gradients();
+        for (size_t i = 0; i < grads.size(); ++i) table.replace_gradient(i, grads[i]);
+        const int64_t reads = host_reads();
+        const DeviceTotals t = table.measure_on_device(loss);
+        BOOST_TEST(host_reads() == reads);  // nothing read
+        BOOST_TEST(device_group->calls == 1);
+        BOOST_TEST(at::equal(device_group->seen, read_group->seen));  // the same vector given
+        const auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+        BOOST_TEST(same(t.sum_squares.item<double>(), read.sum_squares));
+        BOOST_TEST(same(t.max_abs.item<double>(), read.max_abs));
+        BOOST_TEST(t.zeros.item<double>() == static_cast<double>(read.zeros));
+        BOOST_REQUIRE(t.group_elements.defined());
+        BOOST_TEST(t.group_elements.item<double>() == static_cast<double>(read.elements));
+        BOOST_TEST(t.elements + (other_inf ? 10 : t.elements) == read.elements);  // this rank's count stays
+        BOOST_REQUIRE(t.scalars.numel() == 1);
+        BOOST_TEST(t.scalars[0].item<double>() == values.at(0));
+        BOOST_TEST(std::isinf(t.sum_squares.item<double>()) == other_inf);
+      }
+    }
+  }
+}

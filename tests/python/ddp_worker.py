@@ -12,7 +12,8 @@ With --plant loss it adds a detached nan to its loss instead: that rank's loss i
 while every gradient (its own and the average) stays finite. --average-loss creates the scaler with
 average_loss=True: the loss the NaN policy reads is the mean over the ranks.
 Writes OUT_DIR/rank-R.json: rank, stepped flags, scale sequence (get_scale() after each update),
-the step records' actions and reasons, the losses, and a sha256 of the parameters' bytes.
+the step records' actions and reasons, the losses, a sha256 of the parameters' bytes, the host reads
+of each step() + update() and how the last step ran (host_sync).
 """
 
 import argparse
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--nan-step", type=int, default=10)
     ap.add_argument("--nan-rank", type=int, default=1)
     ap.add_argument("--average-loss", action="store_true")
+    ap.add_argument("--optimizer", choices=("sgd", "adamw_fused"), default="sgd")
+    ap.add_argument("--sync", choices=("auto", "step", "deferred"), default="auto")
     args = ap.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -58,14 +61,17 @@ def main() -> int:
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
     )
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    if args.optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
     scaler = ampkit.GradScaler(
         "cpu", clipper="norm", nan_policy=args.nan_policy, opt={"clipper.max_norm": 1.0}, model=model,
-        average_loss=args.average_loss,
+        average_loss=args.average_loss, sync=args.sync,
     )
 
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of data
-    stepped, scales, actions, reasons, losses, read_losses = [], [], [], [], [], []
+    stepped, scales, actions, reasons, losses, read_losses, reads = [], [], [], [], [], [], []
     for step in range(args.steps):
         x = torch.randn(8, 16, generator=gen)
         y = torch.randint(0, 4, (8,), generator=gen)
@@ -78,9 +84,11 @@ def main() -> int:
         if plant and args.plant == "loss":
             loss = loss + torch.tensor(math.nan)  # a constant: d(loss)/d(parameters) is unchanged
         scaler.scale(loss).backward()
+        before = torch.ops.ampkit.host_reads()
         took = scaler.step(opt)
-        record = scaler.last_step
         scaler.update()  # nan_policy=abort raises ampkit.TrainingAborted here: the rank exits 1
+        reads.append(torch.ops.ampkit.host_reads() - before)
+        record = scaler.last_step  # the step's record (a deferred step's is waited for here)
         stepped.append(bool(took))
         scales.append(scaler.get_scale())
         actions.append(str(record["action"]))
@@ -98,6 +106,8 @@ def main() -> int:
         "losses": losses,
         "read_losses": read_losses,  # the loss the NaN policy read (0 where it read none)
         "param_sha256": parameter_sha256(model),
+        "reads": reads,  # host reads in step() and update()
+        "host_sync": record["host_sync"],  # how the last step ran
     }
     path = os.path.join(args.out_dir, f"rank-{rank}.json")
     with open(path + ".tmp", "w") as f:

@@ -11,8 +11,9 @@ inf (or a NaN) into its local shard of one gradient in both models: rank 0's own
 so only a reduction across the ranks lets rank 0 see it. Each step starts ampkit's model and
 optimizer state from torch's (an fp16 forward turns a 1e-7 difference into a rounding flip), each
 scaler keeps its own state. Writes OUT_DIR/rank-R.json: per step torch's and ampkit's stepped flag,
-scale after update and clip coefficient, the largest parameter difference after the step, ampkit's
-warnings, and the messages of the misuse checks.
+scale after update and clip coefficient, the largest parameter difference after the step, the host
+reads in ampkit's step() and update() and how its last step ran (host_sync), ampkit's warnings, and
+the messages of the misuse checks.
 """
 
 import argparse
@@ -100,15 +101,18 @@ def train(args, rank, result):
 
         a_opt.zero_grad(set_to_none=True)
         forward_backward(a_model, a_scaler, x, y, step, rank, args.plant)
+        reads = torch.ops.ampkit.host_reads()
         took = a_scaler.step(a_opt)
-        record = a_scaler.last_step
         a_scaler.update()
+        result["reads"].append(torch.ops.ampkit.host_reads() - reads)
+        record = a_scaler.last_step  # (waits for a deferred step's record: after the count)
 
         result["torch"].append({"stepped": found_inf == 0, "scale": t_scaler.get_scale(), "clip_coef": coef,
                                 "grad_norm": float(norm)})
         result["ampkit"].append({"stepped": bool(took), "scale": a_scaler.get_scale(), "clip_coef": record["clip_coef"],
                                  "grad_norm": record["grad_norm"], "action": record["action"]})
         result["param_difference"].append(max_difference(a_model, t_model))
+        result["host_sync"] = record["host_sync"]  # the last step's
     return a_model, a_opt
 
 
@@ -145,7 +149,7 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     result = {"rank": rank, "world_size": dist.get_world_size(), "planted": list(PLANTED), "torch": [],
-              "ampkit": [], "param_difference": [], "errors": {}}
+              "ampkit": [], "param_difference": [], "errors": {}, "reads": []}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a_model, _ = train(args, rank, result)

@@ -104,3 +104,23 @@ def test_average_loss_makes_a_nan_in_one_ranks_loss_skip_on_every_rank(tmp_path)
             mean = (r0["losses"][step] + r1["losses"][step]) / 2
             assert r0["read_losses"][step] == r1["read_losses"][step] == pytest.approx(mean, rel=1e-6), step
 
+
+
+def test_the_deferred_step_reduces_the_loss_as_the_synchronous_step(tmp_path):
+    # A fused AdamW under DDP with average_loss=True: the deferred step reduces the statistics and
+    # the loss on the device (no host read in any step) and decides as the synchronous step, which
+    # reads once per step: the same skip on both ranks, scales, records and parameters, bit for bit.
+    runs = {}
+    for sync in ("step", "deferred"):
+        out = tmp_path / sync
+        out.mkdir()
+        proc, results = run_ranks(out, "--nan-policy", "skip", "--plant", "loss", "--average-loss",
+                                  "--optimizer", "adamw_fused", "--sync", sync)
+        runs[sync] = assert_ranks_agree(proc, results)
+    for r_step, r_deferred in zip(runs["step"], runs["deferred"]):
+        assert r_step["reads"] == [1] * STEPS and r_deferred["reads"] == [0] * STEPS
+        assert (r_step["host_sync"], r_deferred["host_sync"]) == ("step", "deferred")
+        assert skipped(r_deferred) == skipped(r_step) == [NAN_STEP]
+        assert r_deferred["reasons"][NAN_STEP].startswith("non-finite loss"), r_deferred["reasons"][NAN_STEP]
+        for key in ("stepped", "scales", "actions", "reasons", "read_losses", "param_sha256"):
+            assert r_deferred[key] == r_step[key], key

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ampkit/error.h"
 
@@ -29,9 +30,9 @@ enum Field {
   kLoss,
   kSumSquares,
   kMaxAbs,
-  kZeros
+  kZeros,
+  kGroupElements  // with a reduction only: the group's element count
 };
-constexpr int64_t kFields = 10;
 
 // sqrt rounded as the host's std::sqrt: CUDA's double sqrt is IEEE's (correctly rounded), ATen's
 // CPU kernel is not (it differs in the last bit for about 1.4% of doubles, measured), so a CPU
@@ -50,7 +51,8 @@ bool same_bits(double a, double b) {
 struct DeferredStep::Pending {
   at::Tensor host;                    // the record, in (pinned) host memory once `ready` has passed
   std::unique_ptr<c10::Event> ready;  // CUDA: the copy's completion; CPU: none
-  int64_t elements = 0;
+  int64_t elements = 0;               // without a reduction; with one, the record's kGroupElements
+  bool reduced = false;
   bool has_loss = false;
   bool tensor_norms = false;
   DeviceTotals totals;  // with tensor_norms: the per-gradient sums' sources (chunk sums copied to the host)
@@ -113,11 +115,21 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
   out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
   out.stepped = at::gt(d.stepped, 0.0);
-  const at::Tensor record = at::stack({d.stepped, d.backoff, d.abort, d.clip_coefficient,
-                                       d.scale.to(at::kDouble), d.scale_next.to(at::kDouble),
-                                       loss_value.to(at::kDouble), t.sum_squares, t.max_abs, t.zeros});
+  std::vector<at::Tensor> fields{d.stepped,
+                                 d.backoff,
+                                 d.abort,
+                                 d.clip_coefficient,
+                                 d.scale.to(at::kDouble),
+                                 d.scale_next.to(at::kDouble),
+                                 loss_value.to(at::kDouble),
+                                 t.sum_squares,
+                                 t.max_abs,
+                                 t.zeros};
+  if (t.group_elements.defined()) fields.push_back(t.group_elements);
+  const at::Tensor record = at::stack(fields);
   auto p = std::make_unique<Pending>();
   p->elements = t.elements;
+  p->reduced = t.group_elements.defined();
   p->has_loss = loss.defined();
   p->tensor_norms = tensor_norms_;
   if (tensor_norms_) {
@@ -132,7 +144,7 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
       p->totals.chunk_sum_squares = t.chunk_sum_squares.contiguous().clone();  // the buffer is reused
   } else {  // queued behind this step's work; the host reads it once the event has passed
     const auto pinned = at::TensorOptions().dtype(at::kDouble).pinned_memory(true);
-    p->host = at::empty({kFields}, pinned);
+    p->host = at::empty({record.numel()}, pinned);
     p->host.copy_(record, /*non_blocking=*/true);
     if (chunks) {
       p->totals.chunk_sum_squares = at::empty({t.chunk_sum_squares.numel()}, pinned);
@@ -170,8 +182,8 @@ StepOutcome DeferredStep::deliver_one(Pending& p) {
   st.grad_norm = st.grad_norm_scaled / st.scale;
   st.grad_max_abs_scaled = std::isnan(sum) ? std::nan("") : v[kMaxAbs];
   st.grad_max_abs = st.grad_max_abs_scaled / st.scale;
-  st.grad_elements = p.elements;
-  st.zero_fraction = p.elements ? v[kZeros] / static_cast<double>(p.elements) : 0.0;
+  st.grad_elements = p.reduced ? static_cast<int64_t>(v[kGroupElements]) : p.elements;
+  st.zero_fraction = st.grad_elements ? v[kZeros] / static_cast<double>(st.grad_elements) : 0.0;
   st.found_inf = !st.loss_finite || !std::isfinite(sum) || std::isnan(v[kMaxAbs]);
   if (p.tensor_norms) {  // as AmpStep's measure makes them from the same sums
     const at::Tensor& chunk_sums = p.totals.chunk_sum_squares;

@@ -133,6 +133,25 @@ GradStats GradStatsPass::run_reduced(const std::vector<at::Tensor>& grads,
 
 DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
                                           const std::vector<at::Tensor>& scalars, bool tensor_sums) {
+  DeviceTotals t = local_totals(grads, scalars, tensor_sums);
+  if (reduction_) reduce_totals(t);
+  return t;
+}
+
+// The group's totals and scalars in place of this rank's, from the same vector run_reduced reduces,
+// still on the device; the per-tensor sums stay this rank's, as run_reduced leaves them.
+void GradStatsPass::reduce_totals(DeviceTotals& t) const {
+  const at::Tensor reduced =
+      reduction_->reduce(stats_reduction_vector(t.sum_squares, t.max_abs, t.zeros, t.elements, {t.scalars}));
+  t.sum_squares = reduced.select(0, StatsReduction::kSumSquares);
+  t.max_abs = reduced.select(0, StatsReduction::kMaxAbs);
+  t.zeros = reduced.select(0, StatsReduction::kZeros);
+  t.group_elements = reduced.select(0, StatsReduction::kElements);
+  t.scalars = reduced.narrow(0, StatsReduction::kFields, reduced.numel() - StatsReduction::kFields);
+}
+
+DeviceTotals GradStatsPass::local_totals(const std::vector<at::Tensor>& grads,
+                                         const std::vector<at::Tensor>& scalars, bool tensor_sums) {
   DeviceTotals t;
   if (recipe_ == DeviceStatsRecipe::fused_scan) {  // CPU tensors: the scan's numbers as tensors
     const GradStats g = compute_grad_stats(grads);

@@ -18,11 +18,12 @@ namespace ampkit {
 // A statistics pass whose figures stay on the device (the deferred step, deferred_step.h): 0-dim
 // float64 tensors, no host read.
 struct DeviceTotals {
-  at::Tensor sum_squares;  // of all scaled elements; inf or NaN where one is
-  at::Tensor max_abs;      // the largest |element|; NaN where one is NaN
-  at::Tensor zeros;        // elements exactly 0
-  at::Tensor scalars;      // the scalars' values, flattened, in order
-  int64_t elements = 0;
+  at::Tensor sum_squares;     // of all scaled elements; inf or NaN where one is
+  at::Tensor max_abs;         // the largest |element|; NaN where one is NaN
+  at::Tensor zeros;           // elements exactly 0
+  at::Tensor scalars;         // the scalars' values, flattened, in order
+  int64_t elements = 0;       // this rank's
+  at::Tensor group_elements;  // with a reduction (StatsReduction): the group's count, float64
   // Each gradient's sum of squares (per-tensor norms), as the synchronous pass sums them: already
   // on the host (fused_scan), or the chunks' sums on the device (chunk_kernel) with the plan's
   // chunk-to-gradient map, summed in plan order on the host once they are there (tensor_sums).
@@ -75,7 +76,9 @@ class GradStatsPass {
                 std::vector<double>& scalar_values);
 
   // The same pass with its figures left on the device, for chunk_kernel and fused_scan (on CPU
-  // tensors, where there is nothing to read). The sum of squares is the one run() reads, to the bit.
+  // tensors, where there is nothing to read). The sum of squares is the one run() reads, to the bit;
+  // with a reduction, the totals and scalars are the group's, as run() reads them (the collective
+  // is queued on the device: no host read).
   // `tensor_sums`: also each gradient's sum of squares (DeviceTotals), for per-tensor norms.
   DeviceTotals run_on_device(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                              bool tensor_sums = false);
@@ -91,6 +94,9 @@ class GradStatsPass {
  private:
   GradStats run_reduced(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                         std::vector<double>& scalar_values);
+  DeviceTotals local_totals(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                            bool tensor_sums);
+  void reduce_totals(DeviceTotals& t) const;
   int64_t fill_chunk_buffer(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars);
   DeviceTotals chunk_totals(int64_t numbers) const;
   GradStats run_chunk_kernel(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
