@@ -222,7 +222,10 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
         fold = false;
       }
     }
-    if (!any) return std::make_tuple(false, false, 1.0);
+    // Without gradients nothing is recorded (torch: "No inf checks were recorded"), unless the
+    // table reduces across ranks: then this rank joins the collective the others wait in, and takes
+    // the group's decision (it has nothing to step).
+    if (!any && !table.reduces()) return std::make_tuple(false, false, 1.0);
     if (!step_->started()) step_->start(run_info(table));
     StepOutcome out = step_->begin_iteration();  // the same scale and step for every optimizer
     const at::Tensor device_loss = loss ? *loss : at::Tensor();  // read with the statistics

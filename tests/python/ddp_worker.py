@@ -51,6 +51,9 @@ def main() -> int:
     ap.add_argument("--average-loss", action="store_true")
     ap.add_argument("--optimizer", choices=("sgd", "adamw_fused"), default="sgd")
     ap.add_argument("--sync", choices=("auto", "step", "deferred"), default="auto")
+    ap.add_argument("--unwrapped", action="store_true", help="no DDP: each rank trains its own replica")
+    ap.add_argument("--no-backward-step", type=int, default=-1,
+                    help="at this step rank --nan-rank runs no backward (no gradients), rank 0 plants an inf")
     args = ap.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -60,7 +63,7 @@ def main() -> int:
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
     )
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = model if args.unwrapped else torch.nn.parallel.DistributedDataParallel(model)
     if args.optimizer == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     else:
@@ -83,7 +86,12 @@ def main() -> int:
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
         if plant and args.plant == "loss":
             loss = loss + torch.tensor(math.nan)  # a constant: d(loss)/d(parameters) is unchanged
-        scaler.scale(loss).backward()
+        if step == args.no_backward_step and rank == args.nan_rank:
+            scaler.scale(loss)  # the loss, no backward: this rank has no gradients this step
+        else:
+            scaler.scale(loss).backward()
+        if step == args.no_backward_step and rank == 0:
+            model[0].weight.grad[0, 0] = math.inf
         before = torch.ops.ampkit.host_reads()
         took = scaler.step(opt)
         scaler.update()  # nan_policy=abort raises ampkit.TrainingAborted here: the rank exits 1

@@ -124,3 +124,17 @@ def test_the_deferred_step_reduces_the_loss_as_the_synchronous_step(tmp_path):
         assert r_deferred["reasons"][NAN_STEP].startswith("non-finite loss"), r_deferred["reasons"][NAN_STEP]
         for key in ("stepped", "scales", "actions", "reasons", "read_losses", "param_sha256"):
             assert r_deferred[key] == r_step[key], key
+
+
+def test_a_rank_without_gradients_joins_the_reduction_and_takes_the_groups_decision(tmp_path):
+    # Statistics reduced across ranks (average_loss=True), no DDP: at step 10 rank 1 runs no backward
+    # and has no gradients, while rank 0 plants an inf. Rank 1 must still join the collective rank 0
+    # waits in (or rank 0 would hang until gloo's timeout and rank 1 would raise torch's "No inf
+    # checks were recorded"), and both must skip that step and back off alike.
+    proc, results = run_ranks(tmp_path, "--unwrapped", "--average-loss", "--no-backward-step", str(NAN_STEP),
+                              "--nan-step", "-1")
+    assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{proc.stderr[-6000:]}"
+    r0, r1 = results[0], results[1]
+    assert skipped(r0) == skipped(r1) == [NAN_STEP]
+    assert r0["scales"] == r1["scales"] == [65536.0] * NAN_STEP + [32768.0] * (STEPS - NAN_STEP)
+    assert r1["reasons"][NAN_STEP].startswith("non-finite gradients"), r1["reasons"][NAN_STEP]
