@@ -69,6 +69,11 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
   auto device = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
   BOOST_REQUIRE_MESSAGE(device, "no device rule from the " << missing);
   device->start(set->scaler(), at::kCPU, 0);
+  // The same rules fused (cuda/step_rules_abi.h, what a GPU runs as one kernel), from the totals
+  // the deferred step measures, with their own state and scale.
+  auto fused = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
+  fused->start(set->scaler(), at::kCPU, 0);
+  at::Tensor fused_scale = fused->scale().clone();
   at::Tensor weight = at::zeros({1}).set_requires_grad(true);
   GradientTable table({weight}, {"w"});
   host.start(RunInfo{});
@@ -87,6 +92,26 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
     in.grad_norm = at::scalar_tensor(done.stats.grad_norm, at::kDouble);
     in.grad_max_abs = at::scalar_tensor(done.stats.grad_max_abs, at::kDouble);
     const DeviceStepDecision d = device->step(in);
+    const DeviceTotals totals = table.measure_on_device({});
+    const FusedStepResult f = fused->step_fused({totals.sum_squares, totals.max_abs, totals.zeros,
+                                                 at::scalar_tensor(p.loss, at::kDouble), at::Tensor()},
+                                                fused_scale);
+    const at::Tensor r = f.record;
+    BOOST_TEST_CONTEXT("fused, step " << run << ", planted grad " << p.grad << ", loss " << p.loss) {
+      BOOST_TEST(f.stepped.item<bool>() == done.stepped);
+      BOOST_TEST(r[0].item<double>() == (done.stepped ? 1.0 : 0.0));
+      if (!done.aborted_by_scaler)
+        BOOST_TEST(r[1].item<double>() == (done.decision.action == NanAction::skip_backoff ? 1.0 : 0.0));
+      BOOST_TEST(r[2].item<double>() == (done.decision.action == NanAction::abort ? 1.0 : 0.0));
+      BOOST_TEST(bits(r[3].item<double>()) == bits(done.clip_coefficient));
+      BOOST_TEST(r[4].item<double>() == done.stats.scale);
+      BOOST_TEST(r[5].item<double>() == done.scale_next);
+      BOOST_TEST(static_cast<double>(fused_scale.item<float>()) == done.scale_next);
+      BOOST_TEST(f.found_inf.item<float>() == (done.stepped ? 0.0f : 1.0f));
+      // What the fused optimizer divides by: the synchronous step's scale / coefficient, in float32.
+      BOOST_TEST(f.grad_scale.item<float>() ==
+                 static_cast<float>(1.0 / (done.clip_coefficient / done.stats.scale)));
+    }
     BOOST_TEST_CONTEXT("step " << run << ", planted grad " << p.grad << ", loss " << p.loss) {
       BOOST_TEST(d.stepped.item<double>() == (done.stepped ? 1.0 : 0.0));
       // The policy's extra backoff; where the scaler stopped the run in it, the host reports the abort.

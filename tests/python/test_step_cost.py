@@ -70,10 +70,10 @@ def _step_cost(n: int, recipe: str, clipper: str, torch_recipe: bool = False, sy
 # Top-level ATen operators of one healthy step(); update() with the GPU's recipe on CPU tensors:
 # synchronous, the loss's mean, its slot and the sum of squares in the statistics' buffer (narrow,
 # view, select, sum, copy_), the grad_scale fill, the scale's refresh and the fused AdamW's own
-# five; deferred, the strategies' device rules as small operators on 0-dim tensors (issue 42: a
-# fused kernel for them is the next step) and no host read.
-EXPECTED = {("step", "norm"): (17, 1), ("step", "none"): (17, 1), ("deferred", "norm"): (131, 0),
-            ("deferred", "none"): (125, 0)}
+# five; deferred, no host read, and the strategies' device rules in one call whatever the clipper (on a GPU one
+# kernel: core/engine/src/cuda/step_rules_abi.h; as ATen operators on 0-dim tensors they were 131 and 125).
+EXPECTED = {("step", "norm"): (17, 1), ("step", "none"): (17, 1), ("deferred", "norm"): (32, 0),
+            ("deferred", "none"): (32, 0)}
 
 
 @pytest.mark.parametrize("sync", ["step", "deferred"])

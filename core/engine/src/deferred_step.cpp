@@ -58,8 +58,8 @@ struct DeferredStep::Pending {
   DeviceTotals totals;  // with tensor_norms: the per-gradient sums' sources (chunk sums copied to the host)
 };
 
-DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules)
-    : step_(step), rules_(std::move(rules)), scale_(rules_->scale().clone()) {}
+DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, bool fused)
+    : step_(step), rules_(std::move(rules)), scale_(rules_->scale().clone()), fused_(fused) {}
 
 DeferredStep::~DeferredStep() = default;
 
@@ -83,7 +83,8 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
       break;
     }
   rules->start(*s.scaler, device, step.counters().consecutive_skips);
-  return std::unique_ptr<DeferredStep>(new DeferredStep(step, std::move(rules)));
+  return std::unique_ptr<DeferredStep>(
+      new DeferredStep(step, std::move(rules), DeviceStepRules::fused_on(device)));
 }
 
 DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss) {
@@ -96,37 +97,17 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   std::vector<at::Tensor> scalars;
   if (loss.defined()) scalars.push_back(loss);
   const DeviceTotals t = table.measure_on_device(scalars, tensor_norms_);
-  // 4. The statistics as the host computes them from the same sum: unscaled by the scale this
-  // step's backward used.
-  const at::Tensor scale = scale_.to(at::kDouble);
-  DeviceStepStats s;
-  s.grad_norm = exact_sqrt(t.sum_squares).div(scale);
-  s.grad_max_abs = t.max_abs.div(scale);
-  s.grads_nonfinite =
-      at::logical_not(at::logical_and(at::isfinite(t.sum_squares), at::logical_not(at::isnan(t.max_abs))))
-          .to(at::kDouble);
-  const at::Tensor loss_value = loss.defined() ? t.scalars.select(0, 0) : at::zeros({}, scale.options());
-  s.loss_nonfinite = at::logical_not(at::isfinite(loss_value)).to(at::kDouble);
-  // 5, 6, 8 on the device.
-  const DeviceStepDecision d = rules_->step(s);
-  scale_.copy_(d.scale_next);
-  // 7. What the fused optimizer takes: the inverse of the factor the synchronous step folds in.
+  const at::Tensor loss_value = loss.defined() ? t.scalars.select(0, 0) : at::Tensor();
   DeferredGradients out;
-  out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
-  out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
-  out.stepped = at::gt(d.stepped, 0.0);
-  std::vector<at::Tensor> fields{d.stepped,
-                                 d.backoff,
-                                 d.abort,
-                                 d.clip_coefficient,
-                                 d.scale.to(at::kDouble),
-                                 d.scale_next.to(at::kDouble),
-                                 loss_value.to(at::kDouble),
-                                 t.sum_squares,
-                                 t.max_abs,
-                                 t.zeros};
-  if (t.group_elements.defined()) fields.push_back(t.group_elements);
-  const at::Tensor record = at::stack(fields);
+  at::Tensor record;
+  if (fused_) {  // 4-8 in one call: on the host for CPU tensors, one kernel on a GPU
+    FusedStepResult r =
+        rules_->step_fused({t.sum_squares, t.max_abs, t.zeros, loss_value, t.group_elements}, scale_);
+    out = {r.grad_scale, r.found_inf, r.stepped};
+    record = r.record;
+  } else {
+    out = step_operators(t, loss_value, record);
+  }
   auto p = std::make_unique<Pending>();
   p->elements = t.elements;
   p->reduced = t.group_elements.defined();
@@ -154,6 +135,43 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
     p->ready->record(c10::impl::VirtualGuardImpl(record.device().type()).getStream(record.device()));
   }
   pending_.push_back(std::move(p));
+  return out;
+}
+
+// Steps 4-8 as ATen operators on 0-dim tensors (a GPU without the rules kernel), into `record`.
+DeferredGradients DeferredStep::step_operators(const DeviceTotals& t, const at::Tensor& loss,
+                                               at::Tensor& record) {
+  // 4. The statistics as the host computes them from the same sum: unscaled by the scale this
+  // step's backward used.
+  const at::Tensor scale = scale_.to(at::kDouble);
+  DeviceStepStats s;
+  s.grad_norm = exact_sqrt(t.sum_squares).div(scale);
+  s.grad_max_abs = t.max_abs.div(scale);
+  s.grads_nonfinite =
+      at::logical_not(at::logical_and(at::isfinite(t.sum_squares), at::logical_not(at::isnan(t.max_abs))))
+          .to(at::kDouble);
+  const at::Tensor loss_value = loss.defined() ? loss : at::zeros({}, scale.options());
+  s.loss_nonfinite = at::logical_not(at::isfinite(loss_value)).to(at::kDouble);
+  // 5, 6, 8 on the device.
+  const DeviceStepDecision d = rules_->step(s);
+  scale_.copy_(d.scale_next);
+  // 7. What the fused optimizer takes: the inverse of the factor the synchronous step folds in.
+  DeferredGradients out;
+  out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
+  out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
+  out.stepped = at::gt(d.stepped, 0.0);
+  std::vector<at::Tensor> fields{d.stepped,
+                                 d.backoff,
+                                 d.abort,
+                                 d.clip_coefficient,
+                                 d.scale.to(at::kDouble),
+                                 d.scale_next.to(at::kDouble),
+                                 loss_value.to(at::kDouble),
+                                 t.sum_squares,
+                                 t.max_abs,
+                                 t.zeros};
+  if (t.group_elements.defined()) fields.push_back(t.group_elements);
+  record = at::stack(fields);
   return out;
 }
 

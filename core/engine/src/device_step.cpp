@@ -9,6 +9,8 @@
 #include <string>
 
 #include "ampkit/error.h"
+#include "cuda/step_rules_abi.h"
+#include "step_rules_kernel.h"
 
 namespace ampkit {
 
@@ -69,6 +71,76 @@ void DeviceStepRules::start(const LossScaler& scaler, const at::Device& device, 
   hysteresis_ = at::full({}, hysteresis, f64);
   consecutive_ = at::full({}, static_cast<double>(consecutive_skips), f64);
   stopped_ = at::zeros({}, f64);
+  state_ =
+      at::tensor({growth, hysteresis, static_cast<double>(consecutive_skips), 0.0}, at::kDouble).to(device);
+}
+
+bool DeviceStepRules::fused_on(const at::Device& device) {
+  return device.is_cpu() || (device.is_cuda() && step_rules_kernel_built());
+}
+
+namespace {
+
+ampkit_step_rules flat_rules(const ScalerDeviceRule& scaler, const ClipperDeviceRule& clipper,
+                             const NanPolicyDeviceRule& policy) {
+  ampkit_step_rules r{};
+  r.dynamic = scaler.kind == ScalerDeviceRule::Kind::dynamic;
+  r.abort_at_min_scale = scaler.abort_at_min_scale;
+  r.growth_factor = scaler.growth_factor;
+  r.backoff_factor = scaler.backoff_factor;
+  r.growth_interval = static_cast<double>(scaler.growth_interval);
+  r.hysteresis = static_cast<double>(scaler.hysteresis);
+  r.min_scale = scaler.min_scale;
+  r.max_scale = scaler.max_scale;
+  r.clip_norm = clipper.kind == ClipperDeviceRule::Kind::norm;
+  r.inf_norm = clipper.inf_norm;
+  r.max_norm = clipper.max_norm;
+  r.policy_backoff = policy.backoff;
+  r.abort_on_nonfinite_loss = policy.abort_on_nonfinite_loss;
+  r.abort_on_nonfinite_gradients = policy.abort_on_nonfinite_gradients;
+  r.max_consecutive = static_cast<double>(policy.max_consecutive);
+  return r;
+}
+
+template <typename T>
+const T* address(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<T>() : nullptr;
+}
+
+}  // namespace
+
+FusedStepResult DeviceStepRules::step_fused(const FusedStepInputs& in, at::Tensor& scale) {
+  if (!state_.defined()) throw Error(ErrorCategory::internal, "DeviceStepRules::step_fused before start()");
+  const at::Device device = scale.device();
+  if (!fused_on(device))
+    throw Error(ErrorCategory::internal, "DeviceStepRules::step_fused: no rules kernel for " + device.str());
+  const auto on = [&](at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(device); };
+  FusedStepResult out;
+  const at::Tensor factors = at::empty({2}, on(at::kFloat));  // grad_scale, found_inf
+  out.grad_scale = factors.select(0, 0);
+  out.found_inf = factors.select(0, 1);
+  out.stepped = at::empty({}, on(at::kBool));
+  out.record = at::empty(
+      {in.group_elements.defined() ? AMPKIT_RECORD_GROUP_ELEMENTS + 1 : AMPKIT_RECORD_GROUP_ELEMENTS},
+      on(at::kDouble));
+  ampkit_step_pointers p{};
+  p.sum_squares = address<double>(in.sum_squares);
+  p.max_abs = address<double>(in.max_abs);
+  p.zeros = address<double>(in.zeros);
+  p.loss = address<double>(in.loss);
+  p.group_elements = address<double>(in.group_elements);
+  p.scale = scale.mutable_data_ptr<float>();
+  p.state = state_.mutable_data_ptr<double>();
+  p.grad_scale = out.grad_scale.mutable_data_ptr<float>();
+  p.found_inf = out.found_inf.mutable_data_ptr<float>();
+  p.stepped = reinterpret_cast<unsigned char*>(out.stepped.mutable_data_ptr<bool>());
+  p.record = out.record.mutable_data_ptr<double>();
+  const ampkit_step_rules rules = flat_rules(scaler_, clipper_, policy_);
+  if (device.is_cpu())
+    ampkit_step_rules_run(&rules, &p);
+  else
+    launch_step_rules(rules, p, device);
+  return out;
 }
 
 // The dynamic scaler's back_off() where `when`: the scale shrinks to max(float(scale *

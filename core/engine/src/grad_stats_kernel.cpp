@@ -1,4 +1,5 @@
-// Loads and launches the statistics kernel of cuda/grad_stats_kernel.cu (grad_stats_chunks.h):
+// Loads and launches the kernels of cuda/grad_stats_kernel.cu: the statistics kernel
+// (grad_stats_chunks.h) and the deferred step's rules kernel (step_rules_kernel.h):
 // its fatbin is embedded in this library at build time and loaded through the CUDA driver API
 // (libcuda.so.1, which LibTorch's CUDA runtime has already loaded), once per device.
 #include <ATen/core/Tensor.h>
@@ -8,6 +9,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats_chunks.h"
+#include "step_rules_kernel.h"
 
 #if AMPKIT_HAS_STATS_KERNEL
 #include <c10/cuda/CUDAFunctions.h>
@@ -70,8 +72,10 @@ void check(CUresult result, const std::string& what) {
                                            (text != nullptr ? text : "CUDA error " + std::to_string(result)));
 }
 
-// The three kernels (float, half, bfloat16) in the current context of `device`.
-using Kernels = std::array<void*, 3>;
+// The statistics kernels (float, half, bfloat16) and the rules kernel in the current context of
+// `device`.
+using Kernels = std::array<void*, 4>;
+constexpr size_t kRulesKernel = 3;
 
 const Kernels& kernels_on(int device) {
   static std::mutex mutex;
@@ -82,7 +86,8 @@ const Kernels& kernels_on(int device) {
   void* module = nullptr;
   check(driver().module_load_data(&module, ampkit_grad_stats_fatbin), "loading its module");
   Kernels k{};
-  const char* names[] = {"ampkit_grad_stats_float", "ampkit_grad_stats_half", "ampkit_grad_stats_bfloat16"};
+  const char* names[] = {"ampkit_grad_stats_float", "ampkit_grad_stats_half", "ampkit_grad_stats_bfloat16",
+                         "ampkit_step_rules_kernel"};
   for (size_t i = 0; i < k.size(); ++i)
     check(driver().module_get_function(&k[i], module, names[i]), names[i]);
   return loaded.emplace(device, k).first->second;
@@ -140,10 +145,31 @@ void launch_chunk_kernel(const StatsPlan& plan, const at::Tensor& table, at::Ten
   }
 }
 
+bool step_rules_kernel_built() {
+  return true;
+}
+
+void launch_step_rules(ampkit_step_rules rules, ampkit_step_pointers pointers, const at::Device& device) {
+  const DeviceScope scope(device.index());
+  const Kernels& k = kernels_on(device.index());
+  void* stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  void* args[] = {&rules, &pointers};
+  check(driver().launch_kernel(k[kRulesKernel], 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr),
+        "the rules' launch");
+}
+
 #else
 
 bool chunk_kernel_built() {
   return false;
+}
+
+bool step_rules_kernel_built() {
+  return false;
+}
+
+void launch_step_rules(ampkit_step_rules, ampkit_step_pointers, const at::Device&) {
+  throw Error(ErrorCategory::internal, "this build has no rules kernel");
 }
 
 at::Tensor upload_chunk_table(const StatsPlan&, const at::Device&) {

@@ -41,6 +41,9 @@ class DeferredStep {
   DeferredStep(const DeferredStep&) = delete;
   DeferredStep& operator=(const DeferredStep&) = delete;
 
+  // Whether the rules run fused (one call; on a GPU one kernel) or as ATen operators.
+  bool fused() const { return fused_; }
+
   // Whether records carry every gradient's norm (StepStats::tensor_norms, as the synchronous step
   // gives them): off by default; a copy of one number per chunk, summed on the host on delivery.
   void set_tensor_norms(bool on) { tensor_norms_ = on; }
@@ -60,12 +63,14 @@ class DeferredStep {
 
  private:
   struct Pending;
-  DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules);
+  DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, bool fused);
   StepOutcome deliver_one(Pending& p);
+  DeferredGradients step_operators(const DeviceTotals& t, const at::Tensor& loss, at::Tensor& record);
 
   AmpStep& step_;
   std::unique_ptr<DeviceStepRules> rules_;
   at::Tensor scale_;  // float32, persistent
+  bool fused_;        // DeviceStepRules::step_fused (CPU; a GPU where the build has the rules kernel)
   bool tensor_norms_ = false;
   std::deque<std::unique_ptr<Pending>> pending_;
 };

@@ -33,6 +33,27 @@ struct DeviceStepDecision {
   at::Tensor scale_next;        // float32: the scale after the scaler's update
 };
 
+// A step's inputs for the fused rules (step_fused): the scaled gradients' totals as 0-dim float64
+// tensors on the device (DeviceTotals), the loss and the group's element count where there are.
+struct FusedStepInputs {
+  at::Tensor sum_squares;
+  at::Tensor max_abs;
+  at::Tensor zeros;
+  at::Tensor loss;            // undefined: none
+  at::Tensor group_elements;  // undefined: no reduction
+};
+
+// What step_fused gives: a fused optimizer's grad_scale and found_inf (float32), whether the step
+// was taken (bool), and the step's record (float64: stepped, backoff, abort, clip coefficient,
+// scale, next scale, loss, sum of squares, max-abs, zeros, then the group's element count where
+// reduced), all on the device.
+struct FusedStepResult {
+  at::Tensor grad_scale;
+  at::Tensor found_inf;
+  at::Tensor stepped;
+  at::Tensor record;
+};
+
 class DeviceStepRules {
  public:
   // The rules the strategies declare, or nullptr with `missing` set to the kind ("scaler",
@@ -52,6 +73,15 @@ class DeviceStepRules {
   // What the next backward multiplies the loss by: float32, 0-dim, on the device.
   const at::Tensor& scale() const { return scale_; }
 
+  // The same rules, fused: one scalar function over the totals (cuda/step_rules_abi.h), run on the
+  // host for CPU tensors and as one one-thread kernel on a GPU, where step() runs some 130 ATen
+  // operators. Whether it can run on `device` (CPU; CUDA where this build holds the kernel).
+  static bool fused_on(const at::Device& device);
+  // One step from start()'s state (a DeviceStepRules steps by step() or by step_fused(), not by
+  // both): `scale` (float32, 0-dim: the scale this step's backward used) becomes the next one in
+  // place. No host read.
+  FusedStepResult step_fused(const FusedStepInputs& in, at::Tensor& scale);
+
  private:
   at::Tensor back_off(const at::Tensor& when, at::Tensor& aborted);  // returns the new scale
   void update_dynamic(const at::Tensor& bad, const at::Tensor& backoff, at::Tensor& aborted);
@@ -64,6 +94,7 @@ class DeviceStepRules {
   at::Tensor hysteresis_;   // float64 (dynamic)
   at::Tensor consecutive_;  // float64: bad steps in a row
   at::Tensor stopped_;      // float64: 1 once a step aborted
+  at::Tensor state_;        // step_fused's: float64 [growth, hysteresis, consecutive, stopped]
 };
 
 }  // namespace ampkit

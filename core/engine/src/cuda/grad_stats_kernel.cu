@@ -88,3 +88,10 @@ extern "C" __global__ void __launch_bounds__(AMPKIT_STATS_THREADS)
     ampkit_grad_stats_bfloat16(const ampkit_stats_chunk* chunks, double* out) {
   chunk_stats<__nv_bfloat16>(chunks, out);
 }
+
+/* The step's device rules (step_rules_abi.h): one thread runs what the host runs for CPU tensors. */
+#include "step_rules_abi.h"
+
+extern "C" __global__ void ampkit_step_rules_kernel(ampkit_step_rules rules, ampkit_step_pointers pointers) {
+  ampkit_step_rules_run(&rules, &pointers);
+}
