@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a fixed set of ampkit-train configurations with the binaries in BIN_DIR and prints, for
-# each, the exit code, the output (progress lines and timings removed) and the summary without
-# its timing fields, param_sha256 included. Restructuring the host must not change a byte of it:
+# each, the exit code, the output (progress lines and timings removed), the summary without its
+# timing fields, param_sha256 included, and every NaN report file byte for byte. Restructuring
+# the host must not change a byte of it:
 #   tools/capture_host_outputs.sh old/build/bin > before.txt
 #   tools/capture_host_outputs.sh build/bin > after.txt && diff before.txt after.txt
 # Takes about two minutes on two cores (Fashion-MNIST and char-gpt runs are a few dozen steps).
@@ -33,6 +34,12 @@ case_run() {  # NAME ARGS...
   grep -v -e 'wall_seconds' -e 'samples_per_second' -e '^ampkit-train: note: this CPU' \
       -e 'samples/s' "$work/$name.out" | sed -e "s|$work|<WORK>|g" -e "s|$bin|<BIN>|g"
   normalize "$work/$name.json" | sed -e "s|$work|<WORK>|g" -e "s|$bin|<BIN>|g"
+  for report in "$work"/nan-report-*.json; do  # the locator's reports, byte for byte
+    [ -e "$report" ] || continue
+    echo "--- $(basename "$report")"
+    cat "$report" && echo
+    rm -f "$report"
+  done
 }
 
 case_run fp32 $syn --steps 30

@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import torch
 
+from ._facts import STEP_KINDS
+
 __all__ = ["check_arguments"]
 
 
@@ -25,9 +27,7 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
         "precision": (str, type(None)),
         "opt": (Mapping, type(None)),
         "model": (torch.nn.Module, type(None)),
-        "scaler": (str, os.PathLike),
-        "clipper": (str, os.PathLike),
-        "nan_policy": (str, os.PathLike),
+        **dict.fromkeys(STEP_KINDS, (str, os.PathLike)),  # each kind's plugin: a name or a file
         "stats_recipe": (str,),
         "sync": (str,),
         "process_group": _process_group_types(),

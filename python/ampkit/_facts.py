@@ -1,16 +1,25 @@
 """What the C++ side declares once and the Python layer reads at import, never spells again: the
 plugin kinds a GradScaler selects, the precisions, the error categories (by name), the autocast
-dtype of a precision and the plugins' per-precision option defaults (python/src/facts.cpp)."""
+dtype of a precision, the plugins' per-precision option defaults, a clipper's threshold option and
+the plugins the seeds' NaN strategies name (python/src/facts.cpp)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _library  # noqa: F401  (loads the C++ side first)
 
-__all__ = ["ERROR_CATEGORIES", "PRECISIONS", "STEP_KINDS", "autocast_dtype", "option_defaults"]
+__all__ = [
+    "ERROR_CATEGORIES",
+    "PRECISIONS",
+    "SEEDS_NAN_STRATEGIES",
+    "STEP_KINDS",
+    "autocast_dtype",
+    "option_defaults",
+    "threshold_option",
+]
 
 #: The kinds of :class:`ampkit.GradScaler`'s plugins, in ampkit's order (``comm`` is torch DDP's).
 STEP_KINDS: Tuple[str, ...] = tuple(torch.ops.ampkit.step_kinds())
@@ -18,6 +27,10 @@ STEP_KINDS: Tuple[str, ...] = tuple(torch.ops.ampkit.step_kinds())
 PRECISIONS: Tuple[str, ...] = tuple(torch.ops.ampkit.precisions())
 #: ampkit::ErrorCategory's names and values, and "aborted": what a failed C++ call reports.
 ERROR_CATEGORIES: Dict[str, int] = {str(name): int(value) for name, value in torch.ops.ampkit.error_categories()}
+#: The seeds' NaN strategies: strategy -> (its nan_policy plugin, the options it sets).
+SEEDS_NAN_STRATEGIES: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    str(strategy): (str(policy), dict(options)) for strategy, policy, options in torch.ops.ampkit.seeds_nan_strategies()
+}
 
 
 def autocast_dtype(precision: str) -> Optional[torch.dtype]:
@@ -29,3 +42,8 @@ def autocast_dtype(precision: str) -> Optional[torch.dtype]:
 def option_defaults(dirs: List[str], allow_untrusted: bool, kind: str, name: str, option: str) -> List[Tuple[str, str]]:
     """A plugin option's declared default for each precision, ``(precision, value text)`` pairs."""
     return [(str(p), str(v)) for p, v in torch.ops.ampkit.option_defaults(dirs, allow_untrusted, kind, name, option)]
+
+
+def threshold_option(dirs: List[str], allow_untrusted: bool, clipper: str) -> str:
+    """The option a clipper's one threshold sets: its one option with a per-precision default."""
+    return str(torch.ops.ampkit.threshold_option(dirs, allow_untrusted, clipper))

@@ -54,4 +54,4 @@ def scaler_kwargs_from_deepspeed(
         warnings.warn("DeepSpeed config keys with no ampkit counterpart, ignored: " + ", ".join(unmapped), stacklevel=2)
     opt = dict(opt)
     opt.update(overrides.pop("opt", None) or {})
-    return {"precision": precision, "scaler": plugins["scaler"], "clipper": plugins["clipper"], "opt": opt, **overrides}
+    return {"precision": precision, **dict(plugins), "opt": opt, **overrides}  # plugins: each kind the mapping names

@@ -22,6 +22,7 @@ from . import _library
 from ._arguments import check_arguments
 from ._deferred import DeferredMode
 from ._errors import cpp
+from ._facts import STEP_KINDS
 from ._optimizer_tables import OptimizerTables, _refresh_per_optimizer_state
 from ._plugin_access import PluginAccess, option_text
 from ._statistics_group import StatisticsGroup
@@ -123,7 +124,8 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         average_loss: bool = False,
         plugin_timeout: Optional[int] = 30,
     ) -> None:
-        check_arguments(locals())
+        arguments = locals()
+        check_arguments(arguments)
         self._device = str(device)
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
@@ -137,7 +139,8 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             "growth_interval": growth_interval,
         }
         self._config: Dict[str, Any] = {
-            "plugins": {"scaler": str(scaler), "clipper": str(clipper), "nan_policy": str(nan_policy)},
+            # Each kind's plugin is the keyword argument of the kind's name (scaler=, clipper=, ...).
+            "plugins": {kind: str(arguments[kind]) for kind in STEP_KINDS},
             # opt= wins over torch's arguments.
             "opt": {**_scaler_options(torch_args), **{str(k): option_text(v) for k, v in (opt or {}).items()}},
             "precision": precision or "fp16",

@@ -16,7 +16,7 @@ from .grad_scaler import GradScaler
 from .seeds_clipping import (
     ClippingStrategy,
     GradientClipper,
-    _per_precision_default,
+    _norm_thresholds,
     create_gradient_clipper,
     get_recommended_threshold,
 )
@@ -44,10 +44,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # RECOMMENDED_CLIPPING_THRESHOLDS: the norm clipper's per-precision max_norm default, read from
+    # RECOMMENDED_CLIPPING_THRESHOLDS: the norm clipper's per-precision threshold default, read from
     # the plugin (declared once, in plugins/clipper/norm) when first asked for.
     if name == "RECOMMENDED_CLIPPING_THRESHOLDS":
-        return dict(_per_precision_default("clipper", "norm", "max_norm"))
+        return _norm_thresholds()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -10,15 +10,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
+from . import _library
 from ._errors import PluginError, cpp
-from ._facts import option_defaults
+from ._facts import option_defaults, threshold_option
 from .grad_scaler import GradScaler
 from .plugins import plugins
 
 __all__ = ["ClippingStrategy", "GradientClipper", "create_gradient_clipper", "get_recommended_threshold"]
-
-# The option a clipper's one "threshold" sets (adaptive: the upper bound of its learned threshold).
-_THRESHOLD_OPTIONS = {"norm": "max_norm", "value": "clip_value", "adaptive": "max_norm", "agc": "clip_factor"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,10 +43,18 @@ def _strategy_name(strategy: Any) -> Any:
     return strategy.value if isinstance(strategy, ClippingStrategy) else strategy
 
 
+@functools.lru_cache(maxsize=None)
 def _threshold_option(clipper: str) -> str:
-    if clipper not in _THRESHOLD_OPTIONS:
-        raise ValueError(f"clipper '{clipper}' has no single threshold; set its options by name with opt=")
-    return _THRESHOLD_OPTIONS[clipper]
+    """The option a clipper's one threshold sets: the one its plugin declares a per-precision default
+    for (norm's max_norm, adaptive's upper bound max_norm, ...); ValueError for a clipper without one."""
+    dirs = _library.plugin_folders(None) + [_library.builtin_plugin_dir()]
+    return cpp(threshold_option)(dirs, False, clipper)
+
+
+def _norm_thresholds() -> Dict[str, float]:
+    """The norm clipper's per-precision default threshold (RECOMMENDED_CLIPPING_THRESHOLDS)."""
+    norm = ClippingStrategy.NORM.value
+    return dict(_per_precision_default("clipper", norm, _threshold_option(norm)))
 
 
 def _clipping_stats(record: Mapping[str, Any]) -> Dict[str, Any]:
@@ -61,8 +67,9 @@ class GradientClipper:
 
     Args:
         strategy: the clipper plugin (norm, value, adaptive, agc).
-        threshold: its threshold option (norm's max_norm, value's clip_value, adaptive's upper
-            bound max_norm, agc's clip_factor); None: the plugin's default for ``precision``.
+        threshold: the clipper's one option with a per-precision default, as the plugin declares it
+            (norm's max_norm, value's clip_value, adaptive's upper bound max_norm, agc's
+            clip_factor); None: the plugin's default for ``precision``.
         precision: picks the per-precision defaults.
         options: further clipper options by name (``norm_type="inf"``, ``method="percentile"``).
 
@@ -129,7 +136,7 @@ def create_gradient_clipper(
 
 def get_recommended_threshold(precision: str) -> float:
     """The norm clipper's default max_norm for ``precision`` (RECOMMENDED_CLIPPING_THRESHOLDS)."""
-    defaults = dict(_per_precision_default("clipper", "norm", "max_norm"))
+    defaults = _norm_thresholds()
     if precision not in defaults:
         raise ValueError(f"precision '{precision}' is not one of {', '.join(defaults)}")
     return defaults[precision]

@@ -9,21 +9,14 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 import torch
 
+from ._facts import SEEDS_NAN_STRATEGIES
 from .grad_scaler import GradScaler
 
 __all__ = ["NaNDetector", "NaNRecoveryManager", "NaNReport"]
 
-# The seeds' NaN strategies: (nan_policy plugin, its options).
-_NAN_STRATEGIES = {
-    "skip": ("skip", {}),
-    "reduce_scale": ("backoff", {}),
-    "clip": ("skip", {"on_spike": "clip"}),
-    "abort": ("abort", {}),
-}
-_CLIP_SPIKE_ZSCORE = 6.0  # nan_policy.spike_zscore's help: "6 is a cautious starting point"
 _ROLLBACK = (
     "nan strategy 'rollback' restores a snapshot of the model and optimizer, which ampkit.GradScaler "
-    "does not hold: use ampkit-train --nan-policy rollback, or 'skip', 'reduce_scale', 'clip' or 'abort'"
+    "does not hold: use ampkit-train --nan-policy rollback, or "
 )
 
 
@@ -97,22 +90,21 @@ class NaNRecoveryManager:
         spike_min_samples: Optional[int] = None,
     ) -> None:
         if strategy == "rollback":
-            raise ValueError(_ROLLBACK)
-        if strategy not in _NAN_STRATEGIES:
+            quoted = [f"'{s}'" for s in SEEDS_NAN_STRATEGIES]
+            raise ValueError(_ROLLBACK + ", ".join(quoted[:-1]) + " or " + quoted[-1])
+        if strategy not in SEEDS_NAN_STRATEGIES:
             raise ValueError(
-                f"unknown nan strategy '{strategy}' (skip, reduce_scale, clip, abort)"
-                + _did_you_mean(strategy, _NAN_STRATEGIES)
+                f"unknown nan strategy '{strategy}' ({', '.join(SEEDS_NAN_STRATEGIES)})"
+                + _did_you_mean(strategy, SEEDS_NAN_STRATEGIES)
             )
         self.strategy = strategy
-        self.policy, options = _NAN_STRATEGIES[strategy]
-        if strategy == "clip" and spike_zscore is None:
-            spike_zscore = _CLIP_SPIKE_ZSCORE
-        given = {
-            "max_consecutive": max_consecutive,
-            "spike_zscore": spike_zscore,
-            "spike_window": spike_window,
-            "spike_min_samples": spike_min_samples,
-        }
+        self.policy, options = SEEDS_NAN_STRATEGIES[strategy]  # options: the strategy's, e.g. clip's on_spike
+        given = dict(
+            max_consecutive=max_consecutive,
+            spike_zscore=spike_zscore,
+            spike_window=spike_window,
+            spike_min_samples=spike_min_samples,
+        )
         self.options: Dict[str, Any] = {**options, **{k: v for k, v in given.items() if v is not None}}
 
     def scaler_kwargs(self) -> Dict[str, Any]:

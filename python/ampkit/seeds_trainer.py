@@ -101,14 +101,14 @@ class AMPConfig:
                 raise ValueError(f"opt[{key!r}]={value!r} contradicts {derived[key][1]}={derived[key][0]!r}")
             opt[key] = value
         scaler = self.scaler or ("dynamic" if self.precision == "fp16" else "none")
-        return {
-            "scaler": scaler,
-            "clipper": clipper,
-            "nan_policy": policy or "skip",
-            "precision": self.precision,
-            "enabled": self.enabled,
-            "opt": opt,
-        }
+        return dict(
+            scaler=scaler,
+            clipper=clipper,
+            nan_policy=policy or "skip",
+            precision=self.precision,
+            enabled=self.enabled,
+            opt=opt,
+        )
 
 
 def create_default_amp_config(precision: str = "fp16", **overrides: Any) -> AMPConfig:

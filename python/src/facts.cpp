@@ -1,20 +1,26 @@
 // The tables the Python layer reads at import (ampkit/_facts.py), each from its one C++
 // declaration: kinds (kinds.h, kStepKinds), precisions (step.h), error categories (error.h's enum, and
-// errors.h's kAborted), the autocast dtype of each precision (autocast_guard.h) and the declared
-// per-precision defaults of plugin options (plugin_listing.h).
+// errors.h's kAborted), the autocast dtype of each precision (autocast_guard.h), the declared
+// per-precision defaults of plugin options and a clipper's threshold option (plugin_listing.h), and
+// the nan_policy plugins and options the seeds' NaN strategies name.
 #include "facts.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ampkit/autocast_guard.h"
 #include "ampkit/error.h"
 #include "ampkit/kinds.h"
+#include "ampkit/nan_detector.h"
 #include "errors.h"
+#include "ivalues.h"
 #include "plugin_listing.h"
 
 namespace ampkit::python {
@@ -72,6 +78,26 @@ std::vector<std::tuple<std::string, int64_t>> error_categories() {
   return out;
 }
 
+// The seeds' NaN strategies (ampkit.seeds.NaNRecoveryManager): (strategy, its nan_policy plugin, the
+// options it sets). "clip" applies a finite spike clipped, which needs spike detection on: at the
+// detector's cautious z-score unless the caller gives one.
+std::vector<std::tuple<std::string, std::string, c10::Dict<std::string, c10::IValue>>>
+seeds_nan_strategies() {
+  using Options = std::initializer_list<std::pair<const char*, c10::IValue>>;
+  std::vector<std::tuple<std::string, std::string, c10::Dict<std::string, c10::IValue>>> out;
+  const auto add = [&out](const char* strategy, const char* policy, Options options) {
+    c10::Dict<std::string, c10::IValue> values = any_dict();
+    for (const auto& [name, value] : options) values.insert(name, value);
+    out.emplace_back(strategy, policy, values);
+  };
+  add("skip", "skip", {});
+  add("reduce_scale", "backoff", {});
+  add("clip", "skip",
+      {{"on_spike", std::string("clip")}, {"spike_zscore", double{AMPKIT_CAUTIOUS_SPIKE_ZSCORE}}});
+  add("abort", "abort", {});
+  return out;
+}
+
 // An empty tensor of the dtype autocast runs `precision` in (a ScalarType crosses to Python as a
 // bare int; a tensor carries it as torch.dtype), None for fp32.
 std::optional<at::Tensor> autocast_dtype_of(const std::string& precision) {
@@ -115,4 +141,6 @@ TORCH_LIBRARY_FRAGMENT(ampkit, m) {
   m.def("error_categories", &ampkit::python::error_categories);
   m.def("autocast_dtype", &ampkit::python::autocast_dtype_of);
   m.def("option_defaults", &ampkit::python::option_defaults);
+  m.def("threshold_option", &ampkit::python::threshold_option);
+  m.def("seeds_nan_strategies", &ampkit::python::seeds_nan_strategies);
 }

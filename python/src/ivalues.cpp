@@ -15,6 +15,32 @@ c10::Dict<std::string, c10::IValue> any_dict() {
       c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
 }
 
+c10::IValue json_ivalue(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::object: {
+      c10::Dict<std::string, c10::IValue> d = any_dict();
+      for (const auto& [key, value] : j.items()) d.insert(key, json_ivalue(value));
+      return d;
+    }
+    case nlohmann::json::value_t::array: {
+      c10::List<c10::IValue> list(c10::AnyType::get());
+      for (const nlohmann::json& value : j) list.push_back(json_ivalue(value));
+      return list;
+    }
+    case nlohmann::json::value_t::string:
+      return j.get<std::string>();
+    case nlohmann::json::value_t::boolean:
+      return j.get<bool>();
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return j.get<int64_t>();
+    case nlohmann::json::value_t::number_float:
+      return j.get<double>();
+    default:  // null, and the binary and discarded values no JSON text holds
+      return c10::IValue();
+  }
+}
+
 c10::IValue to_ivalue(const StateValue& v) {
   return std::visit(
       [](const auto& x) -> c10::IValue {
@@ -66,7 +92,7 @@ c10::IValue record_value(const std::vector<double>& v) {
   return c10::List<double>(v);
 }
 c10::IValue record_value(const nlohmann::json& v) {
-  return v.dump();
+  return json_ivalue(v);  // a dict, as the metrics file's reader sees it; never JSON text to parse again
 }
 c10::IValue record_value(const std::vector<LayerNorm>& layers) {
   c10::List<c10::IValue> out(c10::AnyType::get());

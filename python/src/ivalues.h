@@ -1,4 +1,4 @@
-// Values between ampkit and Python's dicts: plugin states and the step record as IValues.
+// Values between ampkit and Python's dicts: plugin states, the step record and JSON documents as IValues.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -7,6 +7,7 @@
 #include <ampkit/step_record.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@ namespace ampkit::python {
 
 // A str -> Any dict, as Python sees a dict of mixed values.
 c10::Dict<std::string, c10::IValue> any_dict();
+
+// A JSON document as Python sees it once decoded (objects as dicts, arrays as lists, null as None):
+// for documents C++ lays out once for a file and for Python alike (the NaN report).
+c10::IValue json_ivalue(const nlohmann::json& j);
 
 // A plugin state's value, and back (a list may also arrive as a float64 tensor).
 c10::IValue to_ivalue(const StateValue& v);

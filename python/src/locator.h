@@ -15,11 +15,9 @@ namespace ampkit::python {
 
 // One re-run of a bad step (ampkit.NanLocator.locate): created before the forward, fed every
 // module's output by the forward hooks (observe), finished with the loss after the scaled
-// backward. The layout is ampkit-train's nan-report JSON (hosts/train/src/session/nan_reports.cpp),
-// declared here once for Python: finish() gives the keys the re-run knows (located, module,
-// module_type, phase, finding, micro_batch, micro_batch_loss, observation, forward, backward),
-// report() the whole report, with the step's (step, rank, detection, action, loss_scale,
-// precision) first. `module_types`: every module's type name by path. Call one of them, once.
+// backward. The layout is ampkit-train's nan-report JSON, the engine's (ampkit/nan_report.h):
+// finish() gives the keys the re-run knows (nan_findings_json), report() the whole report with the
+// step's (nan_report_json). `module_types`: every module's type name by path. Call one of them, once.
 class LocatorSession : public torch::CustomClassHolder {
  public:
   LocatorSession();
@@ -30,9 +28,9 @@ class LocatorSession : public torch::CustomClassHolder {
                                              std::string action, double loss_scale, std::string precision);
 
  private:
-  // finish()'s keys added to `r`.
-  void add_findings(c10::Dict<std::string, c10::IValue>& r, double loss,
-                    const c10::Dict<std::string, std::string>& module_types);
+  // Ends the recording: what it found, and the type name of the module found ("" for none).
+  NanLocation located(double loss, const c10::Dict<std::string, std::string>& module_types,
+                      std::string& module_type);
   std::unique_ptr<LocatorRecording> recording_;
 };
 

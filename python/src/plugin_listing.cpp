@@ -1,5 +1,5 @@
 // The Python package's registry (its crash probe execs ampkit/_probe), ampkit.plugins() and the
-// per-precision defaults the seeds' API reads (python/ampkit/seeds.py).
+// per-precision defaults and clipper thresholds the seeds' API reads (python/ampkit/seeds*.py).
 #include "plugin_listing.h"
 
 #include <dlfcn.h>
@@ -86,6 +86,25 @@ std::vector<std::tuple<std::string, std::string>> option_defaults(std::vector<st
       return out;
     }
     throw Error(ErrorCategory::usage, kind + " '" + name + "' has no option '" + option + "'");
+  });
+}
+
+std::string threshold_option(std::vector<std::string> plugin_dirs, bool allow_untrusted, std::string name) {
+  return guarded([&] {
+    Registry registry(registry_options(plugin_dirs, allow_untrusted));
+    const LoadedPlugin& p = registry.load(registry.find("clipper", name));
+    const ampkit_plugin_descriptor& d = p.descriptor();
+    std::vector<std::string> per_precision;
+    for (size_t i = 0; i < d.option_count; ++i)
+      if (d.options[i].flags & AMPKIT_OPTION_PER_PRECISION) per_precision.emplace_back(d.options[i].name);
+    if (per_precision.size() == 1) return per_precision.front();
+    std::string names;
+    for (const std::string& n : per_precision) names += (names.empty() ? "" : ", ") + n;
+    throw Error(ErrorCategory::usage,
+                "clipper '" + name + "' has no single threshold (" +
+                    (names.empty() ? std::string("no option with a per-precision default")
+                                   : "options with per-precision defaults: " + names) +
+                    "); set its options by name with opt=");
   });
 }
 

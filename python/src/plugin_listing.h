@@ -1,4 +1,4 @@
-// What the registry finds, for ampkit.plugins() and the seeds' per-precision defaults.
+// What the registry finds, for ampkit.plugins() and the seeds' per-precision defaults and thresholds.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +30,9 @@ std::vector<std::vector<std::string>> plugin_options(std::vector<std::string> pl
 std::vector<std::tuple<std::string, std::string>> option_defaults(std::vector<std::string> plugin_dirs,
                                                                   bool allow_untrusted, std::string kind,
                                                                   std::string name, std::string option);
+// The option a clipper's one threshold sets (the seeds' GradientClipper(threshold=) and
+// AMPConfig.max_grad_norm): the one option whose default the plugin declares per precision, as a
+// threshold is what fp16, bf16 and fp32 need apart; Error(usage) for a clipper with none or several.
+std::string threshold_option(std::vector<std::string> plugin_dirs, bool allow_untrusted, std::string name);
 
 }  // namespace ampkit::python

@@ -1,7 +1,10 @@
 """The NaN locator for Python modules: names the first module whose output or gradient went
 non-finite, in ampkit-train's report form, and hooks nothing on healthy steps."""
 
+import json
 import math
+import os
+import subprocess
 
 import torch
 
@@ -79,3 +82,41 @@ def test_grad_scaler_locate_reports_the_skipped_step():
     assert report["step"] == 0 and report["action"] == "skip" and report["loss_scale"] == 1024.0
     assert (report["module"], report["phase"], report["located"]) == ("embed", "forward", True)
     assert report["observation"]["input"]["nonfinite"] == 1
+
+
+def _key_tree(report):
+    """The report's keys, and those of its observation and of each kind of observed entry."""
+    entries = report.get("forward", []) + report.get("backward", [])
+    return {
+        "report": sorted(report),
+        "observation": sorted(report["observation"]),
+        "observation.output": sorted(report["observation"]["output"]),
+        "entries": sorted({key for entry in entries for key in entry}),
+    }
+
+
+def test_the_report_has_ampkit_train_s_keys_for_the_same_fault(tmp_path):
+    """One layout (core/engine's nan_report.h) for both: a non-finite forward output found by
+    ampkit-train's locator and by GradScaler.locate gives the same keys at every level."""
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    build = os.path.abspath(os.environ.get("AMPKIT_BUILD_DIR", os.path.join(root, "build")))
+    args = ["--workload", "synthetic", "--synthetic-inputs", "8", "--synthetic-width", "16", "--batch-size", "8",
+            "--steps", "3", "--progress", "never", "--threads", "1", "--inject", "nan@step=1,layer=layers.0",
+            "--nan-report-dir", str(tmp_path)]
+    run = subprocess.run([os.path.join(build, "bin", "ampkit-train"), *args], capture_output=True, text=True,
+                         env=dict(os.environ, AMPKIT_PLUGIN_PATH=""))
+    assert run.returncode == 0, run.stderr
+    with open(tmp_path / "nan-report-step-1-rank-0.json") as f:
+        host = json.load(f)
+    assert (host["phase"], host["located"]) == ("forward", True)
+
+    model = Net()
+    scaler = ampkit.GradScaler("cpu", model=model)
+    x = torch.randn(4, 8)
+    x[1, 3] = math.nan  # the embedding's output is the first non-finite value
+    closure = loss_of(model, x)
+    scaler.scale(closure()).backward()
+    assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.01)) is False
+    python = scaler.locate(closure)
+    assert (python["phase"], python["located"]) == ("forward", True)
+    assert _key_tree(python) == _key_tree(host)

@@ -206,6 +206,7 @@ def test_a_non_finite_gradient_names_the_first_parameter(golden, tmp_path):
     assert detail["parameter"] in {n for n, _ in torchscript_parity.ConvAttentionNet().named_parameters()}
     assert "cannot be observed from C++" in detail["finding"]
     assert detail["observation"]["gradient"]["nonfinite"] > 0
+    assert detail["forward"] == [] and detail["backward"] == []  # no module outputs seen, every key there
 
 
 @pytest.mark.parametrize("script, loss, extra", [

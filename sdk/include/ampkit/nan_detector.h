@@ -206,9 +206,13 @@ class DetectingNanPolicy : public NanPolicy {
 
 }  // namespace ampkit
 
+// A spike_zscore to start from, quoted by the option's help and set where spike detection is turned
+// on without a value (the seeds' NaN strategy "clip", python/src/facts.cpp).
+#define AMPKIT_CAUTIOUS_SPIKE_ZSCORE 6
+
 // Option specs of ampkit::NanDetector (nan_detector.h), for NaN policies that use it:
 //   AMPKIT_PLUGIN(nan_policy, mine, MyPolicy, "...", AMPKIT_NAN_DETECTOR_OPTIONS, ...)
-#define AMPKIT_NAN_DETECTOR_OPTIONS                                                                \
+#define AMPKIT_NAN_DETECTOR_OPTIONS \
   ampkit::OptionSpec::Int("spike_window", "100",                                                   \
                           "Recent healthy steps whose loss and gradient norm define 'normal' for " \
                           "spike detection.")                                                      \
@@ -216,8 +220,9 @@ class DetectingNanPolicy : public NanPolicy {
       .max(100000),                                                                                \
       ampkit::OptionSpec::Float("spike_zscore", "0",                                               \
                                 "A loss or gradient norm this many standard deviations above the " \
-                                "window's mean is a spike; 0 turns spike detection off (6 is a "   \
-                                "cautious starting point).")                                       \
+                                "window's mean is a spike; 0 turns spike detection off ("          \
+                                AMPKIT_STRINGIFY(AMPKIT_CAUTIOUS_SPIKE_ZSCORE) " is a cautious "   \
+                                "starting point).")                                                \
           .min(0),                                                                                 \
       ampkit::OptionSpec::Int("spike_min_samples", "20",                                           \
                               "Healthy steps needed in the window before spikes are judged.")      \

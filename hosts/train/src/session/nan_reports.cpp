@@ -2,32 +2,15 @@
 #include "session/nan_reports.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <tuple>
 
 #include "ampkit/checkpoint.h"
 #include "ampkit/error.h"
 #include "ampkit/nan_locator.h"
+#include "ampkit/nan_report.h"
 
 namespace ampkit::train {
-
-namespace {
-
-// "torch::nn::LinearImpl" -> "Linear".
-nlohmann::json summary_json(const TensorSummary& t) {
-  return {{"dtype", t.dtype}, {"shape", t.shape},   {"min", t.min},
-          {"max", t.max},     {"absmax", t.absmax}, {"nonfinite", t.nonfinite}};
-}
-
-nlohmann::json observation_json(const ModuleObservation& o) {
-  nlohmann::json j = {{"module", o.module}, {"phase", o.phase}};
-  j[o.phase == "forward" ? "output" : "gradient"] = summary_json(o.value);
-  if (!o.input.dtype.empty()) j["input"] = summary_json(o.input);
-  return j;
-}
-
-}  // namespace
 
 std::filesystem::path nan_report_dir(const TrainConfig& cfg) {
   if (!cfg.nan_report_dir.empty()) return cfg.nan_report_dir;
@@ -79,27 +62,14 @@ nlohmann::json NanReporter::located(int64_t step) {
 }
 
 nlohmann::json NanReporter::report_json(const StepOutcome& o, const NanLocation& loc) const {
-  nlohmann::json report = {
-      {"step", o.stats.step},
-      {"rank", rank_},
-      {"detection", o.decision.reason},
-      {"action", to_string(o.decision.action)},
-      {"loss_scale", o.stats.scale},
-      {"precision", to_string(run_.cfg.precision)},
-      {"located", loc.found},
-      {"module", loc.module},
-      {"module_type", loc.module.empty() ? "" : workload_.model().module_type(loc.module)},
-      {"phase", loc.phase},
-      {"finding", loc.finding},
-      {"micro_batch", loc.micro_batch},
-      {"micro_batch_loss", std::isfinite(loc.loss) ? nlohmann::json(loc.loss) : nlohmann::json("nan")}};
-  if (!loc.module.empty() || !loc.parameter.empty())
-    report["observation"] = observation_json(loc.observation);
-  if (!loc.parameter.empty()) report["parameter"] = loc.parameter;
-  if (loc.reference_absmax > 0) report["reference_absmax"] = loc.reference_absmax;
-  for (const auto& x : loc.forward) report["forward"].push_back(observation_json(x));
-  for (const auto& x : loc.backward) report["backward"].push_back(observation_json(x));
-  return report;
+  NanReportStep step;
+  step.step = o.stats.step;
+  step.rank = rank_;
+  step.detection = o.decision.reason;
+  step.action = to_string(o.decision.action);
+  step.loss_scale = o.stats.scale;
+  step.precision = to_string(run_.cfg.precision);
+  return nan_report_json(step, loc, loc.module.empty() ? "" : workload_.model().module_type(loc.module));
 }
 
 bool NanReporter::observe(const StepOutcome& o, const std::function<at::Tensor(int)>& forward) {
