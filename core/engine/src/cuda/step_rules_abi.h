@@ -43,7 +43,13 @@ typedef struct {
 } ampkit_step_rules;
 
 /* What persists between steps, float64 (the scale is a float32 of its own). */
-enum { AMPKIT_RULE_GROWTH, AMPKIT_RULE_HYSTERESIS, AMPKIT_RULE_CONSECUTIVE, AMPKIT_RULE_STOPPED, AMPKIT_RULE_STATE };
+enum {
+  AMPKIT_RULE_GROWTH,
+  AMPKIT_RULE_HYSTERESIS,
+  AMPKIT_RULE_CONSECUTIVE,
+  AMPKIT_RULE_STOPPED,
+  AMPKIT_RULE_STATE
+};
 
 /* One step's record (DeferredStep's), float64, in this order; the last only with a reduction. */
 enum {
@@ -68,12 +74,12 @@ typedef struct {
   const double* zeros;
   const double* loss;
   const double* group_elements;
-  float* scale; /* in: the scale this step's backward used; out: the next */
-  double* state; /* [AMPKIT_RULE_STATE] */
-  float* grad_scale; /* out: what a fused optimizer divides by (scale / clip coefficient) */
-  float* found_inf; /* out: 1 where the step is skipped */
+  float* scale;           /* in: the scale this step's backward used; out: the next */
+  double* state;          /* [AMPKIT_RULE_STATE] */
+  float* grad_scale;      /* out: what a fused optimizer divides by (scale / clip coefficient) */
+  float* found_inf;       /* out: 1 where the step is skipped */
   unsigned char* stepped; /* out: a bool */
-  double* record; /* out: [AMPKIT_RECORD_GROUP_ELEMENTS + 1] */
+  double* record;         /* out: [AMPKIT_RECORD_GROUP_ELEMENTS + 1] */
 } ampkit_step_pointers;
 
 /* float(double(scale) * factor): the host forms' rounding. */
@@ -103,7 +109,8 @@ AMPKIT_RULES_FN void ampkit_step_rules_run(const ampkit_step_rules* r, const amp
   const int loss_bad = !AMPKIT_ISFINITE(loss);
   const int bad = loss_bad || grads_bad;
   /* 5. The NaN policy. */
-  int abort = (r->abort_on_nonfinite_loss && loss_bad) || (r->abort_on_nonfinite_gradients && grads_bad && !loss_bad) ||
+  int abort = (r->abort_on_nonfinite_loss && loss_bad) ||
+              (r->abort_on_nonfinite_gradients && grads_bad && !loss_bad) ||
               (r->max_consecutive > 0 && bad && s[AMPKIT_RULE_CONSECUTIVE] + 1.0 >= r->max_consecutive);
   const int backoff = r->policy_backoff && bad && !abort;
   const int stepped = !bad && s[AMPKIT_RULE_STOPPED] == 0.0;
