@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "ampkit/device_step.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/grad_stats_chunks.h"
 #include "ampkit/host_reads.h"
@@ -340,4 +341,61 @@ BOOST_AUTO_TEST_CASE(the_statistics_kernel_agrees_with_the_foreach_recipe) {
   BOOST_TEST(std::isinf(both("an infinity").max_abs));
   grads[4].view({-1})[131072 + 9] = std::numeric_limits<float>::quiet_NaN();
   BOOST_TEST(std::isnan(both("a NaN").max_abs));
+}
+
+// The deferred step's rules as one kernel (core/engine/src/cuda/step_rules_abi.h): on a GPU the
+// kernel must decide what the same function decides on the host for CPU tensors (which
+// test_device_step holds to the host forms bit for bit), step after step from the same totals:
+// overflows, NaN, non-finite losses, a streak, clipping both ways, hysteresis and growth.
+BOOST_AUTO_TEST_CASE(the_rules_kernel_decides_as_the_host_function_bit_for_bit) {
+  if (!test_device().is_cpu())
+    BOOST_TEST_REQUIRE(DeviceStepRules::fused_on(test_device()), "this build has no rules kernel");
+  Plugins plugins;
+  auto set = plugins.strategies(
+      {{"scaler",
+        Plugins::choice("dynamic", {{"init_scale", "65536"}, {"growth_interval", "5"}, {"hysteresis", "2"}})},
+       {"clipper", Plugins::choice("norm", {{"max_norm", "20"}})},
+       {"nan_policy", Plugins::choice("backoff", {{"max_consecutive", "9"}})}});
+  std::string missing;
+  auto here = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
+  auto there = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
+  BOOST_REQUIRE(here && there);
+  here->start(set->scaler(), at::kCPU, 0);
+  there->start(set->scaler(), test_device(), 0);
+  at::Tensor scale_here = here->scale().clone(), scale_there = there->scale().clone();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  int skipped = 0, clipped = 0;
+  for (int i = 0; i < 200; ++i) {
+    const double size = std::exp(0.05 * (i % 97));  // across the threshold, times the scale below
+    const double scaled = size * static_cast<double>(scale_here.item<float>());  // the gradients are scaled
+    double sum = scaled * scaled, max_abs = scaled, loss = 2.0;
+    if (i % 17 == 3) sum = inf, max_abs = inf;
+    if (i % 29 == 7) sum = nan, max_abs = nan;
+    if (i % 31 == 11) loss = nan;
+    if (i >= 120 && i < 124) sum = inf;  // a streak
+    const std::vector<double> in = {sum, max_abs, 3.0, loss};
+    const at::Tensor cpu = at::tensor(in, f64), device = cpu.to(test_device());
+    const FusedStepResult a = here->step_fused({cpu[0], cpu[1], cpu[2], cpu[3], at::Tensor()}, scale_here);
+    const FusedStepResult b =
+        there->step_fused({device[0], device[1], device[2], device[3], at::Tensor()}, scale_there);
+    const at::Tensor ra = a.record, rb = b.record.cpu();
+    BOOST_TEST_CONTEXT("step " << i) {
+      BOOST_REQUIRE(ra.numel() == rb.numel());
+      for (int64_t k = 0; k < ra.numel(); ++k) {
+        const double x = ra[k].item<double>(), y = rb[k].item<double>();
+        BOOST_TEST((x == y || (std::isnan(x) && std::isnan(y))),
+                   "record field " << k << ": " << x << " vs " << y);
+      }
+      BOOST_TEST(a.grad_scale.item<float>() == b.grad_scale.cpu().item<float>());
+      BOOST_TEST(a.found_inf.item<float>() == b.found_inf.cpu().item<float>());
+      BOOST_TEST(a.stepped.item<bool>() == b.stepped.cpu().item<bool>());
+      BOOST_TEST(scale_here.item<float>() == scale_there.cpu().item<float>());
+    }
+    skipped += a.stepped.item<bool>() ? 0 : 1;
+    clipped += ra[3].item<double>() < 1.0 ? 1 : 0;
+    if (ra[2].item<double>() > 0) break;
+  }
+  BOOST_TEST(skipped > 10);
+  BOOST_TEST(clipped > 10);
 }
