@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,8 @@
 #include <thread>
 
 #include "ampkit/kinds.h"
+#include "plugin_image.h"
+#include "registry_internal.h"
 
 namespace ampkit {
 
@@ -100,9 +103,29 @@ void report_outside(const char* what) {
   put("; the run stops\n");
 }
 
-extern "C" void on_fatal_signal(int sig) {
-  const bool in_call = g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
-  if (!in_call && g_run_in_progress) {
+bool in_call_on_this_thread() {
+  return g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+}
+
+// Where the thread was when the kernel raised the signal (a fault, not a kill()): 0 if unknown.
+uintptr_t faulting_pc(const siginfo_t* info, const void* context) {
+  if (info == nullptr || context == nullptr || info->si_code <= 0) return 0;
+  const auto* uc = static_cast<const ucontext_t*>(context);
+#if defined(__x86_64__)
+  return static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+  return static_cast<uintptr_t>(uc->uc_mcontext.pc);
+#else
+  (void)uc;
+  return 0;
+#endif
+}
+
+// Outside a plugin call a fault is still the plugins' when a plugin's own code faulted (its own
+// thread), or, while a host's run is in progress, whatever faulted.
+extern "C" void on_fatal_signal(int sig, siginfo_t* info, void* context) {
+  const bool in_call = in_call_on_this_thread();
+  if (!in_call && (g_run_in_progress || detail::is_plugin_code(faulting_pc(info, context)))) {
     report_outside(signal_text(sig));
     end_process(g_exit_code);
   }
@@ -113,6 +136,33 @@ extern "C" void on_fatal_signal(int sig) {
   }
   report(signal_text(sig));
   end_process(g_exit_code);
+}
+
+// What a plugin's own references to exit, quick_exit, _exit and _Exit reach (guard_loaded_plugin):
+// only a plugin's code calls these, so outside a plugin call on this thread it is still the
+// plugins' doing (their own thread), whether or not a host said its run is in progress. Without
+// the reporter installed they are libc's.
+[[noreturn]] void end_for_plugin(const char* in_call, const char* outside) {
+  if (in_call_on_this_thread())
+    report(in_call);
+  else
+    report_outside(outside);
+  end_process(g_exit_code);
+}
+
+[[noreturn]] void plugin_exit(int status) {
+  if (g_installed) end_for_plugin("called exit()", "exit() was called");
+  std::exit(status);
+}
+
+[[noreturn]] void plugin_quick_exit(int status) {
+  if (g_installed) end_for_plugin("called quick_exit()", "quick_exit() was called");
+  std::quick_exit(status);
+}
+
+[[noreturn]] void plugin_os_exit(int status) {  // _exit and _Exit
+  if (g_installed) end_for_plugin("called _exit()", "_exit() was called");
+  end_process(status);
 }
 
 extern "C" void on_exit_call() {
@@ -148,8 +198,8 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
   ss.ss_size = sizeof alternate_stack;
   ::sigaltstack(&ss, nullptr);
   struct sigaction sa {};
-  sa.sa_handler = on_fatal_signal;
-  sa.sa_flags = SA_ONSTACK | SA_NODEFER;
+  sa.sa_sigaction = on_fatal_signal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   ::sigemptyset(&sa.sa_mask);
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, &g_previous[sig]);
   if (time_limits) std::thread(watch_deadlines).detach();
@@ -158,7 +208,7 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
 
 void report_exit_call() noexcept {
   if (!g_installed) return;
-  const bool in_call = g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+  const bool in_call = in_call_on_this_thread();
   if (!in_call && g_run_in_progress) {
     report_outside("exit() was called");
     end_process(g_exit_code);
@@ -186,6 +236,19 @@ void name_plugin(const std::string& kind, const std::string& description) {
   const int i = kind_index(kind.c_str());
   if (i >= 0) std::snprintf(g_names[i], kNameLength, "%s", description.c_str());
 }
+
+namespace detail {
+
+void guard_loaded_plugin(void* handle) {
+  const Rebinding exits[] = {{"exit", reinterpret_cast<void*>(&plugin_exit)},
+                             {"quick_exit", reinterpret_cast<void*>(&plugin_quick_exit)},
+                             {"_exit", reinterpret_cast<void*>(&plugin_os_exit)},
+                             {"_Exit", reinterpret_cast<void*>(&plugin_os_exit)}};
+  rebind_references(handle, exits, sizeof exits / sizeof exits[0]);
+  record_plugin_code(handle);
+}
+
+}  // namespace detail
 
 PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seconds) noexcept
     : previous_kind_(g_kind), previous_call_(g_call) {
