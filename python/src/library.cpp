@@ -40,10 +40,11 @@ deepspeed_mapping(const std::string& json_text, const std::string& where) {
   });
 }
 
-// A crash, exit() or abort inside a plugin call ends the interpreter with one line naming the
-// plugin and the call, and exit code 3 (ampkit-train's for plugin errors); other crashes go to
-// the handlers Python had (faulthandler's, say). The watchdog thread (not SIGALRM, which stays
-// Python's) ends a call past its GradScaler's plugin_timeout the same way; without one, no limit.
+// A crash, exit(), _exit() or abort inside a plugin call, or a crash or exit in a plugin's own
+// thread, ends the interpreter with one line naming the plugin (and the call), and exit code 3
+// (ampkit-train's for plugin errors); other crashes go to the handlers Python had (faulthandler's,
+// say). The watchdog thread (not SIGALRM, which stays Python's) ends a call past its GradScaler's
+// plugin_timeout the same way; without one, no limit.
 void install_fault_reporter() {
   install_plugin_fault_reporter("ampkit", 3, true);
 }
