@@ -12,11 +12,6 @@
 
 namespace ampkit::python {
 
-LastError& last_error() {
-  thread_local LastError error;
-  return error;
-}
-
 namespace {
 // Read once: the record is cleared, so a later failure that did not pass through guarded()
 // (torch's own argument checks) is never mistaken for it.

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "ampkit/kinds.h"
@@ -38,6 +39,9 @@ volatile sig_atomic_t g_kind = -1;  // index into kKinds of the plugin being cal
 const char* volatile g_call = nullptr;
 pthread_t g_call_thread{};  // the thread that made the call: a fault on another is not the call's
 volatile sig_atomic_t g_run_in_progress = 0;  // set_run_in_progress()
+// The plugin call the latest exception on this thread unwound (unwound_plugin_call()).
+thread_local int t_unwound_kind = -1;
+thread_local const char* t_unwound_call = nullptr;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -237,6 +241,18 @@ void name_plugin(const std::string& kind, const std::string& description) {
   if (i >= 0) std::snprintf(g_names[i], kNameLength, "%s", description.c_str());
 }
 
+UnwoundPluginCall unwound_plugin_call() {
+  if (t_unwound_kind < 0) return {};
+  const int kind = t_unwound_kind;
+  return {g_names[kind][0] != '\0' ? g_names[kind] : kKinds[kind].name,
+          t_unwound_call != nullptr ? t_unwound_call : "a call"};
+}
+
+void forget_unwound_plugin_call() noexcept {
+  t_unwound_kind = -1;
+  t_unwound_call = nullptr;
+}
+
 namespace detail {
 
 void guard_loaded_plugin(void* handle) {
@@ -251,7 +267,7 @@ void guard_loaded_plugin(void* handle) {
 }  // namespace detail
 
 PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seconds) noexcept
-    : previous_kind_(g_kind), previous_call_(g_call) {
+    : previous_kind_(g_kind), previous_call_(g_call), uncaught_(std::uncaught_exceptions()) {
   g_kind = kind_index(kind);
   g_call = call;
   g_call_thread = pthread_self();
@@ -265,6 +281,10 @@ PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seco
 
 PluginCall::~PluginCall() {
   if (armed_) g_deadline.store(0, std::memory_order_release);
+  if (g_kind >= 0 && std::uncaught_exceptions() > uncaught_) {
+    t_unwound_kind = g_kind;
+    t_unwound_call = g_call;
+  }
   g_kind = previous_kind_;
   g_call = previous_call_;
 }

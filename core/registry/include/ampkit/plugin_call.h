@@ -16,7 +16,7 @@
 // the same exit code. Any other crash outside plugin calls goes to the handler the host had before
 // (a crash is a crash; Python's faulthandler), except while a host says its run is in progress
 // (set_run_in_progress): then that too is reported naming the loaded plugins. The active call
-// costs two stores; the handlers use only async-signal-safe functions. An exit() in a plugin's
+// costs a few stores; the handlers use only async-signal-safe functions. An exit() in a plugin's
 // static initializers (before the binding) reaches the reporter's atexit hook; a host may also
 // define exit/_exit/_Exit itself, for its plugins' dependencies, asking report_exit_call() and
 // report_plugin_exit() first (ampkit-train: hosts/train/src/main.cpp).
@@ -49,6 +49,17 @@ int report_plugin_exit(int status) noexcept;
 // (/x/libampkit-scaler-dynamic.so)".
 void name_plugin(const std::string& kind, const std::string& description);
 
+// A catch (...) cannot see what it caught: PluginCall's destructor records the call an exception
+// unwinds on this thread, so that the catch can tell a plugin's throw (reported as that plugin's,
+// "<plugin> threw ... in <call>") from ampkit's own. The record stays until the next unwound call
+// or forget_unwound_plugin_call(), which a catch-all's try block calls first.
+struct UnwoundPluginCall {
+  std::string plugin;  // as name_plugin() named it; empty: no plugin call was unwound
+  std::string call;
+};
+UnwoundPluginCall unwound_plugin_call();
+void forget_unwound_plugin_call() noexcept;
+
 class PluginCall {
  public:
   // `kind` is one of ampkit/kinds.h; `call` a string literal ("update()", "its constructor").
@@ -61,6 +72,7 @@ class PluginCall {
  private:
   int previous_kind_;
   const char* previous_call_;
+  int uncaught_;  // std::uncaught_exceptions() when the call began
   bool armed_ = false;
 };
 
