@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ampkit/error.h"
+#include "ampkit/plugin_call.h"
 
 namespace ampkit::python {
 
@@ -26,11 +27,16 @@ struct LastError {
 };
 LastError& last_error();
 
+// What a throw of something that is not a std::exception becomes: a plugin error naming the
+// plugin and the call it left, or an internal error (errors.cpp).
+LastError non_standard_exception();
+
 // Runs `body`; an exception is recorded in last_error() and rethrown as torch's ValueError
 // (usage errors) or c10::Error, which torch turns into Python's ValueError and RuntimeError.
 template <class F>
 auto guarded(F&& body) -> decltype(body()) {
   try {
+    forget_unwound_plugin_call();
     return body();
   } catch (const TrainingAborted& e) {
     last_error() = {kAborted, e.what()};
@@ -38,6 +44,8 @@ auto guarded(F&& body) -> decltype(body()) {
     last_error() = {static_cast<int64_t>(e.category()), e.what()};
   } catch (const std::exception& e) {
     last_error() = {static_cast<int64_t>(ErrorCategory::internal), e.what()};
+  } catch (...) {  // torch would say "Caught an unknown exception!"
+    last_error() = non_standard_exception();
   }
   if (last_error().kind == static_cast<int64_t>(ErrorCategory::usage))
     throw c10::ValueError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, last_error().message);

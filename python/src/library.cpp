@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "ampkit/deepspeed_config.h"
+#include "ampkit/exit_codes.h"
 #include "ampkit/host_reads.h"
 #include "ampkit/plugin_call.h"
 #include "errors.h"
@@ -10,11 +11,6 @@
 #include "scaler_core.h"
 
 namespace ampkit::python {
-
-LastError& last_error() {
-  thread_local LastError error;
-  return error;
-}
 
 namespace {
 // Read once: the record is cleared, so a later failure that did not pass through guarded()
@@ -40,12 +36,13 @@ deepspeed_mapping(const std::string& json_text, const std::string& where) {
   });
 }
 
-// A crash, exit() or abort inside a plugin call ends the interpreter with one line naming the
-// plugin and the call, and exit code 3 (ampkit-train's for plugin errors); other crashes go to
-// the handlers Python had (faulthandler's, say). The watchdog thread (not SIGALRM, which stays
-// Python's) ends a call past its GradScaler's plugin_timeout the same way; without one, no limit.
+// A crash, exit(), _exit() or abort inside a plugin call, or a crash or exit in a plugin's own
+// thread, ends the interpreter with one line naming the plugin (and the call), and ampkit-train's
+// exit code for plugin errors; other crashes go to the handlers Python had (faulthandler's, say).
+// The watchdog thread (not SIGALRM, which stays Python's) ends a call past its GradScaler's
+// plugin_timeout the same way; without one, no limit.
 void install_fault_reporter() {
-  install_plugin_fault_reporter("ampkit", 3, true);
+  install_plugin_fault_reporter("ampkit", exit_status(ExitCode::plugin), true);
 }
 
 }  // namespace

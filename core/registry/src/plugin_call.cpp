@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,9 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "ampkit/kinds.h"
+#include "plugin_image.h"
+#include "registry_internal.h"
 
 namespace ampkit {
 
@@ -35,6 +39,9 @@ volatile sig_atomic_t g_kind = -1;  // index into kKinds of the plugin being cal
 const char* volatile g_call = nullptr;
 pthread_t g_call_thread{};  // the thread that made the call: a fault on another is not the call's
 volatile sig_atomic_t g_run_in_progress = 0;  // set_run_in_progress()
+// The plugin call the latest exception on this thread unwound (unwound_plugin_call()).
+thread_local int t_unwound_kind = -1;
+thread_local const char* t_unwound_call = nullptr;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -100,9 +107,29 @@ void report_outside(const char* what) {
   put("; the run stops\n");
 }
 
-extern "C" void on_fatal_signal(int sig) {
-  const bool in_call = g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
-  if (!in_call && g_run_in_progress) {
+bool in_call_on_this_thread() {
+  return g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+}
+
+// Where the thread was when the kernel raised the signal (a fault, not a kill()): 0 if unknown.
+uintptr_t faulting_pc(const siginfo_t* info, const void* context) {
+  if (info == nullptr || context == nullptr || info->si_code <= 0) return 0;
+  const auto* uc = static_cast<const ucontext_t*>(context);
+#if defined(__x86_64__)
+  return static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+  return static_cast<uintptr_t>(uc->uc_mcontext.pc);
+#else
+  (void)uc;
+  return 0;
+#endif
+}
+
+// Outside a plugin call a fault is still the plugins' when a plugin's own code faulted (its own
+// thread), or, while a host's run is in progress, whatever faulted.
+extern "C" void on_fatal_signal(int sig, siginfo_t* info, void* context) {
+  const bool in_call = in_call_on_this_thread();
+  if (!in_call && (g_run_in_progress || detail::is_plugin_code(faulting_pc(info, context)))) {
     report_outside(signal_text(sig));
     end_process(g_exit_code);
   }
@@ -113,6 +140,33 @@ extern "C" void on_fatal_signal(int sig) {
   }
   report(signal_text(sig));
   end_process(g_exit_code);
+}
+
+// What a plugin's own references to exit, quick_exit, _exit and _Exit reach (guard_loaded_plugin):
+// only a plugin's code calls these, so outside a plugin call on this thread it is still the
+// plugins' doing (their own thread), whether or not a host said its run is in progress. Without
+// the reporter installed they are libc's.
+[[noreturn]] void end_for_plugin(const char* in_call, const char* outside) {
+  if (in_call_on_this_thread())
+    report(in_call);
+  else
+    report_outside(outside);
+  end_process(g_exit_code);
+}
+
+[[noreturn]] void plugin_exit(int status) {
+  if (g_installed) end_for_plugin("called exit()", "exit() was called");
+  std::exit(status);
+}
+
+[[noreturn]] void plugin_quick_exit(int status) {
+  if (g_installed) end_for_plugin("called quick_exit()", "quick_exit() was called");
+  std::quick_exit(status);
+}
+
+[[noreturn]] void plugin_os_exit(int status) {  // _exit and _Exit
+  if (g_installed) end_for_plugin("called _exit()", "_exit() was called");
+  end_process(status);
 }
 
 extern "C" void on_exit_call() {
@@ -148,8 +202,8 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
   ss.ss_size = sizeof alternate_stack;
   ::sigaltstack(&ss, nullptr);
   struct sigaction sa {};
-  sa.sa_handler = on_fatal_signal;
-  sa.sa_flags = SA_ONSTACK | SA_NODEFER;
+  sa.sa_sigaction = on_fatal_signal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   ::sigemptyset(&sa.sa_mask);
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, &g_previous[sig]);
   if (time_limits) std::thread(watch_deadlines).detach();
@@ -158,7 +212,7 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
 
 void report_exit_call() noexcept {
   if (!g_installed) return;
-  const bool in_call = g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+  const bool in_call = in_call_on_this_thread();
   if (!in_call && g_run_in_progress) {
     report_outside("exit() was called");
     end_process(g_exit_code);
@@ -187,8 +241,33 @@ void name_plugin(const std::string& kind, const std::string& description) {
   if (i >= 0) std::snprintf(g_names[i], kNameLength, "%s", description.c_str());
 }
 
+UnwoundPluginCall unwound_plugin_call() {
+  if (t_unwound_kind < 0) return {};
+  const int kind = t_unwound_kind;
+  return {g_names[kind][0] != '\0' ? g_names[kind] : kKinds[kind].name,
+          t_unwound_call != nullptr ? t_unwound_call : "a call"};
+}
+
+void forget_unwound_plugin_call() noexcept {
+  t_unwound_kind = -1;
+  t_unwound_call = nullptr;
+}
+
+namespace detail {
+
+void guard_loaded_plugin(void* handle) {
+  const Rebinding exits[] = {{"exit", reinterpret_cast<void*>(&plugin_exit)},
+                             {"quick_exit", reinterpret_cast<void*>(&plugin_quick_exit)},
+                             {"_exit", reinterpret_cast<void*>(&plugin_os_exit)},
+                             {"_Exit", reinterpret_cast<void*>(&plugin_os_exit)}};
+  rebind_references(handle, exits, sizeof exits / sizeof exits[0]);
+  record_plugin_code(handle);
+}
+
+}  // namespace detail
+
 PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seconds) noexcept
-    : previous_kind_(g_kind), previous_call_(g_call) {
+    : previous_kind_(g_kind), previous_call_(g_call), uncaught_(std::uncaught_exceptions()) {
   g_kind = kind_index(kind);
   g_call = call;
   g_call_thread = pthread_self();
@@ -202,6 +281,10 @@ PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seco
 
 PluginCall::~PluginCall() {
   if (armed_) g_deadline.store(0, std::memory_order_release);
+  if (g_kind >= 0 && std::uncaught_exceptions() > uncaught_) {
+    t_unwound_kind = g_kind;
+    t_unwound_call = g_call;
+  }
   g_kind = previous_kind_;
   g_call = previous_call_;
 }

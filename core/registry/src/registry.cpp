@@ -105,6 +105,10 @@ std::string describe(const PluginInfo& p) {
   return p.is_static ? "(linked into this program)" : p.path.string();
 }
 
+void copy_into_error_buffer(char* out, size_t size, const std::string& text) {
+  std::snprintf(out, size, "%s", text.c_str());
+}
+
 }  // namespace
 
 namespace detail {
@@ -125,6 +129,7 @@ const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info, bool rep
     throw Error(ErrorCategory::plugin,
                 "plugin file " + info.path.string() + " cannot be loaded: " + e.what());
   }
+  if (report_faults) guard_loaded_plugin(lib.native());
   if (!lib.has(info.entry))
     throw Error(ErrorCategory::plugin,
                 "plugin file " + info.path.string() + " does not export " + info.entry);
@@ -137,12 +142,6 @@ const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info, bool rep
 }
 
 }  // namespace detail
-
-namespace {
-void copy_into_error_buffer(char* out, size_t size, const std::string& text) {
-  std::snprintf(out, size, "%s", text.c_str());
-}
-}  // namespace
 
 void register_static_plugin(const ampkit_plugin_descriptor* descriptor) {
   static_plugins().push_back(descriptor);

@@ -60,11 +60,13 @@ int run(int argc, const char* const argv[]) {
 }  // namespace
 
 // _exit() and _Exit() end the process without atexit hooks, so a plugin calling them would end
-// the run with its own status and not a word. These definitions are exported from the
-// executable (-Wl,--export-dynamic-symbol, hosts/train/CMakeLists.txt), so a plugin's call binds
-// to them before libc's: inside a plugin call they report it and exit 3; otherwise they are libc's.
-// exit() too: a plugin's thread that calls it is reported before any atexit hook or static
-// destructor runs under the threads still training; anyone else's exit() is libc's.
+// the run with its own status and not a word. The registry binds a plugin's own calls of them (and
+// of exit) to the fault reporter (plugin_call.h); these definitions are the second net, for the
+// libraries a plugin brings along: exported from the executable (-Wl,--export-dynamic-symbol,
+// hosts/train/CMakeLists.txt), so such a call binds to them before libc's: inside a plugin call
+// they report it and exit 3; otherwise they are libc's. exit() too: a plugin's thread that calls
+// it is reported before any atexit hook or static destructor runs under the threads still
+// training; anyone else's exit() is libc's.
 extern "C" [[noreturn]] void exit(int status) noexcept {
   ampkit::report_exit_call();
   static const auto libc_exit = reinterpret_cast<void (*)(int)>(::dlsym(RTLD_NEXT, "exit"));

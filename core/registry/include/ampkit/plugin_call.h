@@ -6,17 +6,20 @@
 // call into a strategy in a PluginCall. While one is active:
 //   * a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes one line naming the plugin,
 //     its file and the call, and ends the process with the host's exit code for plugin errors;
-//   * exit() called by the plugin is reported the same way (an atexit hook);
+//   * exit(), quick_exit(), _exit() or _Exit() called by the plugin is reported the same way;
 //   * a call with a time limit that has not returned when it expires likewise (a watchdog thread
 //     checks ten times a second; a plugin that blocks SIGALRM cannot defeat it).
-// Outside plugin calls the process keeps the default behaviour (a crash is a crash), except while
-// a host says its run is in progress (set_run_in_progress): then a fatal signal or exit() outside
-// plugin calls (a plugin's own thread) is reported in one line naming the loaded plugins, with the
-// same exit code. The active
-// call costs two stores; the handlers use only async-signal-safe functions. _exit() runs no atexit
-// hook: a host that wants it reported defines its own _exit/_Exit, exported so that a plugin's
-// call binds to it, and asks report_plugin_exit() first (ampkit-train: hosts/train/src/main.cpp;
-// it does the same for exit(), with report_exit_call()).
+// The registry binds each loaded plugin's own references to exit, quick_exit, _exit and _Exit to
+// the reporter's handlers (whatever the host: Python's interpreter defines none of its own), and
+// remembers where the plugin's code lies. So outside plugin calls, too, a plugin's own thread that
+// exits, or crashes in the plugin's code, is reported in one line naming the loaded plugins, with
+// the same exit code. Any other crash outside plugin calls goes to the handler the host had before
+// (a crash is a crash; Python's faulthandler), except while a host says its run is in progress
+// (set_run_in_progress): then that too is reported naming the loaded plugins. The active call
+// costs a few stores; the handlers use only async-signal-safe functions. An exit() in a plugin's
+// static initializers (before the binding) reaches the reporter's atexit hook; a host may also
+// define exit/_exit/_Exit itself, for its plugins' dependencies, asking report_exit_call() and
+// report_plugin_exit() first (ampkit-train: hosts/train/src/main.cpp).
 #pragma once
 
 #include <string>
@@ -46,6 +49,17 @@ int report_plugin_exit(int status) noexcept;
 // (/x/libampkit-scaler-dynamic.so)".
 void name_plugin(const std::string& kind, const std::string& description);
 
+// A catch (...) cannot see what it caught: PluginCall's destructor records the call an exception
+// unwinds on this thread, so that the catch can tell a plugin's throw (reported as that plugin's,
+// "<plugin> threw ... in <call>") from ampkit's own. The record stays until the next unwound call
+// or forget_unwound_plugin_call(), which a catch-all's try block calls first.
+struct UnwoundPluginCall {
+  std::string plugin;  // as name_plugin() named it; empty: no plugin call was unwound
+  std::string call;
+};
+UnwoundPluginCall unwound_plugin_call();
+void forget_unwound_plugin_call() noexcept;
+
 class PluginCall {
  public:
   // `kind` is one of ampkit/kinds.h; `call` a string literal ("update()", "its constructor").
@@ -58,6 +72,7 @@ class PluginCall {
  private:
   int previous_kind_;
   const char* previous_call_;
+  int uncaught_;  // std::uncaught_exceptions() when the call began
   bool armed_ = false;
 };
 
