@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `pip install .` as a user runs it (README, docs/python.md), in a clean virtual environment, then
 # `import ampkit` and one GradScaler step on the CPU with the installed package alone (issue 43,
-# item 5). Nothing is downloaded: the environment sees the system's torch (the 2.11.0 wheel that
+# item 5), whose plugin loads run the package's own probe program (issue 44: checked by moving it
+# away first). Nothing is downloaded: the environment sees the system's torch (the 2.11.0 wheel that
 # LibTorch is built from, far too big to fetch per run) and scikit-build-core, both installed by
 # tools/setup.sh, and pip runs with --no-index --no-build-isolation. The build goes to
 # pyproject.toml's build-pip/, beside build/, so that ccache serves it from the suite's own build.
@@ -20,8 +21,27 @@ venv_python=$work/venv/bin/python
 step "pip install --no-build-isolation --no-index $src"
 "$venv_python" -m pip install --no-build-isolation --no-index --disable-pip-version-check "$src" \
   >"$work/pip.log" 2>&1 || { tail -60 "$work/pip.log"; fail "pip install"; }
-step "import ampkit and one step, from $work (not the checkout, not build/python)"
 cd "$work"
+step "the installed plugin probe: without the venv's ampkit/_probe, loading a plugin file is refused naming it"
+probe=$(env -u PYTHONPATH "$venv_python" -c 'import os, ampkit; print(os.path.join(os.path.dirname(ampkit.__file__), "_probe"))')
+[[ -x $probe ]] || fail "$probe is not an executable file"
+[[ $(realpath "$probe") == "$(realpath "$work/venv")"/* ]] || fail "$probe is not in the virtual environment"
+mv "$probe" "$probe.moved"
+env -u PYTHONPATH AMPKIT_PLUGIN_PATH= "$venv_python" - "$probe" <<'PY' || { mv "$probe.moved" "$probe"; fail "the probe check"; }
+import sys
+
+try:  # importing ampkit loads the norm clipper already (the seeds' RECOMMENDED_CLIPPING_THRESHOLDS)
+    import ampkit
+
+    ampkit.GradScaler("cpu")
+except Exception as e:
+    assert type(e).__name__ == "PluginError", repr(e)
+    assert f"cannot run the plugin probe program {sys.argv[1]}" in str(e), str(e)
+else:
+    raise AssertionError("a plugin was loaded without the probe")
+PY
+mv "$probe.moved" "$probe"
+step "import ampkit and one step, from $work (not the checkout, not build/python)"
 env -u PYTHONPATH AMPKIT_PLUGIN_PATH= "$venv_python" - "$work/venv" <<'PY' || fail "the installed package"
 import os
 import sys
