@@ -96,6 +96,7 @@ class GradientClipper:
         # Scale 1 (scaler "none"): the step's unscale is the identity and only the clipper acts.
         self._scaler = GradScaler("cpu", **self._kwargs)
         self._bound: Optional[tuple] = None  # the parameters the scaler's table holds, by id
+        self._dtensors: Optional[List[torch.Tensor]] = None  # those parameters where they are DTensors
 
     def clip(self, parameters: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]]) -> Dict[str, Any]:
         """Clips the gradients of ``parameters`` (a module, a tensor or tensors) in place; returns
@@ -111,11 +112,21 @@ class GradientClipper:
             return {"grad_norm": 0.0, "grad_norm_clipped": 0.0, "clip_coef": 1.0, "clipped": False}
         if any(p.grad is not None and p.grad.is_sparse for _, p in named):
             raise ValueError("GradientClipper does not clip sparse gradients; use ampkit.GradScaler(clipper=...)")
-        core = self._scaler._core
-        key = tuple(id(p) for _, p in named)
+        core, group = self._scaler._core, self._scaler._group
+        params = [p for _, p in named]
+        key = tuple(id(p) for p in params)
         if key != self._bound:  # the engine's gradient table, made again only for other parameters
-            cpp(core.bind)(0, [p for _, p in named], [n for n, _ in named])
-            self._bound = key
+            # FSDP2's DTensors: their local shards, the norm reduced over the mesh's group, as GradScaler
+            # does (and as clip_grad_norm_ on DTensors computes it).
+            group_name, sharded, dtensors = group.plan(params)
+            with torch.no_grad():
+                bound = [p.to_local() for p in params] if dtensors else params  # type: ignore[attr-defined]
+            cpp(core.bind)(0, bound, [n for n, _ in named])
+            if group_name:
+                cpp(core.reduce_across)(0, group_name, sharded)
+            self._bound, self._dtensors = key, (params if dtensors else None)
+        if self._dtensors is not None:
+            cpp(core.set_gradients)(0, group.local_gradients(self._dtensors))
         with torch.no_grad():
             cpp(core.unscale)(0, False, None)  # no fold, no loss
             cpp(core.update)()

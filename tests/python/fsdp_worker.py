@@ -116,6 +116,36 @@ def train(args, rank, result):
     return a_model, a_opt
 
 
+def seeds_clipper(args, rank, result):
+    """The seeds' GradientClipper on sharded gradients against clip_grad_norm_ on the same DTensors:
+    the norm is the global one on every rank, the shards are clipped by one coefficient, and an inf
+    in rank 1's shard alone is found on both ranks and leaves every gradient unclipped."""
+    t_model, a_model = shard(make_model()), shard(make_model())
+    clipper = ampkit.seeds.GradientClipper("norm", threshold=MAX_NORM, precision="fp32")
+    gen = torch.Generator().manual_seed(200 + rank)
+    for step in range(args.steps):
+        x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        for model in (t_model, a_model):
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if step == 2 and rank == 1:
+                model[2].weight.grad.to_local()[0, 0] = math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(t_model.parameters(), MAX_NORM).full_tensor())
+        stats = clipper.clip(a_model)
+        difference = 0.0
+        if math.isfinite(norm):
+            difference = max(float((a.grad.to_local() - t.grad.to_local()).abs().max()) if a.grad.to_local().numel()
+                             else 0.0 for a, t in zip(a_model.parameters(), t_model.parameters()))
+        result["seeds_clipper"].append({"torch_norm": norm if math.isfinite(norm) else str(norm),
+                                        "norm": stats["grad_norm"] if math.isfinite(stats["grad_norm"])
+                                        else str(stats["grad_norm"]),
+                                        "found_inf": bool(stats.get("found_inf")), "clip_coef": stats["clip_coef"],
+                                        "grad_difference": difference})
+        with torch.no_grad():  # the next step starts from the same parameters in both models
+            for a, t in zip(a_model.parameters(), t_model.parameters()):
+                a.to_local().copy_(t.to_local())
+
+
 def misuse(a_model, rank, result):
     """The errors a process group other than the mesh's and a half-sharded optimizer get. No
     forward: the gradients are set by hand, so no FSDP collective runs and rank 0 may check alone."""
@@ -145,16 +175,24 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--optimizer", choices=("sgd", "adamw", "adamw_fused"), default="sgd")
     ap.add_argument("--plant", choices=("inf", "nan"), default="inf")
+    ap.add_argument("--seeds-clipper", action="store_true", help="only the seeds' GradientClipper check")
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     result = {"rank": rank, "world_size": dist.get_world_size(), "planted": list(PLANTED), "torch": [],
-              "ampkit": [], "param_difference": [], "errors": {}, "reads": []}
+              "ampkit": [], "param_difference": [], "errors": {}, "reads": [], "seeds_clipper": []}
+    if args.seeds_clipper:
+        seeds_clipper(args, rank, result)
+        return finish(args, rank, result)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a_model, _ = train(args, rank, result)
     result["warnings"] = sorted({str(w.message) for w in caught if "ampkit" in str(w.message)})
     misuse(a_model, rank, result)
+    return finish(args, rank, result)
+
+
+def finish(args, rank, result) -> int:
     path = os.path.join(args.out_dir, f"rank-{rank}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)

@@ -86,3 +86,22 @@ def test_misuse_of_sharded_gradients_is_refused(tmp_path):
     assert results[0]["errors"]["other_group"] == (
         "ampkit.GradScaler: process_group holds ranks [0], but the gradients are sharded over ranks [0, 1] "
         "(their device mesh)")
+
+
+def test_the_seeds_gradient_clipper_clips_sharded_gradients_by_the_global_norm(tmp_path):
+    # ampkit.seeds.GradientClipper on an FSDP2 model against clip_grad_norm_ on the same DTensors:
+    # the global norm on every rank, the same clipped shards; at step 2 an inf in rank 1's shard alone
+    # is found on both ranks.
+    results = run_ranks(tmp_path, "--seeds-clipper", steps=6)
+    for rank, r in results.items():
+        steps = r["seeds_clipper"]
+        assert len(steps) == 6
+        for i, s in enumerate(steps):
+            if i == 2:
+                assert s["found_inf"] and s["torch_norm"] in ("inf", "nan"), (rank, s)
+                continue
+            assert not s["found_inf"], (rank, i, s)
+            assert s["norm"] == pytest.approx(s["torch_norm"], rel=1e-6), (rank, i, s)
+            assert s["grad_difference"] <= 1e-7, (rank, i, s)
+        assert sum(s["clip_coef"] < 1.0 for s in steps) >= 4  # it does clip
+    assert [s["norm"] for s in results[0]["seeds_clipper"]] == [s["norm"] for s in results[1]["seeds_clipper"]]
