@@ -120,7 +120,7 @@ class GradientClipper:
             # does (and as clip_grad_norm_ on DTensors computes it).
             group_name, sharded, dtensors = group.plan(params)
             with torch.no_grad():
-                bound = [p.to_local() for p in params] if dtensors else params  # type: ignore[attr-defined]
+                bound = [p.to_local() for p in params] if dtensors else params  # type: ignore[union-attr]
             cpp(core.bind)(0, bound, [n for n, _ in named])
             if group_name:
                 cpp(core.reduce_across)(0, group_name, sharded)
