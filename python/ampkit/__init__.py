@@ -3,6 +3,8 @@ clippers and NaN policies chosen by name (docs/python.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import _library  # noqa: F401  (loads the C++ side first)
 from . import seeds as seeds
 from ._errors import AmpkitError, PluginError, TrainingAborted
@@ -11,7 +13,6 @@ from .locator import NanLocator
 from .lr_scheduler import LRScheduler
 from .plugins import OptionInfo, PluginInfo, plugins
 from .seeds import (
-    RECOMMENDED_CLIPPING_THRESHOLDS,
     AMPConfig,
     AMPTrainer,
     ClippingStrategy,
@@ -29,6 +30,15 @@ from .seeds import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> Any:
+    # RECOMMENDED_CLIPPING_THRESHOLDS is read from the norm clipper plugin when first asked for
+    # (seeds.__getattr__): importing ampkit loads no plugin.
+    if name == "RECOMMENDED_CLIPPING_THRESHOLDS":
+        return seeds.RECOMMENDED_CLIPPING_THRESHOLDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AMPConfig",
     "AMPTrainer",
@@ -41,7 +51,7 @@ __all__ = [
     "NaNDetector",
     "NaNRecoveryManager",
     "NanLocator",
-    "RECOMMENDED_CLIPPING_THRESHOLDS",
+    "RECOMMENDED_CLIPPING_THRESHOLDS",  # noqa: F822  (module __getattr__: read from the plugin when asked for)
     "create_amp_trainer",
     "create_default_amp_config",
     "create_gradient_clipper",

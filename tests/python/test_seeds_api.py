@@ -339,3 +339,25 @@ def test_grad_scaler_from_deepspeed_config():
     with pytest.warns(UserWarning, match="fp16.auto_cast"):
         scaler = ampkit.GradScaler.from_deepspeed_config(DS_CONFIG, "cpu", opt={"scaler.growth_interval": 7})
     assert scaler.get_scale() == 4096.0 and scaler.get_growth_interval() == 7
+
+
+def test_importing_ampkit_loads_no_plugin_until_the_thresholds_are_read():
+    # RECOMMENDED_CLIPPING_THRESHOLDS is read from the norm clipper plugin, which loading runs in a
+    # probe child first: on first use, not at `import ampkit` (a module __getattr__ in the package).
+    import subprocess
+    import sys
+
+    script = (
+        "import ampkit\n"
+        "mapped = lambda: sorted({l.strip().split('/')[-1] for l in open('/proc/self/maps') if '/libampkit-' in l})\n"
+        "print(mapped())\n"
+        "print(ampkit.RECOMMENDED_CLIPPING_THRESHOLDS['fp16'])\n"
+        "print(mapped())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(__import__("os").environ, PYTHONPATH=":".join(sys.path)))
+    assert run.returncode == 0, run.stderr
+    before, threshold, after = run.stdout.splitlines()
+    assert before == "[]"
+    assert threshold == "1.0"
+    assert "libampkit-clipper-norm.so" in after, after
