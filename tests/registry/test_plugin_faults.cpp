@@ -13,6 +13,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -90,7 +91,9 @@ struct LoadedScaler {
 };
 
 constexpr int kPluginExit = 3;
-int* volatile g_nowhere = nullptr;  // volatile: the store below is made, and faults
+// An unmapped address (below mmap_min_addr) that is not null: the store is made (volatile) and the
+// kernel faults it, where a store to nullptr is UBSan's report in the instrumented build.
+int* volatile g_nowhere = reinterpret_cast<int*>(uintptr_t{64});
 
 }  // namespace
 
