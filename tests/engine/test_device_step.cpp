@@ -281,14 +281,20 @@ BOOST_AUTO_TEST_CASE(the_trainers_deferred_step_is_its_synchronous_step) {
       {"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}, {"growth_interval", "4"}})},
       {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})},
       {"nan_policy", Plugins::choice("backoff", {})}};
-  for (const auto recipe : {DeviceStatsRecipe::fused_scan, DeviceStatsRecipe::chunk_kernel}) {
-    BOOST_TEST_CONTEXT(to_string(recipe)) {
+  // The rules fused (one call; a GPU's one kernel) and as ATen operators (a GPU build without it).
+  for (const auto& [recipe, fused] :
+       std::vector<std::pair<DeviceStatsRecipe, bool>>{{DeviceStatsRecipe::fused_scan, true},
+                                                       {DeviceStatsRecipe::chunk_kernel, true},
+                                                       {DeviceStatsRecipe::chunk_kernel, false}}) {
+    BOOST_TEST_CONTEXT(to_string(recipe) << (fused ? ", fused rules" : ", rules as operators")) {
       test::TinyModel start;
       FusedRun sync(plugins, choices, start), deferred(plugins, choices, start);
       sync.trainer.set_stats_recipe(recipe);
       deferred.trainer.set_stats_recipe(recipe);
       std::string kind;
       BOOST_REQUIRE_EQUAL(deferred.trainer.enable_deferred_step(kind, /*tensor_norms=*/true), "");
+      BOOST_TEST(deferred.trainer.deferred_step()->fused());  // on CPU tensors by default
+      deferred.trainer.deferred_step()->set_fused(fused);
       const auto forward = [](test::TinyModel& m, int64_t step) {
         return [&m, step](int) {
           at::Tensor loss = m.loss(test::batch_x(step));

@@ -87,7 +87,16 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
       new DeferredStep(step, std::move(rules), DeviceStepRules::fused_on(device)));
 }
 
+void DeferredStep::set_fused(bool on) {
+  if (begun_) throw Error(ErrorCategory::internal, "DeferredStep::set_fused after the first step");
+  if (on && !DeviceStepRules::fused_on(scale_.device()))
+    throw Error(ErrorCategory::internal,
+                "DeferredStep::set_fused: no rules kernel for " + scale_.device().str());
+  fused_ = on;
+}
+
 DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss) {
+  begun_ = true;
   deliver(false);
   while (pending_.size() > 1) {  // the step before last: waited for, so nothing lags more than one step
     std::unique_ptr<Pending> oldest = std::move(pending_.front());

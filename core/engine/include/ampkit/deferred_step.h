@@ -43,6 +43,10 @@ class DeferredStep {
 
   // Whether the rules run fused (one call; on a GPU one kernel) or as ATen operators.
   bool fused() const { return fused_; }
+  // The rules as ATen operators (false: what a build without the rules kernel runs on a GPU, and
+  // what tests compare the fused call with), or fused where DeviceStepRules::fused_on allows.
+  // Before the first step only: the two forms keep their state apart.
+  void set_fused(bool on);
 
   // Whether records carry every gradient's norm (StepStats::tensor_norms, as the synchronous step
   // gives them): off by default; a copy of one number per chunk, summed on the host on delivery.
@@ -69,8 +73,9 @@ class DeferredStep {
 
   AmpStep& step_;
   std::unique_ptr<DeviceStepRules> rules_;
-  at::Tensor scale_;  // float32, persistent
-  bool fused_;        // DeviceStepRules::step_fused (CPU; a GPU where the build has the rules kernel)
+  at::Tensor scale_;    // float32, persistent
+  bool fused_;          // DeviceStepRules::step_fused (CPU; a GPU where the build has the rules kernel)
+  bool begun_ = false;  // after_backward has run
   bool tensor_norms_ = false;
   std::deque<std::unique_ptr<Pending>> pending_;
 };

@@ -132,6 +132,8 @@ class Trainer {
   // gradient's norm (StepStats::tensor_norms), as step()'s do. Call between steps.
   std::string enable_deferred_step(std::string& kind, bool tensor_norms);
   bool deferred() const { return deferred_ != nullptr; }
+  // The deferred step itself (nullptr while it is off): its pending records, how its rules run.
+  DeferredStep* deferred_step() { return deferred_.get(); }
 
   // One deferred step in two calls, so that the host handles the previous step's record while
   // this step's backward still runs on the device, before this step's update:
