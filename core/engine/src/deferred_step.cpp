@@ -14,25 +14,13 @@
 #include <vector>
 
 #include "ampkit/error.h"
+#include "cuda/step_rules_abi.h"
 
 namespace ampkit {
 
 namespace {
 
-// One step's record, float64, in this order.
-enum Field {
-  kStepped,
-  kBackoff,
-  kAbort,
-  kCoefficient,
-  kScale,
-  kScaleNext,
-  kLoss,
-  kSumSquares,
-  kMaxAbs,
-  kZeros,
-  kGroupElements  // with a reduction only: the group's element count
-};
+// One step's record: cuda/step_rules_abi.h's AMPKIT_RECORD_* layout, which both forms of the rules write.
 
 // sqrt rounded as the host's std::sqrt: CUDA's double sqrt is IEEE's (correctly rounded), ATen's
 // CPU kernel is not (it differs in the last bit for about 1.4% of doubles, measured), so a CPU
@@ -51,7 +39,7 @@ bool same_bits(double a, double b) {
 struct DeferredStep::Pending {
   at::Tensor host;                    // the record, in (pinned) host memory once `ready` has passed
   std::unique_ptr<c10::Event> ready;  // CUDA: the copy's completion; CPU: none
-  int64_t elements = 0;               // without a reduction; with one, the record's kGroupElements
+  int64_t elements = 0;  // without a reduction; with one, the record's AMPKIT_RECORD_GROUP_ELEMENTS
   bool reduced = false;
   bool has_loss = false;
   bool tensor_norms = false;
@@ -201,17 +189,17 @@ StepOutcome DeferredStep::deliver_one(Pending& p) {
   const double* v = p.host.data_ptr<double>();
   StepOutcome out;
   StepStats& st = out.stats;
-  st.loss = p.has_loss ? v[kLoss] : 0.0;
+  st.loss = p.has_loss ? v[AMPKIT_RECORD_LOSS] : 0.0;
   st.loss_finite = std::isfinite(st.loss);
-  st.scale = v[kScale];
-  const double sum = v[kSumSquares];
+  st.scale = v[AMPKIT_RECORD_SCALE];
+  const double sum = v[AMPKIT_RECORD_SUM_SQUARES];
   st.grad_norm_scaled = std::sqrt(sum);
   st.grad_norm = st.grad_norm_scaled / st.scale;
-  st.grad_max_abs_scaled = std::isnan(sum) ? std::nan("") : v[kMaxAbs];
+  st.grad_max_abs_scaled = std::isnan(sum) ? std::nan("") : v[AMPKIT_RECORD_MAX_ABS];
   st.grad_max_abs = st.grad_max_abs_scaled / st.scale;
-  st.grad_elements = p.reduced ? static_cast<int64_t>(v[kGroupElements]) : p.elements;
-  st.zero_fraction = st.grad_elements ? v[kZeros] / static_cast<double>(st.grad_elements) : 0.0;
-  st.found_inf = !st.loss_finite || !std::isfinite(sum) || std::isnan(v[kMaxAbs]);
+  st.grad_elements = p.reduced ? static_cast<int64_t>(v[AMPKIT_RECORD_GROUP_ELEMENTS]) : p.elements;
+  st.zero_fraction = st.grad_elements ? v[AMPKIT_RECORD_ZEROS] / static_cast<double>(st.grad_elements) : 0.0;
+  st.found_inf = !st.loss_finite || !std::isfinite(sum) || std::isnan(v[AMPKIT_RECORD_MAX_ABS]);
   if (p.tensor_norms) {  // as AmpStep's measure makes them from the same sums
     const at::Tensor& chunk_sums = p.totals.chunk_sum_squares;
     for (const double s :
@@ -220,11 +208,12 @@ StepOutcome DeferredStep::deliver_one(Pending& p) {
   }
   const double host_scale = step_.scale();
   const StepOutcome done = step_.deliver(out);
-  const bool agree =
-      host_scale == v[kScale] && done.stepped == (v[kStepped] > 0) &&
-      (done.decision.action == NanAction::abort) == (v[kAbort] > 0) &&
-      (done.aborted_by_scaler || (done.decision.action == NanAction::skip_backoff) == (v[kBackoff] > 0)) &&
-      same_bits(done.clip_coefficient, v[kCoefficient]) && done.scale_next == v[kScaleNext];
+  const bool agree = host_scale == v[AMPKIT_RECORD_SCALE] && done.stepped == (v[AMPKIT_RECORD_STEPPED] > 0) &&
+                     (done.decision.action == NanAction::abort) == (v[AMPKIT_RECORD_ABORT] > 0) &&
+                     (done.aborted_by_scaler ||
+                      (done.decision.action == NanAction::skip_backoff) == (v[AMPKIT_RECORD_BACKOFF] > 0)) &&
+                     same_bits(done.clip_coefficient, v[AMPKIT_RECORD_COEFFICIENT]) &&
+                     done.scale_next == v[AMPKIT_RECORD_SCALE_NEXT];
   if (!agree) {
     char text[512];
     std::snprintf(
@@ -232,8 +221,9 @@ StepOutcome DeferredStep::deliver_one(Pending& p) {
         "deferred step %lld: the device decided scale %.9g, stepped %g, backoff %g, abort %g, clip "
         "coefficient %.17g, next scale %.9g; the host forms scale %.9g, action %s, clip coefficient "
         "%.17g, next scale %.9g",
-        static_cast<long long>(done.stats.step), v[kScale], v[kStepped], v[kBackoff], v[kAbort],
-        v[kCoefficient], v[kScaleNext], host_scale, to_string(done.decision.action), done.clip_coefficient,
+        static_cast<long long>(done.stats.step), v[AMPKIT_RECORD_SCALE], v[AMPKIT_RECORD_STEPPED],
+        v[AMPKIT_RECORD_BACKOFF], v[AMPKIT_RECORD_ABORT], v[AMPKIT_RECORD_COEFFICIENT],
+        v[AMPKIT_RECORD_SCALE_NEXT], host_scale, to_string(done.decision.action), done.clip_coefficient,
         done.scale_next);
     throw Error(ErrorCategory::internal, text);
   }
