@@ -55,6 +55,9 @@ fi
 mkdir -p "$(dirname "$report")" && touch "$report" 2>/dev/null ||
   { echo "gpu-check.sh: cannot write the report $report" >&2; exit 2; }
 failed=0
+# An instrumented build (AMPKIT_INSTRUMENT) has a _C.so that loads only into a python started with
+# the sanitizer runtime first: its Python sections say so and run nothing (the Release suite runs them).
+instrumented_build=$(sed -n 's/^AMPKIT_INSTRUMENT:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null)
 started=$SECONDS
 section() { echo "gpu-check.sh: $1 done at $((SECONDS - started)) s"; }
 out=$(mktemp -d)
@@ -206,7 +209,8 @@ for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.Gr
              clippers_on_the_device_equal_their_references:"norm (L2, inf), value, agc = their references, 1e-6" \
              one_counted_host_read_per_healthy_step:"1 host read per healthy step, 16 scaler x NaN-policy pairs" \
              step_values_ride_the_buckets_bit_for_bit:"data-parallel step values through the buckets' encoding, bit for bit" \
-             the_statistics_kernel_agrees_with_the_foreach_recipe:"statistics kernel (chunk_kernel) = foreach recipe, fp32/fp16/bf16, inf, NaN"; do
+             the_statistics_kernel_agrees_with_the_foreach_recipe:"statistics kernel (chunk_kernel) = foreach recipe, fp32/fp16/bf16, inf, NaN" \
+             the_rules_kernel_decides_as_the_host_function_bit_for_bit:"rules kernel (deferred step) = the host function, bit for bit"; do
   name=${check%%:*}
   if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
   if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \
@@ -217,6 +221,25 @@ for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.Gr
     failed=1
   fi
 done
+# The whole step in a CUDA graph (issue 42): torch's test_graph_grad_scaling with step() and update()
+# inside the graph, against the uncaptured loop (on the CPU, the capture's CPU stand-ins only).
+graph_test=tests/python/test_cuda_graph.py
+if [ "$instrumented_build" = ON ]; then
+  echo "| whole step in a CUDA graph ($graph_test) | not run: instrumented build |" >> "$report"
+elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= timeout 300 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
+    > "$out/graph.log" 2>&1; then
+  ran=$(tail -1 "$out/graph.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
+  if [ "$device" = cuda ] && grep -q skipped "$out/graph.log"; then
+    echo "| whole step in a CUDA graph ($graph_test) | FAILED: skipped on the GPU ($ran) |" >> "$report"
+    failed=1
+  else
+    echo "| whole step in a CUDA graph ($graph_test) | passed: $ran |" >> "$report"
+  fi
+else
+  echo "| whole step in a CUDA graph ($graph_test) | FAILED: $(grep -m1 -E '^(FAILED|ERROR)|Error' "$out/graph.log" | cut -c1-150) |" >> "$report"
+  cp "$out/graph.log" "${report%.md}-graph.log" 2>/dev/null
+  failed=1
+fi
 section parity
 
 # The post-backward pipeline against the device's copy bandwidth.
@@ -260,13 +283,11 @@ section throughput
 # in lockstep around a planted overflow (tools/bench/gpu_models.py; about 1-2 minutes on an H200).
 models_args=()
 [ "$device" = cpu ] && models_args=(--tiny --threads 1 --rounds 1 --steps 2 --warmup 1 --compare-steps 6 --overflow-step 3)
-# On a GPU twice: the default (sync auto: the deferred step, no host read) and the synchronous step.
+# On a GPU twice: the default (sync auto: the deferred step, no host read), with the whole step in a
+# CUDA graph beside it (--graph), and the synchronous step.
 syncs=(auto)
 [ "$device" = cuda ] && syncs=(auto step)
-# An instrumented build (AMPKIT_INSTRUMENT) has a _C.so that loads only into a python started with
-# the sanitizer runtime first: the section says so and runs nothing (the Release suite runs it).
-instrumented=$(sed -n 's/^AMPKIT_INSTRUMENT:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null)
-[ "$instrumented" = ON ] && syncs=()
+[ "$instrumented_build" = ON ] && syncs=()
 if [ ${#syncs[@]} = 0 ]; then
   {
     echo
@@ -278,6 +299,7 @@ fi
 for sync in "${syncs[@]}"; do
   extra=()
   [ "$sync" = step ] && extra=(--rounds 3 --compare-steps 0)
+  [ "$sync" = auto ] && [ "$device" = cuda ] && extra=(--graph)
   {
     echo
     echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"

@@ -165,7 +165,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._bound: Dict[int, Any] = {}
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
         self._fallback_said = False
-        self._deferred = DeferredMode(str(sync))
+        self._deferred = DeferredMode(str(sync), cuda=self._device.startswith("cuda"))
         self._group = StatisticsGroup(process_group, average_loss)
         self._initial = (float(init_scale), 0)  # torch's _init_scale, _init_growth_tracker
         if self._enabled:
@@ -252,6 +252,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         elif state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        self._deferred.refuse_in_capture("unscale_() (it reads the step's decision on the host: clip with clipper=)")
         self._unscale(optimizer, state, fold=False)
         state["stage"] = OptState.UNSCALED
 
@@ -284,9 +285,10 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             return retval
         if state["stage"] is OptState.READY:
             slot = self._slot(optimizer)
+            graph = self._deferred.check_capture(optimizer, slot)
             if self._deferred.applies(optimizer, slot):  # no host read: docs/python.md
                 self._give_local_gradients(optimizer, slot)
-                stepped_on_device = self._deferred.step(optimizer, slot, self._iteration_loss(), args, kwargs)
+                stepped_on_device = self._deferred.step(optimizer, slot, self._iteration_loss(), args, kwargs, graph)
                 state["stage"], state["step"] = OptState.STEPPED, True
                 self._last_taken[id(optimizer)] = stepped_on_device
                 return stepped_on_device
@@ -317,6 +319,9 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         if not self._enabled:
             return
         self._check_scale_growth_tracker("update")
+        graph = self._deferred.capturing()
+        if new_scale is not None:
+            self._deferred.refuse_in_capture("update(new_scale) (set the scale before capturing)")
         try:
             if new_scale is not None:
                 if isinstance(new_scale, float):
@@ -337,7 +342,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
                 else:
                     cpp(self._core.set_scale)(value)
                 self._deferred.forget()
-            elif not self._deferred.finish_iteration():
+            elif not self._deferred.finish_iteration(graph):
                 recorded = [s for s in self._per_optimizer_states.values() if s["step"] is not None]
                 if len(recorded) == 0:
                     raise AssertionError("No inf checks were recorded prior to update.")

@@ -146,6 +146,9 @@ GradientTable& ScalerCore::table(int64_t slot) {
 void ScalerCore::settle() {
   if (!deferred_) return;
   deferred_->deliver(/*wait=*/true);
+  // A CUDA graph holds the addresses of its step's tensors: they stay allocated, and a replay after
+  // this is caught by the next deliver(true).
+  if (deferred_->in_graph()) retired_graph_steps_.push_back(std::move(deferred_));
   deferred_.reset();
   deferred_slot_ = -1;
 }
@@ -165,7 +168,8 @@ std::string ScalerCore::prepare_deferred(int64_t slot) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int64_t slot,
-                                                                            std::optional<at::Tensor> loss) {
+                                                                            std::optional<at::Tensor> loss,
+                                                                            bool capturing) {
   return guarded([&] {
     if (!deferred_ || deferred_slot_ != slot)
       throw Error(ErrorCategory::internal, "unscale_deferred before prepare_deferred for this optimizer");
@@ -178,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int6
         throw Error(ErrorCategory::usage,
                     "the deferred step takes no sparse gradients: create the GradScaler with sync='step'");
     }
-    const DeferredGradients g = deferred_->after_backward(t, loss ? *loss : at::Tensor());
+    const DeferredGradients g = deferred_->after_backward(t, loss ? *loss : at::Tensor(), capturing);
     last_table_ = tables_.at(slot);
     return std::make_tuple(g.grad_scale, g.found_inf, g.stepped);
   });
@@ -190,6 +194,13 @@ at::Tensor ScalerCore::device_scale() const {
 
 int64_t ScalerCore::deliver(bool wait) {
   return guarded([&] {
+    if (wait)
+      for (const auto& retired : retired_graph_steps_)
+        if (retired->unread_rows() > 0)
+          throw Error(ErrorCategory::usage,
+                      "a CUDA graph captured before the scaler's state was replaced (load_state_dict, "
+                      "update(new_scale), an option set) was replayed after it, and stepped the old state: "
+                      "capture the graph again after such a change");
     if (!deferred_) return int64_t{0};
     const std::vector<StepOutcome> delivered = deferred_->deliver(wait);
     for (const StepOutcome& o : delivered)

@@ -71,9 +71,11 @@ class ScalerCore : public torch::CustomClassHolder {
   // synchronous, naming the plugin or the recipe.
   std::string prepare_deferred(int64_t slot);
   // After backward, for table `slot`: (grad_scale, found_inf, stepped) for the fused optimizer,
-  // computed on the device with no host read; `loss` as unscale()'s.
+  // computed on the device with no host read; `loss` as unscale()'s. `capturing`: the step is
+  // being captured in a CUDA graph (DeferredStep::after_backward).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_deferred(int64_t slot,
-                                                                  std::optional<at::Tensor> loss);
+                                                                  std::optional<at::Tensor> loss,
+                                                                  bool capturing);
   // What the next backward multiplies the loss by in the deferred step (float32 on the device,
   // updated in place; undefined before prepare_deferred succeeded).
   at::Tensor device_scale() const;
@@ -120,6 +122,7 @@ class ScalerCore : public torch::CustomClassHolder {
   std::shared_ptr<const GradientTable> last_table_;                            // the last unscale()'s
   std::unique_ptr<DeferredStep> deferred_;
   int64_t deferred_slot_ = -1;
+  std::vector<std::unique_ptr<DeferredStep>> retired_graph_steps_;  // settled after a capture (settle())
 };
 
 }  // namespace ampkit::python

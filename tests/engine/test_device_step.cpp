@@ -253,6 +253,84 @@ BOOST_AUTO_TEST_CASE(the_deferred_step_delivers_what_the_synchronous_step_decide
   }
 }
 
+// A step captured in a CUDA graph (deferred_step.h): on CPU tensors a "captured" step runs at
+// once, so its record is the one a replay writes. The first step runs uncaptured, every later one
+// as captured: the records wait in the ring (8 rows here) until the host reads them, two host reads
+// per read, none per step; delivered in order (the uncaptured step's first), they are the
+// synchronous step's. More steps than rows between two reads: refused, now and from then on.
+BOOST_AUTO_TEST_CASE(captured_steps_wait_in_the_ring_until_the_host_reads_them) {
+  Plugins plugins;
+  const std::map<std::string, StrategyChoice> choices = {
+      {"scaler", Plugins::choice("dynamic", {{"init_scale", "1048576"}, {"growth_interval", "3"}})},
+      {"clipper", Plugins::choice("norm", {{"max_norm", "20"}})},
+      {"nan_policy", Plugins::choice("backoff", {{"max_consecutive", "0"}})}};
+  auto sync_set = plugins.strategies(choices), deferred_set = plugins.strategies(choices);
+  AmpStep sync({&sync_set->scaler(), &sync_set->clipper(), &sync_set->nan_policy()});
+  AmpStep host({&deferred_set->scaler(), &deferred_set->clipper(), &deferred_set->nan_policy()});
+  at::Tensor w = at::zeros({5000}).set_requires_grad(true), v = at::zeros({5000}).set_requires_grad(true);
+  GradientTable sync_table({w}, {"w"}, DeviceStatsRecipe::chunk_kernel),
+      table({v}, {"v"}, DeviceStatsRecipe::chunk_kernel);
+  sync.start(RunInfo{});
+  host.start(RunInfo{});
+  std::string kind, why;
+  auto deferred = DeferredStep::make(host, table, kind, why);
+  BOOST_REQUIRE_MESSAGE(deferred, why);
+  deferred->set_ring_rows(8);
+  const at::Tensor loss = at::full({1}, 2.0, at::kFloat);
+  v.mutable_grad() = at::ones({5000});
+  table.read_gradients();
+  BOOST_CHECK_THROW(deferred->after_backward(table, loss, /*capturing=*/true), Error);  // no warm-up
+  const std::vector<Planted> steps = schedule(11);
+  int delivered = 0;
+  for (size_t i = 0; i < 40; ++i) {
+    const at::Tensor g = at::full({5000}, steps[i].grad / 300.0, at::kFloat) * at::rand({5000});
+    StepOutcome out = sync.begin_iteration();
+    w.mutable_grad() = g * static_cast<float>(out.stats.scale);
+    sync_table.read_gradients();
+    sync.after_backward({sync_table, true, SkippedGradients::keep, loss, nullptr}, out);
+    const StepOutcome want = sync.finish_iteration();
+    v.mutable_grad() = g * deferred->scale();
+    table.read_gradients();
+    int64_t reads = host_reads();
+    const DeferredGradients d = deferred->after_backward(table, loss, /*capturing=*/i > 0);
+    BOOST_TEST(host_reads() == reads);
+    BOOST_TEST_CONTEXT("step " << i) {
+      BOOST_TEST(d.stepped.item<bool>() == want.stepped);
+      BOOST_TEST(d.grad_scale.item<float>() ==
+                 static_cast<float>(1.0 / (want.clip_coefficient / want.stats.scale)));
+    }
+    BOOST_TEST(deferred->in_graph() == (i > 0));
+    // Step 0's record (uncaptured) arrives as before; the ring's wait for a read.
+    const size_t arrived = deferred->deliver(/*wait=*/false).size();
+    BOOST_TEST(arrived == (i == 0 ? 1u : 0u));
+    delivered += static_cast<int>(arrived);
+    if (i % 5 == 4) {
+      reads = host_reads();
+      delivered += static_cast<int>(deferred->deliver(/*wait=*/true).size());
+      BOOST_TEST(host_reads() - reads == 2);  // the count, then the rows
+      BOOST_TEST(delivered == static_cast<int>(i) + 1);
+      BOOST_TEST(host.counters().attempted == sync.counters().attempted);
+      BOOST_TEST(host.scale() == sync.scale());
+    }
+  }
+  BOOST_TEST(delivered == 40);
+  BOOST_TEST(sync.counters().attempted > sync.counters().taken);  // the schedule had bad steps
+  BOOST_TEST(host.counters().taken == sync.counters().taken);
+  BOOST_TEST(host.last_outcome().clip_coefficient == sync.last_outcome().clip_coefficient);
+  BOOST_TEST(deferred->deliver(/*wait=*/true).empty());  // nothing twice
+  for (int i = 0; i < 9; ++i) deferred->after_backward(table, loss, /*capturing=*/true);
+  BOOST_TEST(deferred->unread_rows() == 9);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // refused, and refused again
+    try {
+      deferred->deliver(/*wait=*/true);
+      BOOST_FAIL("9 steps over 8 rows were delivered");
+    } catch (const Error& e) {
+      BOOST_TEST(std::string(e.what()).find("the oldest 1 were overwritten") != std::string::npos, e.what());
+    }
+  }
+  BOOST_CHECK_THROW(deferred->after_backward(table, loss, /*capturing=*/true), Error);
+}
+
 namespace {
 
 // Linear(8 -> 4) under FusedAdamW with built-in strategies: the Trainer both ways (issue 42).

@@ -32,7 +32,7 @@ for section in "## NCCL" "## Training on cpu" "## Deferred and synchronous steps
 done
 ! grep -q "FAILED" "$report" || fail "the dry run's report has a failure: $(grep -m1 FAILED "$report")"
 n=$(grep -c "| passed |" "$report")
-[ "$n" = 5 ] || fail "$n of the 5 parity, host-read, step-values and kernel checks passed"
+[ "$n" = 6 ] || fail "$n of the 6 parity, host-read, step-values and kernel checks passed"
 n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
@@ -43,9 +43,13 @@ n=$(grep -c "^| \(GPT-2\|ViT\) | \(fp16\|bf16\) | fused_scan | [0-9]* | [0-9]* |
 if grep -q '^AMPKIT_INSTRUMENT:BOOL=ON' "$build/CMakeCache.txt"; then
   # The instrumented suite: python cannot load that build's extension; the Release suite checks it.
   [ "$n" = 0 ] && grep -q "^not run: .*instrumented build" "$report" || fail "the instrumented build's real-model section did not say it was not run"
-  models="the real-model section saying it was not run (instrumented build)"
+  grep -q "^| whole step in a CUDA graph .* | not run: instrumented build |" "$report" ||
+    fail "the instrumented build's CUDA graph row did not say it was not run"
+  models="the Python sections saying they were not run (instrumented build)"
 else
-  models="4 real-model checks"
+  models="4 real-model checks, the CUDA graph tests' CPU stand-ins"
   [ "$n" = 4 ] || fail "$n of the 4 real-model skip-decision checks agreed with torch"
+  grep -q "^| whole step in a CUDA graph (tests/python/test_cuda_graph.py) | passed: [0-9]* passed, 2 skipped[^|]* |" "$report" ||
+    fail "the CUDA graph row: $(grep -m1 '^| whole step in a CUDA graph' "$report")"
 fi
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 5 checks, 3 runs, 2 throughput rows, $models"
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 6 checks, 3 runs, 2 throughput rows, $models"

@@ -3,7 +3,7 @@
 
     PYTHONPATH=build/python python3 tools/bench/gpu_models.py [--device cuda|cpu] [--models gpt2,vit]
         [--precisions fp16,bf16] [--rounds 5] [--steps 10] [--warmup 3] [--compare-steps 20] [--tiny]
-        [--json FILE]
+        [--sync auto|step|deferred] [--graph] [--json FILE]
 
 Two models that nobody on this project wrote, randomly initialised (nothing is downloaded): Hugging
 Face transformers' GPT2LMHeadModel from GPT2Config (124M: 12 layers, 768 wide, vocab 50257; batch
@@ -19,7 +19,11 @@ AdamW(lr=1e-4, fused=True), forward under autocast(device, dtype):
   ampkit: scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
           with ampkit.GradScaler(device, clipper="norm", opt={"clipper.max_norm": 1.0})
 Both scale the loss in bf16 too (bf16 needs no loss scaling; the rows measure the same code path
-in both precisions). Rounds alternate torch, ampkit, torch, ...; each round runs --warmup untimed
+in both precisions). --graph (CUDA) adds a third recipe, ampkit's step captured whole in a CUDA graph
+(docs/python.md): AdamW(fused=True, capturable=True), sync="deferred", static input buffers the
+batch is copied into; 3 warm-up steps on a side stream, then forward, backward, step() and update()
+captured once with torch.cuda.graph and replayed; its post-backward time cannot be taken inside a
+graph (a capture that fails is reported in the table, with its error). Rounds alternate torch, ampkit, torch, ...; each round runs --warmup untimed
 steps, then --steps timed ones. Step time: the round's wall time over its steps (the device is
 synchronised at the round's ends only); median over rounds. Post-backward: from the end of
 backward to the end of update(), CUDA events on a GPU (perf_counter on the CPU); median over
@@ -121,21 +125,63 @@ class Clock:
             torch.cuda.synchronize()
 
 
+def copy_batch(dst, src) -> None:
+    """A batch (a tensor, or a tuple of them) into the static buffers of a CUDA graph."""
+    for d, s in zip(dst, src) if isinstance(dst, tuple) else [(dst, src)]:
+        d.copy_(s)
+
+
 class Recipe:
-    """One way to train: a model copy, its fused AdamW and its GradScaler."""
+    """One way to train: a model copy, its fused AdamW and its GradScaler (and for "ampkit-graph",
+    the whole step captured in a CUDA graph)."""
 
     def __init__(self, name: str, model: torch.nn.Module, loss_fn, args: argparse.Namespace, precision: str) -> None:
         self.name, self.model, self.loss_fn = name, model, loss_fn
         self.device, self.dtype, self.max_norm = args.device, DTYPES[precision], args.max_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=1e-4, fused=True)
+        graphed = name == "ampkit-graph"
+        self.opt = torch.optim.AdamW(self.params, lr=1e-4, fused=True, **({"capturable": True} if graphed else {}))
+        self.graph = None  # the captured step (ampkit-graph), made by the first round
+        self.static = None  # its input buffers
+        self.failed = ""  # why the capture failed
         if name == "torch":
             self.scaler = torch.amp.GradScaler(args.device)
         else:
             import ampkit
 
-            self.scaler = ampkit.GradScaler(args.device, clipper="norm", precision=precision, sync=args.sync,
+            self.scaler = ampkit.GradScaler(args.device, clipper="norm", precision=precision,
+                                            sync="deferred" if graphed else args.sync,
                                             opt={"clipper.max_norm": args.max_norm})
+
+    def capture(self, batch) -> None:
+        """torch's whole-network capture recipe: warm-up on a side stream, then one captured step."""
+        self.static = tuple(t.clone() for t in batch) if isinstance(batch, tuple) else batch.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self.backward(self.static)
+                self.finish()
+        torch.cuda.current_stream().wait_stream(side)
+        self.opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.backward(self.static)
+            self.finish()
+        self.graph = graph
+
+    def train_step(self, batch, clock: "Clock" = None, i: int = 0) -> None:
+        """One step; marks the end of backward and of update() on ``clock`` (not in a graph)."""
+        if self.graph is not None:
+            copy_batch(self.static, batch)
+            self.graph.replay()
+            return
+        self.backward(batch)
+        if clock:
+            clock.mark(2 * i)
+        self.finish()
+        if clock:
+            clock.mark(2 * i + 1)
 
     def backward(self, batch, plant_inf: bool = False) -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -156,34 +202,47 @@ class Recipe:
         return stepped
 
     def round(self, data: list, warmup: int, steps: int, start: int) -> tuple:
-        """Runs warmup + steps steps; returns (wall ms per timed step, [post-backward ms per step])."""
+        """Runs warmup + steps steps; returns (wall ms per timed step, [post-backward ms per step],
+        none in a graph)."""
+        if self.name == "ampkit-graph" and self.graph is None:
+            self.capture(data[start % len(data)])
         for i in range(warmup):
-            self.backward(data[(start + i) % len(data)])
-            self.finish()
+            self.train_step(data[(start + i) % len(data)])
         clock = Clock(self.device, 2 * steps)
         clock.sync()
         t0 = time.perf_counter()
         for i in range(steps):
-            self.backward(data[(start + warmup + i) % len(data)])
-            clock.mark(2 * i)
-            self.finish()
-            clock.mark(2 * i + 1)
+            self.train_step(data[(start + warmup + i) % len(data)], clock, i)
         clock.sync()
         wall = (time.perf_counter() - t0) * 1e3 / steps
-        return wall, [clock.ms(2 * i, 2 * i + 1) for i in range(steps)]
+        return wall, [] if self.graph is not None else [clock.ms(2 * i, 2 * i + 1) for i in range(steps)]
 
 
 def time_recipes(base: torch.nn.Module, loss_fn, data: list, args: argparse.Namespace, precision: str) -> dict:
-    """Interleaved rounds of both recipes; medians of step time and post-backward time per recipe."""
-    recipes = [Recipe(name, copy.deepcopy(base), loss_fn, args, precision) for name in ("torch", "ampkit")]
+    """Interleaved rounds of the recipes; medians of step time and post-backward time per recipe
+    (None where there is none); a graph whose capture failed gives its error instead."""
+    names = ("torch", "ampkit") + (("ampkit-graph",) if args.graph else ())
+    recipes = [Recipe(name, copy.deepcopy(base), loss_fn, args, precision) for name in names]
     walls = {r.name: [] for r in recipes}
     posts = {r.name: [] for r in recipes}
     for k in range(args.rounds):
         for r in recipes:
-            wall, post = r.round(data, args.warmup, args.steps, k * (args.warmup + args.steps))
+            if r.failed:
+                continue
+            try:
+                wall, post = r.round(data, args.warmup, args.steps, k * (args.warmup + args.steps))
+            except Exception as e:  # noqa: BLE001  a capture that fails is a result of the benchmark
+                if r.name != "ampkit-graph":
+                    raise
+                r.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
+                torch.cuda.synchronize()
+                continue
             walls[r.name].append(wall)
             posts[r.name].extend(post)
-    return {name: (statistics.median(walls[name]), statistics.median(posts[name])) for name in walls}
+    medians = {name: (statistics.median(walls[name]) if walls[name] else None,
+                      statistics.median(posts[name]) if posts[name] else None) for name in walls}
+    medians["graph_failed"] = next((r.failed for r in recipes if r.failed), "")
+    return medians
 
 
 def compare_decisions(base: torch.nn.Module, loss_fn, data: list, args: argparse.Namespace, precision: str) -> dict:
@@ -226,6 +285,9 @@ def run_row(model_key: str, precision: str, args: argparse.Namespace) -> dict:
         medians = time_recipes(base, loss_fn, data, args, precision)
         row.update({"torch_step_ms": medians["torch"][0], "ampkit_step_ms": medians["ampkit"][0],
                     "torch_post_backward_ms": medians["torch"][1], "ampkit_post_backward_ms": medians["ampkit"][1]})
+        if args.graph:
+            row["ampkit_graph_step_ms"] = medians["ampkit-graph"][0]
+            row["graph_failed"] = medians["graph_failed"]
     del base, data
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -276,15 +338,22 @@ def print_tables(rows: list, args: argparse.Namespace) -> None:
               f"median over rounds of wall time per step; post-backward: median over steps, end of backward to "
               f"end of update ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}).")
         print()
+        graph_head = " ampkit in a CUDA graph, step ms | ratio |" if args.graph else ""
         print("| model | precision | params | torch step ms | ampkit step ms | ratio | torch post-backward ms | "
-              "ampkit post-backward ms | ratio |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              f"ampkit post-backward ms | ratio |{graph_head}")
+        print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.graph else ""))
         for r in timed:
+            graph_cells = ""
+            if args.graph and r["ampkit_graph_step_ms"] is not None:
+                graph_cells = (f" {r['ampkit_graph_step_ms']:.2f} | "
+                               f"{r['ampkit_graph_step_ms'] / r['torch_step_ms']:.3f} |")
+            elif args.graph:
+                graph_cells = f" capture failed: {r['graph_failed']} | - |"
             print(f"| {MODEL_LABELS[r['model']]} | {r['precision']} | {r['params'] / 1e6:.2f}M | "
                   f"{r['torch_step_ms']:.2f} | {r['ampkit_step_ms']:.2f} | "
                   f"{r['ampkit_step_ms'] / r['torch_step_ms']:.3f} | {r['torch_post_backward_ms']:.3f} | "
                   f"{r['ampkit_post_backward_ms']:.3f} | "
-                  f"{r['ampkit_post_backward_ms'] / r['torch_post_backward_ms']:.3f} |")
+                  f"{r['ampkit_post_backward_ms'] / r['torch_post_backward_ms']:.3f} |{graph_cells}")
     checked = [r for r in rows if "compare" in r]
     if checked:
         print()
@@ -324,6 +393,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--sync", choices=["auto", "step", "deferred"], default="auto",
                    help="ampkit.GradScaler's sync: auto (deferred with a fused optimizer from the second "
                         "iteration: no host read per step), step (one read per step, as torch's), deferred")
+    p.add_argument("--graph", action="store_true",
+                   help="also time ampkit's whole step captured in a CUDA graph (CUDA only; sync='deferred')")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads on the CPU (0: torch's default, which honours OMP_NUM_THREADS)")
@@ -342,6 +413,8 @@ def parse_args(argv: list) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.steps < 1 or args.batches < 1:
         p.error("--steps and --batches must be >= 1")
+    if args.graph and args.device != "cuda":
+        p.error("--graph needs --device cuda (a CUDA graph)")
     return args
 
 

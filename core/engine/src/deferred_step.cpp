@@ -14,13 +14,12 @@
 #include <vector>
 
 #include "ampkit/error.h"
+#include "ampkit/host_reads.h"
 #include "cuda/step_rules_abi.h"
 
 namespace ampkit {
 
 namespace {
-
-// One step's record: cuda/step_rules_abi.h's AMPKIT_RECORD_* layout, which both forms of the rules write.
 
 // sqrt rounded as the host's std::sqrt: CUDA's double sqrt is IEEE's (correctly rounded), ATen's
 // CPU kernel is not (it differs in the last bit for about 1.4% of doubles, measured), so a CPU
@@ -83,17 +82,34 @@ void DeferredStep::set_fused(bool on) {
   fused_ = on;
 }
 
-DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss) {
+void DeferredStep::set_ring_rows(int64_t rows) {
+  if (begun_) throw Error(ErrorCategory::internal, "DeferredStep::set_ring_rows after the first step");
+  if (rows < 1) throw Error(ErrorCategory::internal, "DeferredStep::set_ring_rows: at least one row");
+  ring_rows_ = rows;
+}
+
+DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss, bool capturing) {
+  if (!broken_.empty()) throw Error(ErrorCategory::usage, broken_);
+  if (capturing && !begun_)
+    throw Error(ErrorCategory::usage,
+                "a CUDA graph captures the deferred step only after it has run once uncaptured (warm up "
+                "with at least one deferred iteration before the capture)");
+  if (capturing && tensor_norms_)
+    throw Error(ErrorCategory::internal, "per-gradient norms do not ride a CUDA graph's records");
   begun_ = true;
-  deliver(false);
-  while (pending_.size() > 1) {  // the step before last: waited for, so nothing lags more than one step
-    std::unique_ptr<Pending> oldest = std::move(pending_.front());
-    pending_.pop_front();
-    deliver_one(*oldest);
+  in_graph_ = in_graph_ || capturing;
+  if (!in_graph_) {
+    deliver(false);
+    while (pending_.size() > 1) {  // the step before last: waited for, so nothing lags more than one step
+      std::unique_ptr<Pending> oldest = std::move(pending_.front());
+      pending_.pop_front();
+      std::vector<StepOutcome> ignored;
+      deliver_into(*oldest, ignored);
+    }
   }
   std::vector<at::Tensor> scalars;
   if (loss.defined()) scalars.push_back(loss);
-  const DeviceTotals t = table.measure_on_device(scalars, tensor_norms_);
+  const DeviceTotals t = table.measure_on_device(scalars, tensor_norms_, capturing);
   const at::Tensor loss_value = loss.defined() ? t.scalars.select(0, 0) : at::Tensor();
   DeferredGradients out;
   at::Tensor record;
@@ -114,6 +130,14 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
     p->totals.tensor_sum_squares = t.tensor_sum_squares;
     p->totals.chunk_tensors = t.chunk_tensors;
     p->totals.tensors = t.tensors;
+  }
+  if (!ring_.defined()) {  // outside any graph (the first step is never captured): its memory stays ours
+    ring_ = at::empty({ring_rows_, AMPKIT_RECORD_GROUP_ELEMENTS + 1}, record.options());
+    ring_written_ = at::zeros({}, record.options().dtype(at::kLong));
+  }
+  if (in_graph_) {
+    write_ring(record, *p);
+    return out;
   }
   const bool chunks = tensor_norms_ && t.chunk_sum_squares.defined();
   if (record.is_cpu()) {
@@ -173,14 +197,80 @@ DeferredGradients DeferredStep::step_operators(const DeviceTotals& t, const at::
 }
 
 std::vector<StepOutcome> DeferredStep::deliver(bool wait) {
+  if (!broken_.empty()) throw Error(ErrorCategory::usage, broken_);
   std::vector<StepOutcome> delivered;
   while (!pending_.empty()) {
     if (!wait && pending_.front()->ready && !pending_.front()->ready->query()) break;
     std::unique_ptr<Pending> p = std::move(pending_.front());
     pending_.pop_front();
-    delivered.push_back(deliver_one(*p));
+    deliver_into(*p, delivered);
   }
+  if (wait && in_graph_) deliver_ring(delivered);  // after the queue: its steps ran first
   return delivered;
+}
+
+// After an abort the device applies no step (its rules refuse them) and the host forms stop at the
+// aborting one: later records are read and dropped.
+void DeferredStep::deliver_into(Pending& p, std::vector<StepOutcome>& delivered) {
+  if (aborted_) return;
+  if (p.ready) p.ready->synchronize();
+  aborted_ = p.host.data_ptr<double>()[AMPKIT_RECORD_ABORT] > 0;
+  delivered.push_back(deliver_one(p));
+}
+
+// The record to the ring's row (written count mod rows), then the count up by one: ATen operators
+// on the device, whose arguments do not change between replays.
+void DeferredStep::write_ring(const at::Tensor& record, const Pending& shape) {
+  if (!ring_shape_) {
+    ring_shape_ = std::make_unique<Pending>();
+    ring_shape_->elements = shape.elements;
+    ring_shape_->reduced = shape.reduced;
+    ring_shape_->has_loss = shape.has_loss;
+  } else if (ring_shape_->elements != shape.elements || ring_shape_->reduced != shape.reduced ||
+             ring_shape_->has_loss != shape.has_loss) {
+    throw Error(ErrorCategory::usage,
+                "a deferred step after a CUDA graph capture must measure what the captured one measured: " +
+                    std::to_string(shape.elements) + " gradient elements " +
+                    (shape.has_loss ? "with" : "without") + " a loss, where the capture had " +
+                    std::to_string(ring_shape_->elements) + (ring_shape_->has_loss ? " with" : " without") +
+                    " one");
+  }
+  const at::Tensor row = at::remainder(ring_written_, ring_rows_).reshape({1});
+  ring_.narrow(1, 0, record.numel()).index_copy_(0, row, record.reshape({1, -1}));
+  ring_written_.add_(1);
+}
+
+int64_t DeferredStep::unread_rows() const {
+  return ring_.defined() ? static_cast<int64_t>(read_scalar(ring_written_)) - ring_read_ : 0;
+}
+
+// The rows written since the last read, in order: the count, then the rows (two host reads).
+void DeferredStep::deliver_ring(std::vector<StepOutcome>& delivered) {
+  const auto written = static_cast<int64_t>(read_scalar(ring_written_));
+  const int64_t unread = written - ring_read_;
+  if (unread > ring_rows_) {
+    broken_ = std::to_string(unread) +
+              " deferred steps ran since their records were last read, more than the " +
+              std::to_string(ring_rows_) + " rows of a CUDA graph's record ring: the oldest " +
+              std::to_string(unread - ring_rows_) +
+              " were overwritten, and the host state cannot follow the device's any more (read the host "
+              "state, e.g. get_scale(), at least every " +
+              std::to_string(ring_rows_) + " replays)";
+    throw Error(ErrorCategory::usage, broken_);
+  }
+  if (unread == 0) return;
+  const at::Tensor index =
+      at::remainder(at::arange(ring_read_, written, ring_written_.options()), ring_rows_);
+  const at::Tensor rows = read_to_host(ring_.index_select(0, index)).contiguous();
+  for (int64_t i = 0; i < unread; ++i) {
+    Pending p;
+    p.host = rows.select(0, i);
+    p.elements = ring_shape_->elements;
+    p.reduced = ring_shape_->reduced;
+    p.has_loss = ring_shape_->has_loss;
+    ++ring_read_;
+    deliver_into(p, delivered);
+  }
 }
 
 // The record given to the host forms (AmpStep::deliver), whose decisions must be the device's.

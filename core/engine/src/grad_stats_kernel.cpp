@@ -116,12 +116,15 @@ bool chunk_kernel_built() {
   return true;
 }
 
-at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device) {
+at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device, const at::Tensor* staging) {
   // Copied on the stream from pinned memory; the host allocator keeps the buffer until the copy
-  // has run.
+  // has run (a staging buffer, its owner).
   static_assert(sizeof(ampkit_stats_chunk) == 2 * sizeof(int64_t), "a chunk is two 64-bit numbers");
-  at::Tensor table = at::empty({static_cast<int64_t>(2 * plan.chunks.size())},
-                               at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  const auto size = static_cast<int64_t>(2 * plan.chunks.size());
+  if (staging && (staging->numel() != size || staging->scalar_type() != at::kLong))
+    throw Error(ErrorCategory::internal, "upload_chunk_table: the staging buffer does not fit the plan");
+  at::Tensor table =
+      staging ? *staging : at::empty({size}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* entries = reinterpret_cast<ampkit_stats_chunk*>(table.data_ptr<int64_t>());
   for (size_t c = 0; c < plan.chunks.size(); ++c)
     entries[c] = {reinterpret_cast<unsigned long long>(plan.chunks[c].address),
@@ -172,7 +175,7 @@ void launch_step_rules(ampkit_step_rules, ampkit_step_pointers, const at::Device
   throw Error(ErrorCategory::internal, "this build has no rules kernel");
 }
 
-at::Tensor upload_chunk_table(const StatsPlan&, const at::Device&) {
+at::Tensor upload_chunk_table(const StatsPlan&, const at::Device&, const at::Tensor*) {
   require_chunk_kernel_in(false);
   return {};
 }

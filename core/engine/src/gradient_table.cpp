@@ -13,6 +13,12 @@
 
 namespace ampkit {
 
+namespace {
+constexpr const char* kCapturedGradientsDiffer =
+    "the gradients captured in a CUDA graph differ in number or size from the warm-up step's: warm up with "
+    "the same parameters before capturing";
+}  // namespace
+
 GradStatsPass::GradStatsPass(DeviceStatsRecipe recipe) : recipe_(recipe) {
   if (recipe_ == DeviceStatsRecipe::automatic)
     throw Error(ErrorCategory::internal, "GradStatsPass needs a resolved recipe, not automatic");
@@ -30,7 +36,7 @@ GradStats GradStatsPass::run(const std::vector<at::Tensor>& grads, const std::ve
 // and the buffers are made again only when the gradients moved or the sizes changed. Returns the
 // number of chunk numbers (4 per chunk); the total sits right after them.
 int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
-                                         const std::vector<at::Tensor>& scalars) {
+                                         const std::vector<at::Tensor>& scalars, bool capturing) {
   if (!plan_matches(plan_, grads)) {
     if (!chunk_kernel_dtypes(grads))
       throw Error(ErrorCategory::usage,
@@ -54,14 +60,16 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
   int64_t size = numbers + 1;
   for (const auto& s : scalars) size += s.numel();
   if (!packed_.defined() || packed_.numel() != size || packed_.device() != device) {
+    if (capturing) throw Error(ErrorCategory::usage, kCapturedGradientsDiffer);
     packed_ = at::zeros({size}, at::TensorOptions().device(device).dtype(at::kDouble));
     host_ = device.is_cpu() ? packed_
                             : at::empty({size}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
   }
   if (numbers > 0) {
     if (device.is_cuda()) {
-      if (!table_.defined()) table_ = upload_chunk_table(plan_, device);
+      if (!table_.defined()) upload_table(device, capturing);
       launch_chunk_kernel(plan_, table_, packed_);
+      if (capturing) graph_held_.push_back(table_);  // read at every replay
     } else {
       double* out = packed_.data_ptr<double>();
       for (const StatsLaunch& launch : plan_.launches)
@@ -74,6 +82,7 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
     at::sum_out(total, packed_.narrow(0, 0, numbers).view({-1, 4}).select(1, 0), {0},
                 /*keepdim=*/true);
   }
+  if (capturing) graph_held_.push_back(packed_);  // written at every replay
   // The copies the plan made of non-contiguous gradients were read by the launches above (a
   // freed block is reused on the stream only after them); the plan keeps no gradient alive.
   plan_.data.clear();
@@ -83,6 +92,24 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
     offset += s.numel();
   }
   return numbers;
+}
+
+// The plan's chunk table to the device. Outside a capture from a new buffer of the host
+// allocator's (which keeps it until the copy has run), and a staging buffer is made for a capture
+// to come; in a capture, from that staging buffer, which the copy node reads at every replay: it
+// is never written again, and the next upload outside a capture makes a new one.
+void GradStatsPass::upload_table(const at::Device& device, bool capturing) {
+  if (!capturing) {
+    table_ = upload_chunk_table(plan_, device);
+    staging_ = at::empty({static_cast<int64_t>(2 * plan_.chunks.size())},
+                         at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    return;
+  }
+  if (!staging_.defined() || staging_.numel() != static_cast<int64_t>(2 * plan_.chunks.size()))
+    throw Error(ErrorCategory::usage, kCapturedGradientsDiffer);
+  table_ = upload_chunk_table(plan_, device, &staging_);
+  graph_held_.push_back(staging_);
+  staging_ = at::Tensor();
 }
 
 GradStats GradStatsPass::run_chunk_kernel(const std::vector<at::Tensor>& grads,
@@ -132,8 +159,9 @@ GradStats GradStatsPass::run_reduced(const std::vector<at::Tensor>& grads,
 }
 
 DeviceTotals GradStatsPass::run_on_device(const std::vector<at::Tensor>& grads,
-                                          const std::vector<at::Tensor>& scalars, bool tensor_sums) {
-  DeviceTotals t = local_totals(grads, scalars, tensor_sums);
+                                          const std::vector<at::Tensor>& scalars, bool tensor_sums,
+                                          bool capturing) {
+  DeviceTotals t = local_totals(grads, scalars, tensor_sums, capturing);
   if (reduction_) reduce_totals(t);
   return t;
 }
@@ -151,7 +179,8 @@ void GradStatsPass::reduce_totals(DeviceTotals& t) const {
 }
 
 DeviceTotals GradStatsPass::local_totals(const std::vector<at::Tensor>& grads,
-                                         const std::vector<at::Tensor>& scalars, bool tensor_sums) {
+                                         const std::vector<at::Tensor>& scalars, bool tensor_sums,
+                                         bool capturing) {
   DeviceTotals t;
   if (recipe_ == DeviceStatsRecipe::fused_scan) {  // CPU tensors: the scan's numbers as tensors
     const GradStats g = compute_grad_stats(grads);
@@ -170,7 +199,7 @@ DeviceTotals GradStatsPass::local_totals(const std::vector<at::Tensor>& grads,
   if (recipe_ != DeviceStatsRecipe::chunk_kernel)
     throw Error(ErrorCategory::internal,
                 std::string("no deferred statistics for the ") + to_string(recipe_) + " recipe");
-  const int64_t numbers = fill_chunk_buffer(grads, scalars);
+  const int64_t numbers = fill_chunk_buffer(grads, scalars, capturing);
   t = chunk_totals(numbers);
   t.tensors = grads.size();
   if (tensor_sums) {

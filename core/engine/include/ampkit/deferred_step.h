@@ -5,6 +5,13 @@
 // forms (AmpStep::deliver: the strategies' state, the counters, the record) when they have arrived,
 // at the latest one step later, in order, never lost, never twice; the device and host decisions
 // are checked against each other on delivery.
+//
+// A step captured in a CUDA graph (ampkit.GradScaler inside torch.cuda.graph) runs again at every
+// replay with no host code between replays: its record is written to a ring on the device at the
+// row a device counter names, and the host reads the rows written since its last read when it
+// needs the host forms (deliver(true): last_step, state_dict, a checkpoint). From the first capture
+// on, every record of this step, captured or not, goes through the ring, so the order stays the
+// device's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -59,17 +66,36 @@ class DeferredStep {
   // loss (undefined: none): statistics, decisions and the scale's update on the device, no host
   // read; the record's copy to the host is queued. Delivers what has arrived first, and waits for
   // the step before last, so no record is more than one step behind.
-  DeferredGradients after_backward(GradientTable& table, const at::Tensor& loss);
+  // `capturing`: the caller's stream is capturing a CUDA graph. The step's work is only recorded
+  // (it runs at each replay), its record goes to the ring, and nothing is delivered or waited for.
+  // A step is captured only after one has run uncaptured (the ring is allocated then, outside the
+  // graph), with the same loss and gradients as the steps before it.
+  DeferredGradients after_backward(GradientTable& table, const at::Tensor& loss, bool capturing = false);
 
-  // Delivers the records that have arrived (every one with `wait`) to the host forms, in order.
+  // Delivers the records that have arrived (every one with `wait`) to the host forms, in order;
+  // with `wait`, also every row the ring holds (two host reads: the count, then the rows).
+  // More rows written since the last read than the ring holds is a usage error, raised now and by
+  // every later call: their steps ran on the device, the host forms cannot follow them.
   std::vector<StepOutcome> deliver(bool wait);
   size_t pending() const { return pending_.size(); }
+
+  // Whether a step has been captured (its records go through the ring from then on).
+  bool in_graph() const { return in_graph_; }
+  // Ring rows written since the last read (one host read): a graph replayed since.
+  int64_t unread_rows() const;
+  // Rows of the ring: how many steps may run between two reads once a step was captured. Before
+  // the first step only.
+  static constexpr int64_t kDefaultRingRows = 16384;
+  void set_ring_rows(int64_t rows);
 
  private:
   struct Pending;
   DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, bool fused);
   StepOutcome deliver_one(Pending& p);
+  void deliver_into(Pending& p, std::vector<StepOutcome>& delivered);
   DeferredGradients step_operators(const DeviceTotals& t, const at::Tensor& loss, at::Tensor& record);
+  void write_ring(const at::Tensor& record, const Pending& shape);
+  void deliver_ring(std::vector<StepOutcome>& delivered);
 
   AmpStep& step_;
   std::unique_ptr<DeviceStepRules> rules_;
@@ -78,6 +104,16 @@ class DeferredStep {
   bool begun_ = false;  // after_backward has run
   bool tensor_norms_ = false;
   std::deque<std::unique_ptr<Pending>> pending_;
+  // The ring (CUDA graphs): [rows, AMPKIT_RECORD_GROUP_ELEMENTS + 1] float64 and the count of rows
+  // written (int64, 0-dim), on the device, allocated by the first step.
+  int64_t ring_rows_ = kDefaultRingRows;
+  at::Tensor ring_;
+  at::Tensor ring_written_;
+  int64_t ring_read_ = 0;
+  std::unique_ptr<Pending> ring_shape_;  // what every ring row's step was measured over
+  bool in_graph_ = false;
+  bool aborted_ = false;  // a delivered record aborted: the later ones are dropped
+  std::string broken_;    // why no later call can run (rows lost)
 };
 
 }  // namespace ampkit

@@ -70,8 +70,11 @@ bool chunk_kernel_built();
 void require_chunk_kernel_in(bool built);
 
 // `plan`'s chunk table (address and size of every chunk) on `device`, copied there once from
-// pinned memory on the current stream: a GradientTable keeps it while its plan holds.
-at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device);
+// pinned memory on the current stream: a GradientTable keeps it while its plan holds. The pinned
+// memory is a new buffer of the host allocator's, or `staging` where given (pinned, int64, two
+// numbers per chunk; in a CUDA graph capture the copy runs again at every replay, from there).
+at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device,
+                              const at::Tensor* staging = nullptr);
 
 // Runs `plan`'s launches on the current stream of `out`'s CUDA device, each chunk's four numbers
 // into out (float64, at least 4 x chunks elements, contiguous); `table` is upload_chunk_table's

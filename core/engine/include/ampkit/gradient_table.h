@@ -80,8 +80,11 @@ class GradStatsPass {
   // with a reduction, the totals and scalars are the group's, as run() reads them (the collective
   // is queued on the device: no host read).
   // `tensor_sums`: also each gradient's sum of squares (DeviceTotals), for per-tensor norms.
+  // `capturing`: the current stream is capturing a CUDA graph (DeferredStep::after_backward): a
+  // chunk table made now is copied from a staging buffer made before the capture, and what the
+  // graph reads or writes at its replays stays allocated for as long as this pass lives.
   DeviceTotals run_on_device(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
-                             bool tensor_sums = false);
+                             bool tensor_sums = false, bool capturing = false);
 
   // How often the chunk plan was made (tests: once while the gradients stay where they are).
   int64_t plans_made() const { return plans_made_; }
@@ -95,16 +98,20 @@ class GradStatsPass {
   GradStats run_reduced(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                         std::vector<double>& scalar_values);
   DeviceTotals local_totals(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
-                            bool tensor_sums);
+                            bool tensor_sums, bool capturing);
   void reduce_totals(DeviceTotals& t) const;
-  int64_t fill_chunk_buffer(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars);
+  int64_t fill_chunk_buffer(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
+                            bool capturing = false);
+  void upload_table(const at::Device& device, bool capturing);
   DeviceTotals chunk_totals(int64_t numbers) const;
   GradStats run_chunk_kernel(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& scalars,
                              std::vector<double>& scalar_values);
 
   DeviceStatsRecipe recipe_;
   StatsPlan plan_;
-  at::Tensor table_;   // plan_'s chunk table on the device (CUDA only)
+  at::Tensor table_;    // plan_'s chunk table on the device (CUDA only); undefined: to upload
+  at::Tensor staging_;  // pinned, made with an upload outside a capture for the next upload in one
+  std::vector<at::Tensor> graph_held_;  // what captured graphs copy from, read and write
   at::Tensor packed_;  // the chunks' four numbers, their sum of squares, the scalars: float64, on the device
   at::Tensor host_;    // where packed_ is read to: pinned host memory (packed_ itself on a CPU)
   std::shared_ptr<const std::vector<size_t>>
@@ -140,8 +147,9 @@ class GradientTable {
   GradStats measure(const std::vector<at::Tensor>& scalars, std::vector<double>& scalar_values) {
     return pass_.run(grads_, scalars, scalar_values);
   }
-  DeviceTotals measure_on_device(const std::vector<at::Tensor>& scalars, bool tensor_sums = false) {
-    return pass_.run_on_device(grads_, scalars, tensor_sums);
+  DeviceTotals measure_on_device(const std::vector<at::Tensor>& scalars, bool tensor_sums = false,
+                                 bool capturing = false) {
+    return pass_.run_on_device(grads_, scalars, tensor_sums, capturing);
   }
   int64_t plans_made() const { return pass_.plans_made(); }
   // Statistics reduced across ranks from now on (GradStatsPass::set_reduction); nullptr: none.
