@@ -318,7 +318,13 @@ BOOST_AUTO_TEST_CASE(captured_steps_wait_in_the_ring_until_the_host_reads_them) 
   BOOST_TEST(host.counters().taken == sync.counters().taken);
   BOOST_TEST(host.last_outcome().clip_coefficient == sync.last_outcome().clip_coefficient);
   BOOST_TEST(deferred->deliver(/*wait=*/true).empty());  // nothing twice
-  for (int i = 0; i < 9; ++i) deferred->after_backward(table, loss, /*capturing=*/true);
+  // A later step must measure what the capture measured (here: no loss), refused before it runs.
+  const float scale_before = deferred->scale().item<float>();
+  BOOST_CHECK_THROW(deferred->after_backward(table, at::Tensor(), /*capturing=*/false), Error);
+  BOOST_TEST(deferred->unread_rows() == 0);
+  BOOST_TEST(deferred->scale().item<float>() == scale_before);
+  // After a capture every step goes through the ring, captured or not: 9 of them over 8 rows.
+  for (int i = 0; i < 9; ++i) deferred->after_backward(table, loss, /*capturing=*/false);
   BOOST_TEST(deferred->unread_rows() == 9);
   for (int attempt = 0; attempt < 2; ++attempt) {  // refused, and refused again
     try {

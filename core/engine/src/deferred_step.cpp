@@ -110,6 +110,17 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   std::vector<at::Tensor> scalars;
   if (loss.defined()) scalars.push_back(loss);
   const DeviceTotals t = table.measure_on_device(scalars, tensor_norms_, capturing);
+  auto p = std::make_unique<Pending>();
+  p->elements = t.elements;
+  p->reduced = t.group_elements.defined();
+  p->has_loss = loss.defined();
+  p->tensor_norms = tensor_norms_;
+  if (tensor_norms_) {
+    p->totals.tensor_sum_squares = t.tensor_sum_squares;
+    p->totals.chunk_tensors = t.chunk_tensors;
+    p->totals.tensors = t.tensors;
+  }
+  if (in_graph_) check_ring_shape(*p);  // before the rules change the device's state
   const at::Tensor loss_value = loss.defined() ? t.scalars.select(0, 0) : at::Tensor();
   DeferredGradients out;
   at::Tensor record;
@@ -121,22 +132,12 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   } else {
     out = step_operators(t, loss_value, record);
   }
-  auto p = std::make_unique<Pending>();
-  p->elements = t.elements;
-  p->reduced = t.group_elements.defined();
-  p->has_loss = loss.defined();
-  p->tensor_norms = tensor_norms_;
-  if (tensor_norms_) {
-    p->totals.tensor_sum_squares = t.tensor_sum_squares;
-    p->totals.chunk_tensors = t.chunk_tensors;
-    p->totals.tensors = t.tensors;
-  }
   if (!ring_.defined()) {  // outside any graph (the first step is never captured): its memory stays ours
     ring_ = at::empty({ring_rows_, AMPKIT_RECORD_GROUP_ELEMENTS + 1}, record.options());
     ring_written_ = at::zeros({}, record.options().dtype(at::kLong));
   }
   if (in_graph_) {
-    write_ring(record, *p);
+    write_ring(record);
     return out;
   }
   const bool chunks = tensor_norms_ && t.chunk_sum_squares.defined();
@@ -218,9 +219,8 @@ void DeferredStep::deliver_into(Pending& p, std::vector<StepOutcome>& delivered)
   delivered.push_back(deliver_one(p));
 }
 
-// The record to the ring's row (written count mod rows), then the count up by one: ATen operators
-// on the device, whose arguments do not change between replays.
-void DeferredStep::write_ring(const at::Tensor& record, const Pending& shape) {
+// Every ring row is read as one shape (the elements, a reduction, a loss): the captured step's.
+void DeferredStep::check_ring_shape(const Pending& shape) {
   if (!ring_shape_) {
     ring_shape_ = std::make_unique<Pending>();
     ring_shape_->elements = shape.elements;
@@ -235,6 +235,11 @@ void DeferredStep::write_ring(const at::Tensor& record, const Pending& shape) {
                     std::to_string(ring_shape_->elements) + (ring_shape_->has_loss ? " with" : " without") +
                     " one");
   }
+}
+
+// The record to the ring's row (written count mod rows), then the count up by one: ATen operators
+// on the device, whose arguments do not change between replays.
+void DeferredStep::write_ring(const at::Tensor& record) {
   const at::Tensor row = at::remainder(ring_written_, ring_rows_).reshape({1});
   ring_.narrow(1, 0, record.numel()).index_copy_(0, row, record.reshape({1, -1}));
   ring_written_.add_(1);

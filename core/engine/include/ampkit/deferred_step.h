@@ -94,7 +94,8 @@ class DeferredStep {
   StepOutcome deliver_one(Pending& p);
   void deliver_into(Pending& p, std::vector<StepOutcome>& delivered);
   DeferredGradients step_operators(const DeviceTotals& t, const at::Tensor& loss, at::Tensor& record);
-  void write_ring(const at::Tensor& record, const Pending& shape);
+  void check_ring_shape(const Pending& shape);
+  void write_ring(const at::Tensor& record);
   void deliver_ring(std::vector<StepOutcome>& delivered);
 
   AmpStep& step_;
