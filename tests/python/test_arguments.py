@@ -3,6 +3,7 @@ the argument, never a TorchScript signature dump or a bare AttributeError, and t
 of ampkit-train's --opt (decimal only: no hex, no trailing NUL)."""
 
 import pytest
+import torch
 
 import ampkit
 
@@ -82,3 +83,38 @@ def test_a_state_dict_window_beyond_the_options_is_refused_and_loads_nothing():
     with pytest.raises(ampkit.PluginError, match=said + r" nan_policy.spike_window=16$"):
         scaler.load_state_dict(dict(before, scale=1024.0, ampkit=bad))
     assert scaler.state_dict() == before
+
+
+@pytest.mark.parametrize("change, bad", [
+    ({"growth_factor": 4.0}, {"ampkit": "str"}),
+    ({"backoff_factor": 0.25}, {"scale": float("nan")}),
+    ({"growth_interval": 77}, {"scale": "abc"}),
+])
+def test_a_refused_load_leaves_the_options_it_had_already_set(change, bad):
+    # torch's keys are applied before the plugins' states: a load refused after them must still
+    # load nothing (on 602f2ee a growth_factor of 4.0 stayed after a refused load).
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0)
+    before = scaler.state_dict()
+    with pytest.raises((ValueError, ampkit.PluginError)):
+        scaler.load_state_dict(dict(before, **change, **bad))
+    assert scaler.state_dict() == before
+    defaults = {"growth_factor": "2", "backoff_factor": "0.5", "growth_interval": "2000"}
+    assert {r[0]: r[1] for r in scaler.plugin_options("scaler") if r[0] in change} == {
+        name: defaults[name] for name in change}
+
+
+def test_a_refused_load_keeps_the_growth_tracker():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ampkit.GradScaler("cpu", growth_interval=100)
+    for _ in range(5):
+        optimizer.zero_grad()
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    before = scaler.state_dict()
+    assert before["_growth_tracker"] == 5
+    with pytest.raises(ValueError):
+        scaler.load_state_dict(dict(before, growth_interval=1000, scale="abc"))
+    assert scaler.state_dict() == before
+    assert scaler.get_growth_interval() == 100
