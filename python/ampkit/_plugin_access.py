@@ -24,9 +24,9 @@ def option_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(value)
+        return repr(float(value))  # numpy's float64 is a float whose repr is "np.float64(...)"
     if isinstance(value, (int, str)):
-        return str(value)
+        return str(int(value)) if isinstance(value, int) else str(value)
     raise ValueError(f"option value {value!r} must be a bool, int, float or str")
 
 
@@ -183,6 +183,9 @@ class PluginAccess:
         return dict(cpp(self._core.state)(kind))
 
     def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None:
+        for key, value in state.items():  # torch would answer one with a TorchScript signature dump
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise ValueError(f"{kind} state {key!r} holds {value}, beyond a 64-bit integer")
         # A list crosses as a float64 tensor: an empty Python list has no element type.
         values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
         cpp(self._core.load_state)(kind, values)
