@@ -377,3 +377,31 @@ def test_an_empty_test_set_is_refused_up_front_like_an_empty_training_set(lm, tm
     torch.save({"inputs": test["inputs"], "targets": torch.full_like(test["targets"], -100)}, tmp_path / "none.pt")
     one_line_error(train(lm, "--test-data", tmp_path / "none.pt", "--steps", 2, "--batch-size", 8, check=False), 2,
                    "--test-data holds no target to evaluate: every one is -100")
+
+
+class RaisesAtThirdCall(torch.nn.Module):
+    """Raises its own exception from its third training forward on, and in evaluation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = small_lm()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            raise ValueError("no evaluation in this model")
+        self.calls += 1
+        if bool(self.calls > 2):
+            raise RuntimeError("the model gave up at call " + str(int(self.calls)))
+        return self.lm(x)
+
+
+def test_an_exception_the_model_raises_is_named_with_its_own_message(lm, tmp_path):
+    # TorchScript reports a raise in the model as "builtins.RuntimeError: ..." after its traceback;
+    # on 602f2ee the line said only "The following operation failed in the TorchScript interpreter."
+    model = save_model(RaisesAtThirdCall(), tmp_path / "model.pt")
+    run = train(lm, "--model", model, "--steps", 4, "--batch-size", 8, "--data-order", "file", check=False)
+    one_line_error(run, 4, "the model failed on batch 2: RuntimeError: the model gave up at call 3")
+    run = train(lm, "--model", model, "--steps", 2, "--batch-size", 8, "--test-data", lm / "test.pt",
+                check=False)
+    one_line_error(run, 4, "the model failed on --test-data batch 0: ValueError: no evaluation in this model")
