@@ -405,3 +405,40 @@ def test_an_exception_the_model_raises_is_named_with_its_own_message(lm, tmp_pat
     run = train(lm, "--model", model, "--steps", 2, "--batch-size", 8, "--test-data", lm / "test.pt",
                 check=False)
     one_line_error(run, 4, "the model failed on --test-data batch 0: ValueError: no evaluation in this model")
+
+
+class Column(torch.nn.Module):  # [N, 4] -> [N, 1]: one column against [N] targets
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_mse_on_shapes_that_only_broadcast_is_one_line_and_exit_4(tmp_path):
+    # On 602f2ee an [N, 1] output against [N] targets trained on the [N, N] broadcast (exit 0, a
+    # C++ warning per step) and test_loss was N times too large.
+    model = save_model(Column(), tmp_path / "model.pt")
+    torch.save({"inputs": torch.randn(32, 4), "targets": torch.randn(32)}, tmp_path / "data.pt")
+    run = train(tmp_path, "--loss", "mse", "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 4, "--loss mse: the model's output is [8, 1] and the targets are [8]")
+
+
+def test_probability_targets_of_a_sequence_take_the_class_dimension_last(lm, tmp_path):
+    # One-hot probabilities [N, T, 256] must give the losses of the class indices [N, T] they
+    # encode; on 602f2ee torch's cross_entropy took T as the class dimension (a loss of 0.18 for 5.7).
+    common = ["--steps", 3, "--batch-size", 8, "--data-order", "file", "--precision", "fp32"]
+    for name in ("data", "test"):
+        d = torch.load(lm / f"{name}.pt", weights_only=True)
+        torch.save({"inputs": d["inputs"], "targets": torch.nn.functional.one_hot(d["targets"], 256).float()},
+                   tmp_path / f"{name}.pt")
+    train(lm, *common, "--test-data", lm / "test.pt", "--metrics", tmp_path / "i.jsonl", "--summary",
+          tmp_path / "i.json")
+    train(lm, *common, "--data", tmp_path / "data.pt", "--test-data", tmp_path / "test.pt", "--metrics",
+          tmp_path / "p.jsonl", "--summary", tmp_path / "p.json")
+    indices = [r["loss"] for r in metrics(tmp_path / "i.jsonl")]
+    probabilities = [r["loss"] for r in metrics(tmp_path / "p.jsonl")]
+    assert probabilities == pytest.approx(indices, rel=1e-5)
+    test_loss = json.load(open(tmp_path / "i.json"))["test_loss"]
+    assert json.load(open(tmp_path / "p.json"))["test_loss"] == pytest.approx(test_loss, rel=1e-5)

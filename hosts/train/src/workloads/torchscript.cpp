@@ -134,6 +134,13 @@ class TorchScript final : public Workload {
 at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor& y, bool sum) const {
   const at::Tensor out = out_any.to(at::kFloat);
   if (cfg_.loss == "mse") {
+    // Broadcasting an [N, 1] output against [N] targets would compare every output with every
+    // target (torch only warns): the shapes must agree.
+    if (out.sizes() != y.sizes())
+      throw Error(ErrorCategory::data, "--loss mse: the model's output is " + c10::str(out.sizes()) +
+                                           " and the targets are " + c10::str(y.sizes()) +
+                                           "; mse compares them element by element, so their shapes must "
+                                           "be the same");
     F::MSELossFuncOptions mse;  // the mean by default
     if (sum) mse.reduction(torch::kSum);
     return F::mse_loss(out, y.to(at::kFloat), mse);
@@ -142,6 +149,11 @@ at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor
   if (sum) reduction.reduction(torch::kSum);
   if (at::isIntegralType(y.scalar_type(), false) && out.dim() == y.dim() + 1 && out.dim() > 2)
     return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}).to(at::kLong), reduction);
+  // Probabilities of [N, T, C] against [N, T, C]: the class dimension is the last one here too
+  // (torch's cross_entropy would take dimension 1, T, as the classes).
+  if (at::isFloatingType(y.scalar_type()) && out.dim() > 2 && out.sizes() == y.sizes())
+    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1, y.size(-1)}).to(at::kFloat),
+                            reduction);
   return F::cross_entropy(
       out, at::isIntegralType(y.scalar_type(), false) ? y.to(at::kLong) : y.to(at::kFloat), reduction);
 }
@@ -197,8 +209,10 @@ std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
     }
     const at::Tensor out = forward_output(x, where).to(at::kFloat);
     loss_sum += model_call(where, [&] { return outputs_loss(out, y, true).item<double>(); });
-    if (!classes) {
-      count += cfg_.loss == "mse" ? static_cast<double>(out.numel()) : static_cast<double>(len);
+    if (!classes) {  // mse: every element; probabilities: every position ([N, C]: sample, [N, T, C]: token)
+      count += cfg_.loss == "mse" ? static_cast<double>(out.numel())
+               : out.dim() > 2    ? static_cast<double>(out.numel() / std::max<int64_t>(out.size(-1), 1))
+                                  : static_cast<double>(len);
       continue;
     }
     const at::Tensor counted = y != kIgnoredClass;  // ignored targets count in neither mean
