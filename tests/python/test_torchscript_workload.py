@@ -419,7 +419,7 @@ class Column(torch.nn.Module):  # [N, 4] -> [N, 1]: one column against [N] targe
 def test_mse_on_shapes_that_only_broadcast_is_one_line_and_exit_4(tmp_path):
     # On 602f2ee an [N, 1] output against [N] targets trained on the [N, N] broadcast (exit 0, a
     # C++ warning per step) and test_loss was N times too large.
-    model = save_model(Column(), tmp_path / "model.pt")
+    save_model(Column(), tmp_path / "model.pt")
     torch.save({"inputs": torch.randn(32, 4), "targets": torch.randn(32)}, tmp_path / "data.pt")
     run = train(tmp_path, "--loss", "mse", "--steps", 2, "--batch-size", 8, check=False)
     one_line_error(run, 4, "--loss mse: the model's output is [8, 1] and the targets are [8]")
@@ -442,3 +442,30 @@ def test_probability_targets_of_a_sequence_take_the_class_dimension_last(lm, tmp
     assert probabilities == pytest.approx(indices, rel=1e-5)
     test_loss = json.load(open(tmp_path / "i.json"))["test_loss"]
     assert json.load(open(tmp_path / "p.json"))["test_loss"] == pytest.approx(test_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("positions, says", [
+    (16, "every one is -100, which cross entropy ignores"),
+    (0, "its targets [64, 0] hold no position"),
+])
+def test_training_data_without_a_target_is_refused_up_front_like_test_data(lm, tmp_path, positions, says):
+    # On 602f2ee every step's loss was 0/0: all skipped, exit 0, status completed.
+    data = torch.load(lm / "data.pt", weights_only=True)
+    ignored = torch.full_like(data["targets"], -100)
+    torch.save({"inputs": data["inputs"][:, :positions], "targets": ignored[:, :positions]}, tmp_path / "none.pt")
+    run = train(lm, "--data", tmp_path / "none.pt", "--steps", 2, "--batch-size", 8, "--metrics",
+                tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 2, f"--data holds no target to train on: {says}")
+    assert not os.path.exists(tmp_path / "m.jsonl") or metrics(tmp_path / "m.jsonl") == []
+
+
+def test_eval_batches_that_hold_no_target_are_refused_up_front(lm, tmp_path):
+    # On 602f2ee --eval-batches 1 over a first batch of -100 targets gave test_loss NaN (null), exit 0.
+    test = torch.load(lm / "test.pt", weights_only=True)
+    test["targets"][:8] = -100
+    torch.save(test, tmp_path / "test.pt")
+    run = train(lm, "--test-data", tmp_path / "test.pt", "--eval-batches", 1, "--steps", 2, "--batch-size", 8,
+                "--metrics", tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 2, "--test-data holds no target to evaluate in the 1 batch(es) of --eval-batches")
+    assert not os.path.exists(tmp_path / "m.jsonl") or metrics(tmp_path / "m.jsonl") == []
+    train(lm, "--test-data", tmp_path / "test.pt", "--eval-batches", 2, "--steps", 2, "--batch-size", 8)

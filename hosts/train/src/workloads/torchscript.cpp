@@ -84,6 +84,7 @@ class TorchScript final : public Workload {
   void read_data() {
     train_ = read_tensor_data(cfg_.data_path, "--data");
     check_target_dtype(train_, cfg_.loss, "--data");
+    check_some_target(train_, "--data", "train on");
     if (train_.size() < slice_.global)
       throw Error(ErrorCategory::usage, "--data holds " + std::to_string(train_.size()) +
                                             " samples, fewer than one batch of --batch-size " +
@@ -96,11 +97,24 @@ class TorchScript final : public Workload {
       throw Error(ErrorCategory::usage,
                   "--test-data holds 0 samples: there is nothing to evaluate (leave "
                   "--test-data out to train without evaluation)");
-    if (cfg_.loss == "cross_entropy" && at::isIntegralType(test_->targets.scalar_type(), false) &&
-        !(test_->targets != kIgnoredClass).any().item<bool>())
-      throw Error(ErrorCategory::usage,
-                  "--test-data holds no target to evaluate: every one is -100, "
-                  "which cross entropy ignores");
+    check_some_target(*test_, "--test-data", "evaluate");
+    const int64_t evaluated = cfg_.eval_batches * cfg_.batch_size;  // the test samples --eval-batches reads
+    if (cfg_.eval_batches > 0 && evaluated < test_->size())
+      check_some_target(
+          {test_->inputs.narrow(0, 0, evaluated), test_->targets.narrow(0, 0, evaluated)}, "--test-data",
+          "evaluate in the " + std::to_string(cfg_.eval_batches) + " batch(es) of --eval-batches");
+  }
+  // Class-index targets of which none counts (every one -100, or no position at all: [N, 0]) give
+  // a loss of 0/0: refused for both files, as an empty file is.
+  void check_some_target(const TensorData& d, const std::string& option, const std::string& use) const {
+    if (cfg_.loss != "cross_entropy" || !at::isIntegralType(d.targets.scalar_type(), false) ||
+        d.size() == 0 || (d.targets != kIgnoredClass).any().item<bool>())
+      return;
+    throw Error(
+        ErrorCategory::usage,
+        option + " holds no target to " + use + ": " +
+            (d.targets.numel() == 0 ? "its targets " + c10::str(d.targets.sizes()) + " hold no position"
+                                    : std::string("every one is -100, which cross entropy ignores")));
   }
   // Class-index targets of every file against the model's classes, known from its first output
   // (the size of its class dimension, last): before the first step, and before any evaluation.
