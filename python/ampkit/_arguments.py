@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -16,6 +16,36 @@ def _process_group_types() -> tuple:
     if torch.distributed.is_available():
         return (torch.distributed.ProcessGroup, type(None))
     return (type(None),)
+
+
+def _check_text(name: str, value: Any, nul: bool = True) -> None:
+    """Text the C++ side takes: UTF-8 (no lone surrogate such as "\\udcff", which torch would
+    answer with a TorchScript signature dump) without NUL (which would cut it short there)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"ampkit.GradScaler: {name} {value!r} is not valid text (a lone surrogate)") from None
+    if nul and "\0" in value:
+        raise ValueError(f"ampkit.GradScaler: {name} {value!r} holds a NUL character")
+
+
+def _check_plugin_dirs(dirs: Any) -> None:
+    """plugin_dirs: a list of folders, not one folder (a str would be taken letter by letter)."""
+    if dirs is None:
+        return
+    if isinstance(dirs, (str, bytes, os.PathLike)) or not isinstance(dirs, Iterable):
+        raise TypeError(
+            f"ampkit.GradScaler: plugin_dirs must be a list of folders (str or PathLike), "
+            f"got {type(dirs).__name__} {dirs!r}"
+        )
+    for d in dirs:
+        if not isinstance(d, (str, os.PathLike)):
+            raise TypeError(f"ampkit.GradScaler: plugin_dirs must hold str or PathLike, got {type(d).__name__} {d!r}")
+        _check_text("plugin_dirs entry", d)
 
 
 def check_arguments(arguments: Mapping[str, Any]) -> None:
@@ -32,6 +62,7 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
         "sync": (str,),
         "process_group": _process_group_types(),
         "average_loss": (bool,),
+        "allow_untrusted_plugins": (bool,),  # not any truthy value: "False" must not allow them
         "plugin_timeout": (int, type(None)),
     }
     given = {name: value for name, value in arguments.items() if name in expected}
@@ -39,6 +70,12 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
         if not isinstance(value, expected[name]) or (name == "plugin_timeout" and isinstance(value, bool)):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])
             raise TypeError(f"ampkit.GradScaler: {name} must be {names}, got {type(value).__name__} {value!r}")
+    _check_plugin_dirs(arguments.get("plugin_dirs"))
+    for name, value in given.items():
+        _check_text(name, value)
+    for key, value in (given.get("opt") or {}).items():
+        _check_text(f"opt key {key!r}", key)
+        _check_text(f"opt[{key!r}]", value, nul=False)  # the option's own check names a NUL in a value
     timeout = given.get("plugin_timeout")
     if timeout is not None and not 1 <= timeout <= 86400:  # None is the way to say "no limit"
         raise ValueError(

@@ -15,15 +15,18 @@ from ._optimizer_tables import _refresh_per_optimizer_state
 
 __all__ = ["PluginAccess", "option_text"]
 
+# torch's constructor arguments that are the scaler plugin's options of the same name.
+_TORCH_OPTIONS = ("growth_factor", "backoff_factor", "growth_interval")
+
 
 def option_text(value: Any) -> str:
     """The --opt text of a Python value (bool before int: True is an int)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(value)
+        return repr(float(value))  # numpy's float64 is a float whose repr is "np.float64(...)"
     if isinstance(value, (int, str)):
-        return str(value)
+        return str(int(value)) if isinstance(value, int) else str(value)
     raise ValueError(f"option value {value!r} must be a bool, int, float or str")
 
 
@@ -86,14 +89,38 @@ class PluginAccess:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
+        _check_saved_plugins(state_dict.get("ampkit", {}))
+        # A refused load loads nothing: the options it had set and the states it had loaded go back.
+        before = self._snapshot()
+        try:
+            self._load_state_dict(state_dict)
+        except BaseException:
+            self._restore(before)
+            raise
+
+    def _snapshot(self) -> Dict[str, Any]:
+        options = {n: cpp(self._core.option)("scaler", n) for n in _TORCH_OPTIONS if self._has_scaler_option(n)}
+        return {"options": options, "states": {kind: self._plugin_state(kind) for kind in STEP_KINDS}}
+
+    def _restore(self, snapshot: Mapping[str, Any]) -> None:
+        scaler = self._plugin_state("scaler")
+        if scaler.get("growth_tracker", 0) != 0:  # so that the old growth_interval admits it again
+            self._load_plugin_state("scaler", dict(scaler, growth_tracker=0))
+        for name, text in snapshot["options"].items():
+            if cpp(self._core.option)("scaler", name) != text:
+                cpp(self._core.set_option)("scaler", name, text)
+        for kind, state in snapshot["states"].items():
+            self._load_plugin_state(kind, state)
+        self._refresh_scale()
+
+    def _load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         current = self._plugin_state("scaler")
         if current.get("growth_tracker", 0) != 0:  # so that any new growth_interval admits it
             self._load_plugin_state("scaler", dict(current, growth_tracker=0))
-        for name in ("growth_factor", "backoff_factor", "growth_interval"):
+        for name in _TORCH_OPTIONS:
             if self._has_scaler_option(name) and state_dict[name] != self._scaler_option(name, type(state_dict[name])):
                 self._set_scaler_option(name, state_dict[name])
         saved = state_dict.get("ampkit", {})
-        _check_saved_plugins(saved)
         for kind in STEP_KINDS:
             entry = saved.get(kind)
             if entry is not None and entry.get("plugin") == self._plugin(kind)[0]:
@@ -156,6 +183,9 @@ class PluginAccess:
         return dict(cpp(self._core.state)(kind))
 
     def _load_plugin_state(self, kind: str, state: Mapping[str, Any]) -> None:
+        for key, value in state.items():  # torch would answer one with a TorchScript signature dump
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise ValueError(f"{kind} state {key!r} holds {value}, beyond a 64-bit integer")
         # A list crosses as a float64 tensor: an empty Python list has no element type.
         values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
         cpp(self._core.load_state)(kind, values)

@@ -143,7 +143,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             "plugins": {kind: str(arguments[kind]) for kind in STEP_KINDS},
             # opt= wins over torch's arguments.
             "opt": {**_scaler_options(torch_args), **{str(k): option_text(v) for k, v in (opt or {}).items()}},
-            "precision": precision or "fp16",
+            "precision": "fp16" if precision is None else precision,  # "" is refused, not fp16
             "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
             "stats_recipe": str(stats_recipe),

@@ -2,7 +2,10 @@
 the argument, never a TorchScript signature dump or a bare AttributeError, and the number grammar
 of ampkit-train's --opt (decimal only: no hex, no trailing NUL)."""
 
+import pathlib
+
 import pytest
+import torch
 
 import ampkit
 
@@ -81,4 +84,95 @@ def test_a_state_dict_window_beyond_the_options_is_refused_and_loads_nothing():
     said = r"'skip'.* failed in load\(\): checkpoint loss_window holds 1000000 values, more than this run's"
     with pytest.raises(ampkit.PluginError, match=said + r" nan_policy.spike_window=16$"):
         scaler.load_state_dict(dict(before, scale=1024.0, ampkit=bad))
+    assert scaler.state_dict() == before
+
+
+@pytest.mark.parametrize("change, bad", [
+    ({"growth_factor": 4.0}, {"ampkit": "str"}),
+    ({"backoff_factor": 0.25}, {"scale": float("nan")}),
+    ({"growth_interval": 77}, {"scale": "abc"}),
+])
+def test_a_refused_load_leaves_the_options_it_had_already_set(change, bad):
+    # torch's keys are applied before the plugins' states: a load refused after them must still
+    # load nothing (on 602f2ee a growth_factor of 4.0 stayed after a refused load).
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0)
+    before = scaler.state_dict()
+    with pytest.raises((ValueError, ampkit.PluginError)):
+        scaler.load_state_dict(dict(before, **change, **bad))
+    assert scaler.state_dict() == before
+    defaults = {"growth_factor": "2", "backoff_factor": "0.5", "growth_interval": "2000"}
+    assert {r[0]: r[1] for r in scaler.plugin_options("scaler") if r[0] in change} == {
+        name: defaults[name] for name in change}
+
+
+def test_a_refused_load_keeps_the_growth_tracker():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ampkit.GradScaler("cpu", growth_interval=100)
+    for _ in range(5):
+        optimizer.zero_grad()
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    before = scaler.state_dict()
+    assert before["_growth_tracker"] == 5
+    with pytest.raises(ValueError):
+        scaler.load_state_dict(dict(before, growth_interval=1000, scale="abc"))
+    assert scaler.state_dict() == before
+    assert scaler.get_growth_interval() == 100
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"allow_untrusted_plugins": "False"}, "allow_untrusted_plugins must be bool, got str 'False'"),
+    ({"plugin_dirs": "/usr/lib"}, "plugin_dirs must be a list of folders (str or PathLike), got str '/usr/lib'"),
+    ({"plugin_dirs": pathlib.Path("/usr/lib")},
+     "plugin_dirs must be a list of folders (str or PathLike), got PosixPath"),
+    ({"plugin_dirs": 5}, "plugin_dirs must be a list of folders (str or PathLike), got int 5"),
+    ({"plugin_dirs": [5]}, "plugin_dirs must hold str or PathLike, got int 5"),
+])
+def test_plugin_dirs_and_allow_untrusted_plugins_are_type_checked(kwargs, says):
+    # On 602f2ee allow_untrusted_plugins="False" loaded untrusted plugins (any truthy value did), a
+    # str plugin_dirs was read letter by letter ("plugin_dirs: u is not a folder") and a Path or an
+    # int gave a bare "object is not iterable".
+    with pytest.raises(TypeError) as caught:
+        ampkit.GradScaler("cpu", **kwargs)
+    assert str(caught.value).startswith(f"ampkit.GradScaler: {says}")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"scaler": "\udcff"}, "scaler"),
+    ({"precision": "\udcff"}, "precision"),
+    ({"stats_recipe": "\udcff"}, "stats_recipe"),
+    ({"opt": {"\udcff": 1}}, "opt key"),
+    ({"opt": {"clipper.max_norm": "\udcff"}}, "opt['clipper.max_norm']"),
+    ({"plugin_dirs": ["\udcff"]}, "plugin_dirs entry"),
+    ({"scaler": "dynamic\0"}, "scaler"),
+    ({"clipper": pathlib.Path("norm\0")}, "clipper"),
+])
+def test_text_the_cpp_side_cannot_take_is_one_value_error_naming_the_argument(kwargs, name):
+    # A lone surrogate gave a multi-line TorchScript signature dump (issue 44's "\udcff"); a NUL cut
+    # the message short ("unknown scaler 'dynamic").
+    with pytest.raises(ValueError) as caught:
+        ampkit.GradScaler("cpu", **kwargs)
+    message = str(caught.value)
+    assert message.startswith(f"ampkit.GradScaler: {name}") and "\n" not in message, message
+
+
+def test_an_empty_precision_is_refused_not_taken_as_fp16():
+    with pytest.raises(ValueError, match="precision '' is not one of"):
+        ampkit.GradScaler("cpu", precision="")
+
+
+def test_a_numpy_float64_is_a_float():
+    np = pytest.importorskip("numpy")
+    scaler = ampkit.GradScaler("cpu", init_scale=np.float64(1024.0), opt={"scaler.growth_factor": np.float64(4.0)})
+    assert scaler.get_scale() == 1024.0 and scaler.get_growth_factor() == 4.0
+
+
+def test_a_state_integer_beyond_64_bits_is_one_value_error():
+    scaler = ampkit.GradScaler("cpu")
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=r"^scaler state 'growth_tracker' holds 10{30}, beyond a 64-bit integer$"):
+        scaler.load_state_dict(dict(before, _growth_tracker=10**30))
     assert scaler.state_dict() == before

@@ -172,3 +172,36 @@ def test_plugin_timeout_defaults_to_ampkit_trains_and_is_checked():
         with pytest.raises(ValueError, match=f"plugin_timeout must be a number of seconds from 1 to 86400, or None for no limit; got {bad}$"):
             ampkit.GradScaler("cpu", plugin_timeout=bad)
     ampkit.GradScaler("cpu", plugin_timeout=None)
+
+
+FORKED = """
+import os, sys, torch
+sys.path.insert(0, {python!r})
+import ampkit
+{before}
+pid = os.fork()
+if pid == 0:  # the child: only the forking thread goes on here, the parent's watchdog does not
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ampkit.GradScaler("cpu", scaler="update_hang", plugin_dirs=[{folder!r}], plugin_timeout=2)
+    for step in range(3):
+        opt.zero_grad()
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    os._exit(0)
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("before", ["", "ampkit.GradScaler('cpu')"], ids=["imported", "scaler_made"])
+def test_a_hang_in_a_forked_child_is_bounded_by_plugin_timeout(before):
+    # On 602f2ee the watchdog thread was the parent's alone: a child of os.fork() (multiprocessing's
+    # default start method on Linux) hung forever in update_hang's update().
+    script = FORKED.format(python=os.path.join(BUILD, "python"), before=before,
+                           folder=os.path.join(BROKEN, "after", "update_hang"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, AMPKIT_PLUGIN_PATH=""))
+    assert run.returncode == 0 and run.stdout == "child 3\n", (run.stdout, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did not return (time limit reached) in update()" in lines[0], run.stderr

@@ -377,3 +377,95 @@ def test_an_empty_test_set_is_refused_up_front_like_an_empty_training_set(lm, tm
     torch.save({"inputs": test["inputs"], "targets": torch.full_like(test["targets"], -100)}, tmp_path / "none.pt")
     one_line_error(train(lm, "--test-data", tmp_path / "none.pt", "--steps", 2, "--batch-size", 8, check=False), 2,
                    "--test-data holds no target to evaluate: every one is -100")
+
+
+class RaisesAtThirdCall(torch.nn.Module):
+    """Raises its own exception from its third training forward on, and in evaluation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = small_lm()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            raise ValueError("no evaluation in this model")
+        self.calls += 1
+        if bool(self.calls > 2):
+            raise RuntimeError("the model gave up at call " + str(int(self.calls)))
+        return self.lm(x)
+
+
+def test_an_exception_the_model_raises_is_named_with_its_own_message(lm, tmp_path):
+    # TorchScript reports a raise in the model as "builtins.RuntimeError: ..." after its traceback;
+    # on 602f2ee the line said only "The following operation failed in the TorchScript interpreter."
+    model = save_model(RaisesAtThirdCall(), tmp_path / "model.pt")
+    run = train(lm, "--model", model, "--steps", 4, "--batch-size", 8, "--data-order", "file", check=False)
+    one_line_error(run, 4, "the model failed on batch 2: RuntimeError: the model gave up at call 3")
+    run = train(lm, "--model", model, "--steps", 2, "--batch-size", 8, "--test-data", lm / "test.pt",
+                check=False)
+    one_line_error(run, 4, "the model failed on --test-data batch 0: ValueError: no evaluation in this model")
+
+
+class Column(torch.nn.Module):  # [N, 4] -> [N, 1]: one column against [N] targets
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_mse_on_shapes_that_only_broadcast_is_one_line_and_exit_4(tmp_path):
+    # On 602f2ee an [N, 1] output against [N] targets trained on the [N, N] broadcast (exit 0, a
+    # C++ warning per step) and test_loss was N times too large.
+    save_model(Column(), tmp_path / "model.pt")
+    torch.save({"inputs": torch.randn(32, 4), "targets": torch.randn(32)}, tmp_path / "data.pt")
+    run = train(tmp_path, "--loss", "mse", "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 4, "--loss mse: the model's output is [8, 1] and the targets are [8]")
+
+
+def test_probability_targets_of_a_sequence_take_the_class_dimension_last(lm, tmp_path):
+    # One-hot probabilities [N, T, 256] must give the losses of the class indices [N, T] they
+    # encode; on 602f2ee torch's cross_entropy took T as the class dimension (a loss of 0.18 for 5.7).
+    common = ["--steps", 3, "--batch-size", 8, "--data-order", "file", "--precision", "fp32"]
+    for name in ("data", "test"):
+        d = torch.load(lm / f"{name}.pt", weights_only=True)
+        torch.save({"inputs": d["inputs"], "targets": torch.nn.functional.one_hot(d["targets"], 256).float()},
+                   tmp_path / f"{name}.pt")
+    train(lm, *common, "--test-data", lm / "test.pt", "--metrics", tmp_path / "i.jsonl", "--summary",
+          tmp_path / "i.json")
+    train(lm, *common, "--data", tmp_path / "data.pt", "--test-data", tmp_path / "test.pt", "--metrics",
+          tmp_path / "p.jsonl", "--summary", tmp_path / "p.json")
+    indices = [r["loss"] for r in metrics(tmp_path / "i.jsonl")]
+    probabilities = [r["loss"] for r in metrics(tmp_path / "p.jsonl")]
+    assert probabilities == pytest.approx(indices, rel=1e-5)
+    test_loss = json.load(open(tmp_path / "i.json"))["test_loss"]
+    assert json.load(open(tmp_path / "p.json"))["test_loss"] == pytest.approx(test_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("positions, says", [
+    (16, "every one is -100, which cross entropy ignores"),
+    (0, "its targets [64, 0] hold no position"),
+])
+def test_training_data_without_a_target_is_refused_up_front_like_test_data(lm, tmp_path, positions, says):
+    # On 602f2ee every step's loss was 0/0: all skipped, exit 0, status completed.
+    data = torch.load(lm / "data.pt", weights_only=True)
+    ignored = torch.full_like(data["targets"], -100)
+    torch.save({"inputs": data["inputs"][:, :positions], "targets": ignored[:, :positions]}, tmp_path / "none.pt")
+    run = train(lm, "--data", tmp_path / "none.pt", "--steps", 2, "--batch-size", 8, "--metrics",
+                tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 2, f"--data holds no target to train on: {says}")
+    assert not os.path.exists(tmp_path / "m.jsonl") or metrics(tmp_path / "m.jsonl") == []
+
+
+def test_eval_batches_that_hold_no_target_are_refused_up_front(lm, tmp_path):
+    # On 602f2ee --eval-batches 1 over a first batch of -100 targets gave test_loss NaN (null), exit 0.
+    test = torch.load(lm / "test.pt", weights_only=True)
+    test["targets"][:8] = -100
+    torch.save(test, tmp_path / "test.pt")
+    run = train(lm, "--test-data", tmp_path / "test.pt", "--eval-batches", 1, "--steps", 2, "--batch-size", 8,
+                "--metrics", tmp_path / "m.jsonl", check=False)
+    one_line_error(run, 2, "--test-data holds no target to evaluate in the 1 batch(es) of --eval-batches")
+    assert not os.path.exists(tmp_path / "m.jsonl") or metrics(tmp_path / "m.jsonl") == []
+    train(lm, "--test-data", tmp_path / "test.pt", "--eval-batches", 2, "--steps", 2, "--batch-size", 8)

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <system_error>
 #include <thread>
 
 #include "ampkit/kinds.h"
@@ -187,6 +188,22 @@ void watch_deadlines() {
   }
 }
 
+// The process whose watchdog runs: a fork() child has none (only the forking thread goes on in
+// it), so a time-limited call in a child starts its own before it arms its deadline.
+std::atomic<pid_t> g_watched_pid{0};
+
+void ensure_watchdog() {
+  const pid_t self = ::getpid();
+  pid_t watched = g_watched_pid.load(std::memory_order_acquire);
+  if (watched == self || !g_watched_pid.compare_exchange_strong(watched, self, std::memory_order_acq_rel))
+    return;
+  try {
+    std::thread(watch_deadlines).detach();
+  } catch (const std::system_error&) {  // no thread to be had: the call goes unwatched, as before
+    g_watched_pid.store(0, std::memory_order_release);
+  }
+}
+
 }  // namespace
 
 void install_plugin_fault_reporter(const char* program, int exit_code, bool time_limits) {
@@ -206,7 +223,7 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   ::sigemptyset(&sa.sa_mask);
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, &g_previous[sig]);
-  if (time_limits) std::thread(watch_deadlines).detach();
+  if (time_limits) ensure_watchdog();
   std::atexit(on_exit_call);
 }
 
@@ -273,6 +290,7 @@ PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seco
   g_call_thread = pthread_self();
   if (timeout_seconds > 0 && g_installed && g_time_limits &&
       g_deadline.load(std::memory_order_relaxed) == 0) {
+    ensure_watchdog();
     g_deadline.store(now_ns() + static_cast<int64_t>(timeout_seconds) * 1000000000LL,
                      std::memory_order_release);
     armed_ = true;

@@ -84,6 +84,7 @@ class TorchScript final : public Workload {
   void read_data() {
     train_ = read_tensor_data(cfg_.data_path, "--data");
     check_target_dtype(train_, cfg_.loss, "--data");
+    check_some_target(train_, "--data", "train on");
     if (train_.size() < slice_.global)
       throw Error(ErrorCategory::usage, "--data holds " + std::to_string(train_.size()) +
                                             " samples, fewer than one batch of --batch-size " +
@@ -96,11 +97,24 @@ class TorchScript final : public Workload {
       throw Error(ErrorCategory::usage,
                   "--test-data holds 0 samples: there is nothing to evaluate (leave "
                   "--test-data out to train without evaluation)");
-    if (cfg_.loss == "cross_entropy" && at::isIntegralType(test_->targets.scalar_type(), false) &&
-        !(test_->targets != kIgnoredClass).any().item<bool>())
-      throw Error(ErrorCategory::usage,
-                  "--test-data holds no target to evaluate: every one is -100, "
-                  "which cross entropy ignores");
+    check_some_target(*test_, "--test-data", "evaluate");
+    const int64_t evaluated = cfg_.eval_batches * cfg_.batch_size;  // the test samples --eval-batches reads
+    if (cfg_.eval_batches > 0 && evaluated < test_->size())
+      check_some_target(
+          {test_->inputs.narrow(0, 0, evaluated), test_->targets.narrow(0, 0, evaluated)}, "--test-data",
+          "evaluate in the " + std::to_string(cfg_.eval_batches) + " batch(es) of --eval-batches");
+  }
+  // Class-index targets of which none counts (every one -100, or no position at all: [N, 0]) give
+  // a loss of 0/0: refused for both files, as an empty file is.
+  void check_some_target(const TensorData& d, const std::string& option, const std::string& use) const {
+    if (cfg_.loss != "cross_entropy" || !at::isIntegralType(d.targets.scalar_type(), false) ||
+        d.size() == 0 || (d.targets != kIgnoredClass).any().item<bool>())
+      return;
+    throw Error(
+        ErrorCategory::usage,
+        option + " holds no target to " + use + ": " +
+            (d.targets.numel() == 0 ? "its targets " + c10::str(d.targets.sizes()) + " hold no position"
+                                    : std::string("every one is -100, which cross entropy ignores")));
   }
   // Class-index targets of every file against the model's classes, known from its first output
   // (the size of its class dimension, last): before the first step, and before any evaluation.
@@ -134,6 +148,13 @@ class TorchScript final : public Workload {
 at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor& y, bool sum) const {
   const at::Tensor out = out_any.to(at::kFloat);
   if (cfg_.loss == "mse") {
+    // Broadcasting an [N, 1] output against [N] targets would compare every output with every
+    // target (torch only warns): the shapes must agree.
+    if (out.sizes() != y.sizes())
+      throw Error(ErrorCategory::data, "--loss mse: the model's output is " + c10::str(out.sizes()) +
+                                           " and the targets are " + c10::str(y.sizes()) +
+                                           "; mse compares them element by element, so their shapes must "
+                                           "be the same");
     F::MSELossFuncOptions mse;  // the mean by default
     if (sum) mse.reduction(torch::kSum);
     return F::mse_loss(out, y.to(at::kFloat), mse);
@@ -142,6 +163,11 @@ at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor
   if (sum) reduction.reduction(torch::kSum);
   if (at::isIntegralType(y.scalar_type(), false) && out.dim() == y.dim() + 1 && out.dim() > 2)
     return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}).to(at::kLong), reduction);
+  // Probabilities of [N, T, C] against [N, T, C]: the class dimension is the last one here too
+  // (torch's cross_entropy would take dimension 1, T, as the classes).
+  if (at::isFloatingType(y.scalar_type()) && out.dim() > 2 && out.sizes() == y.sizes())
+    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1, y.size(-1)}).to(at::kFloat),
+                            reduction);
   return F::cross_entropy(
       out, at::isIntegralType(y.scalar_type(), false) ? y.to(at::kLong) : y.to(at::kFloat), reduction);
 }
@@ -197,8 +223,10 @@ std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
     }
     const at::Tensor out = forward_output(x, where).to(at::kFloat);
     loss_sum += model_call(where, [&] { return outputs_loss(out, y, true).item<double>(); });
-    if (!classes) {
-      count += cfg_.loss == "mse" ? static_cast<double>(out.numel()) : static_cast<double>(len);
+    if (!classes) {  // mse: every element; probabilities: every position ([N, C]: sample, [N, T, C]: token)
+      count += cfg_.loss == "mse" ? static_cast<double>(out.numel())
+               : out.dim() > 2    ? static_cast<double>(out.numel() / std::max<int64_t>(out.size(-1), 1))
+                                  : static_cast<double>(len);
       continue;
     }
     const at::Tensor counted = y != kIgnoredClass;  // ignored targets count in neither mean

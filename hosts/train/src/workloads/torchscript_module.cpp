@@ -15,10 +15,14 @@ namespace ampkit::train {
 std::string model_message(const std::exception& e) {
   const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
   const std::string text = torch_error != nullptr ? torch_error->what_without_backtrace() : e.what();
+  // The model's own exception is the last line of TorchScript's report, module-qualified where the
+  // model raised it itself ("builtins.ValueError: ..."): that qualifier is dropped.
+  const std::regex exception_line("^(?:[A-Za-z_][A-Za-z0-9_]*\\.)*([A-Za-z0-9_]*Error: .*)$");
   std::string last;
   std::istringstream lines(text);
+  std::smatch m;
   for (std::string line; std::getline(lines, line);)
-    if (std::regex_search(line, std::regex("^[A-Za-z]*Error: "))) last = line;
+    if (std::regex_match(line, m, exception_line)) last = m[1].str();
   if (!last.empty()) return last;
   const std::string first = text.substr(0, text.find('\n'));
   return first.empty() ? "(no message)" : first;
