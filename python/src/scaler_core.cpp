@@ -45,7 +45,7 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
                        c10::Dict<std::string, std::string> options, std::string precision,
                        std::vector<std::string> plugin_dirs, bool allow_untrusted, bool cuda, int64_t rank,
                        int64_t world_size, std::string stats_recipe, int64_t plugin_timeout) {
-  guarded([&] {
+  locked([&] {
     recipe_ = parse_stats_recipe(stats_recipe);
     const unsigned timeout = checked_timeout(plugin_timeout);
     std::map<std::string, StrategyChoice> choices;
@@ -88,12 +88,12 @@ ScalerCore::ScalerCore(c10::Dict<std::string, std::string> plugins,
 }
 
 double ScalerCore::scale() const {
-  return guarded([&] { return step_->scale(); });
+  return locked([&] { return step_->scale(); });
 }
 
 std::tuple<std::string, std::string> ScalerCore::bind(int64_t slot, std::vector<at::Tensor> parameters,
                                                       std::vector<std::string> names) {
-  return guarded([&] {
+  return locked([&] {
     if (names.size() != parameters.size())
       throw Error(ErrorCategory::internal, "bind: parameters and names differ in count");
     auto table = std::make_shared<GradientTable>(std::move(parameters), std::move(names), recipe_);
@@ -104,7 +104,7 @@ std::tuple<std::string, std::string> ScalerCore::bind(int64_t slot, std::vector<
 }
 
 void ScalerCore::reduce_across(int64_t slot, const std::string& group_name, bool sharded) {
-  guarded([&] {
+  locked([&] {
     table(slot).set_reduction(
         group_name.empty()
             ? nullptr
@@ -113,7 +113,7 @@ void ScalerCore::reduce_across(int64_t slot, const std::string& group_name, bool
 }
 
 void ScalerCore::set_gradients(int64_t slot, std::vector<std::optional<at::Tensor>> gradients) {
-  guarded([&] {
+  locked([&] {
     if (gradients.size() != table(slot).parameters().size())
       throw Error(ErrorCategory::internal, "set_gradients: gradients and bound parameters differ in count");
     given_gradients_[slot] = std::move(gradients);
@@ -154,7 +154,7 @@ void ScalerCore::settle() {
 }
 
 std::string ScalerCore::prepare_deferred(int64_t slot) {
-  return guarded([&] {
+  return locked([&] {
     if (deferred_ && deferred_slot_ == slot) return std::string();
     settle();
     GradientTable& t = table(slot);
@@ -170,7 +170,7 @@ std::string ScalerCore::prepare_deferred(int64_t slot) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int64_t slot,
                                                                             std::optional<at::Tensor> loss,
                                                                             bool capturing) {
-  return guarded([&] {
+  return locked([&] {
     if (!deferred_ || deferred_slot_ != slot)
       throw Error(ErrorCategory::internal, "unscale_deferred before prepare_deferred for this optimizer");
     GradientTable& t = table(slot);
@@ -189,11 +189,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int6
 }
 
 at::Tensor ScalerCore::device_scale() const {
-  return guarded([&] { return deferred_ ? deferred_->scale() : at::Tensor(); });
+  return locked([&] { return deferred_ ? deferred_->scale() : at::Tensor(); });
 }
 
 int64_t ScalerCore::deliver(bool wait) {
-  return guarded([&] {
+  return locked([&] {
     if (wait)
       for (const auto& retired : retired_graph_steps_)
         if (retired->unread_rows() > 0)
@@ -210,7 +210,7 @@ int64_t ScalerCore::deliver(bool wait) {
 }
 
 std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std::optional<at::Tensor> loss) {
-  return guarded([&] {
+  return locked([&] {
     settle();  // a synchronous step after deferred ones: their records first
     const auto found = tables_.find(slot);
     if (found == tables_.end())
@@ -248,7 +248,7 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
 }
 
 double ScalerCore::update() {
-  return guarded([&] {
+  return locked([&] {
     const StepOutcome merged = step_->finish_iteration();
     if (merged.decision.action == NanAction::abort) throw TrainingAborted(merged.decision.reason);
     return merged.scale_next;
@@ -256,7 +256,7 @@ double ScalerCore::update() {
 }
 
 void ScalerCore::set_scale(double scale) {
-  guarded([&] {
+  locked([&] {
     settle();
     if (!(scale > 0.0) || !std::isfinite(scale))
       throw Error(ErrorCategory::usage,
@@ -270,7 +270,7 @@ void ScalerCore::set_scale(double scale) {
 }
 
 std::string ScalerCore::option(const std::string& kind, const std::string& name) const {
-  return guarded([&] {
+  return locked([&] {
     check_step_kind(kind);
     for (const auto& s : set_->selected(kind).options.settings)
       if (s.name == name) return s.value;
@@ -279,7 +279,7 @@ std::string ScalerCore::option(const std::string& kind, const std::string& name)
 }
 
 void ScalerCore::set_option(const std::string& kind, const std::string& name, const std::string& value) {
-  guarded([&] {
+  locked([&] {
     check_step_kind(kind);
     settle();
     OptionInputs inputs;
@@ -297,7 +297,7 @@ void ScalerCore::set_option(const std::string& kind, const std::string& name, co
 }
 
 std::vector<std::vector<std::string>> ScalerCore::settings(const std::string& kind) const {
-  return guarded([&] {
+  return locked([&] {
     check_step_kind(kind);
     std::vector<std::vector<std::string>> rows;
     for (const auto& s : set_->selected(kind).options.settings) rows.push_back({s.name, s.value, s.source});
@@ -306,7 +306,7 @@ std::vector<std::vector<std::string>> ScalerCore::settings(const std::string& ki
 }
 
 std::vector<std::string> ScalerCore::plugin(const std::string& kind) const {
-  return guarded([&] {
+  return locked([&] {
     check_step_kind(kind);
     const PluginInfo& info = set_->selected(kind).plugin->info();
     return std::vector<std::string>{info.name, info.version,
@@ -320,7 +320,7 @@ Strategy& ScalerCore::strategy(const std::string& kind) const {
 }
 
 c10::Dict<std::string, c10::IValue> ScalerCore::state(const std::string& kind) const {
-  return guarded([&] {
+  return locked([&] {
     c10::Dict<std::string, c10::IValue> out = any_dict();
     State s;
     {
@@ -333,7 +333,7 @@ c10::Dict<std::string, c10::IValue> ScalerCore::state(const std::string& kind) c
 }
 
 void ScalerCore::load_state(const std::string& kind, c10::Dict<std::string, c10::IValue> state) {
-  guarded([&] {
+  locked([&] {
     settle();
     State s;
     for (const auto& entry : state) {
@@ -353,7 +353,7 @@ void ScalerCore::load_state(const std::string& kind, c10::Dict<std::string, c10:
 }
 
 c10::Dict<std::string, c10::IValue> ScalerCore::record() const {
-  return guarded([&] {
+  return locked([&] {
     const StepOutcome& o = step_->last_outcome();
     StepRecord record = step_record(o, 0, step_->counters().skipped(), 0.0, 0.0);
     const std::vector<std::string> no_names;

@@ -7,9 +7,11 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ampkit/amp_step.h"
@@ -17,6 +19,7 @@
 #include "ampkit/gradient_table.h"
 #include "ampkit/registry.h"
 #include "ampkit/strategy_set.h"
+#include "errors.h"
 
 namespace ampkit::python {
 
@@ -104,6 +107,14 @@ class ScalerCore : public torch::CustomClassHolder {
   int64_t steps_in_iteration() const { return static_cast<int64_t>(step_->iteration_size()); }
 
  private:
+  // A method's body: one call at a time on this scaler (a GradScaler shared by threads would race
+  // on the engine's state: its methods run with the GIL released), then guarded()'s translation.
+  template <class F>
+  auto locked(F&& body) const -> decltype(body()) {
+    const std::lock_guard<std::recursive_mutex> hold(mutex_);
+    return guarded(std::forward<F>(body));
+  }
+  mutable std::recursive_mutex mutex_;
   Strategy& strategy(const std::string& kind) const;
   RunInfo run_info(const GradientTable& table) const;
   GradientTable& table(int64_t slot);
