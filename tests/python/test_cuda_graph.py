@@ -18,6 +18,7 @@ import torch
 
 import ampkit
 import ampkit._deferred as deferred_module
+from test_deferred_step import run_until_abort
 
 OVERFLOWS = {7, 8, 40, 41, 42, 120, 200, 201, 260}
 NAN_LOSS = {90, 150}
@@ -94,30 +95,10 @@ def test_captured_steps_equal_the_synchronous_steps_and_wait_for_a_read(capture_
 
 
 def test_an_abort_in_a_graph_raises_at_the_next_read_and_nothing_after_it_is_applied(capture_flag):
-    def run(flag):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-        scaler = ampkit.GradScaler("cpu", nan_policy="abort", sync="deferred")
-        for i in range(10):
-            opt.zero_grad()
-            capture_flag["on"] = flag and i >= 1
-            loss = model(torch.ones(3, 4)).sum() * (float("nan") if i == 4 else 1.0)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            try:
-                scaler.update()
-            except ampkit.TrainingAborted as e:
-                return i, str(e), [p.detach().clone() for p in model.parameters()]
-            finally:
-                capture_flag["on"] = False
-        try:
-            scaler.get_scale()
-        except ampkit.TrainingAborted as e:
-            return 10, str(e), [p.detach().clone() for p in model.parameters()]
-        return None
+    def captured(i: int, on: bool) -> None:
+        capture_flag["on"] = on and i >= 1
 
-    eager, graph = run(False), run(True)
+    eager, graph = run_until_abort("deferred"), run_until_abort("deferred", captured)
     assert eager is not None and graph is not None
     assert graph[0] == 10 and "non-finite loss" in graph[1] and graph[1] == eager[1]  # at the read
     assert all(torch.equal(a, b) for a, b in zip(graph[2], eager[2]))  # the device stopped stepping

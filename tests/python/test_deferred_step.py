@@ -4,7 +4,7 @@ records equal the synchronous step's, bit for bit, over 300 steps with planted o
 non-finite loss and the backoff policy's extra backoff; the scale sequence is torch.amp.GradScaler's."""
 
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 import torch
@@ -101,27 +101,37 @@ def test_a_strategy_without_a_device_form_keeps_the_step_synchronous_and_says_so
     assert run["host_sync"] == ("step", "sync='deferred': scaler 'predictive' has no device form")
 
 
-def test_an_abort_reaches_python_and_no_step_after_it_is_applied():
-    def run(sync):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-        scaler = ampkit.GradScaler("cpu", nan_policy="abort", sync=sync)
-        for i in range(10):
-            opt.zero_grad()
-            loss = model(torch.ones(3, 4)).sum() * (float("nan") if i == 4 else 1.0)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            try:
-                scaler.update()
-            except ampkit.TrainingAborted as e:
-                return i, str(e), [p.detach().clone() for p in model.parameters()]
+def run_until_abort(sync: str, captured: Optional[Callable[[int, bool], None]] = None):
+    """10 steps with a NaN loss at step 4 under nan_policy='abort': (the step whose update() raised,
+    or 10 for the read after the loop, the message, the parameters), or None. ``captured(i, on)``
+    marks step i as captured in a CUDA graph and back (test_cuda_graph's CPU stand-in)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    scaler = ampkit.GradScaler("cpu", nan_policy="abort", sync=sync)
+    for i in range(10):
+        opt.zero_grad()
+        if captured:
+            captured(i, True)
+        loss = model(torch.ones(3, 4)).sum() * (float("nan") if i == 4 else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
         try:
-            scaler.get_scale()  # a record still on its way is delivered here at the latest
+            scaler.update()
         except ampkit.TrainingAborted as e:
-            return 10, str(e), [p.detach().clone() for p in model.parameters()]
-        return None
+            return i, str(e), [p.detach().clone() for p in model.parameters()]
+        finally:
+            if captured:
+                captured(i, False)
+    try:
+        scaler.get_scale()  # a record still on its way is delivered here at the latest
+    except ampkit.TrainingAborted as e:
+        return 10, str(e), [p.detach().clone() for p in model.parameters()]
+    return None
 
+
+def test_an_abort_reaches_python_and_no_step_after_it_is_applied():
+    run = run_until_abort
     sync, deferred = run("step"), run("deferred")
     assert sync[0] == 4 and "non-finite loss" in sync[1]
     assert deferred is not None and deferred[0] in (4, 5) and deferred[1] == sync[1]
