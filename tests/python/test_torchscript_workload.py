@@ -425,6 +425,22 @@ def test_mse_on_shapes_that_only_broadcast_is_one_line_and_exit_4(tmp_path):
     one_line_error(run, 4, "--loss mse: the model's output is [8, 1] and the targets are [8]")
 
 
+def test_a_test_loss_that_is_not_finite_is_one_warning_line(tmp_path):
+    # On 602f2ee a NaN target in --test-data ended exit 0 with test_loss null in the summary and no word.
+    save_model(Column(), tmp_path / "model.pt")
+    torch.save({"inputs": torch.randn(32, 4), "targets": torch.randn(32, 1)}, tmp_path / "data.pt")
+    targets = torch.randn(16, 1)
+    targets[3, 0] = float("nan")
+    torch.save({"inputs": torch.randn(16, 4), "targets": targets}, tmp_path / "test.pt")
+    run = train(tmp_path, "--loss", "mse", "--steps", 2, "--batch-size", 8, "--test-data", tmp_path / "test.pt",
+                "--summary", tmp_path / "summary.json")
+    said = [line for line in run.stderr.splitlines() if "test_loss" in line]
+    assert said == ["ampkit-train: warning: test_loss is NaN: the evaluation's loss is not finite (non-finite "
+                    "inputs or targets in the test data, or a model whose output is not finite)"]
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["test_loss"] is None and any(w.startswith("test_loss is NaN") for w in summary["warnings"])
+
+
 def test_probability_targets_of_a_sequence_take_the_class_dimension_last(lm, tmp_path):
     # One-hot probabilities [N, T, 256] must give the losses of the class indices [N, T] they
     # encode; on 602f2ee torch's cross_entropy took T as the class dimension (a loss of 0.18 for 5.7).

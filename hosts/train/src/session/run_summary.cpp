@@ -85,8 +85,16 @@ RunSummary Session::summary(double train_seconds) const {
   const auto& losses = state_.recent_losses;
   s.final_loss = losses.empty() ? std::numeric_limits<double>::quiet_NaN()
                                 : std::accumulate(losses.begin(), losses.end(), 0.0) / losses.size();
+  std::string eval_warning;
   if (is_root_ && abort_reason_.empty() && stop == 0) {  // a preempted run has no time to evaluate
     if (auto eval = workload_->evaluate(cfg_.eval_batches)) {
+      if (!std::isfinite(eval->loss)) {  // a null in the summary would say nothing: one warning line
+        eval_warning =
+            std::string("test_loss is ") + (std::isnan(eval->loss) ? "NaN" : "infinite") +
+            ": the evaluation's loss is not finite (non-finite inputs or targets in the test data, "
+            "or a model whose output is not finite)";
+        std::fprintf(stderr, "ampkit-train: warning: %s\n", eval_warning.c_str());
+      }
       s.test_loss = eval->loss;
       s.test_accuracy = eval->accuracy;
       s.test_perplexity = eval->perplexity;
@@ -101,6 +109,7 @@ RunSummary Session::summary(double train_seconds) const {
   order_nan_reports(s.nan_reports);
   s.located_by = first_fault_located_by(s.nan_reports);
   s.warnings = warnings_;
+  if (!eval_warning.empty()) s.warnings.push_back(eval_warning);
   s.stats_recipe = to_string(t.stats_recipe());
   s.host_sync = host_sync_;
   s.host_sync_reason = host_sync_reason_;
