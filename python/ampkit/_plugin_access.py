@@ -3,6 +3,7 @@ over them."""
 
 from __future__ import annotations
 
+import numbers
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 
@@ -19,15 +20,16 @@ __all__ = ["PluginAccess", "option_text"]
 _TORCH_OPTIONS = ("growth_factor", "backoff_factor", "growth_interval")
 
 
-def option_text(value: Any) -> str:
-    """The --opt text of a Python value (bool before int: True is an int)."""
+def option_text(value: Any, name: str = "") -> str:
+    """The --opt text of a Python value (bool before int: True is an int); ``name`` says whose."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(float(value))  # numpy's float64 is a float whose repr is "np.float64(...)"
     if isinstance(value, (int, str)):
         return str(int(value)) if isinstance(value, int) else str(value)
-    raise ValueError(f"option value {value!r} must be a bool, int, float or str")
+    whose = f"option {name}: " if name else "option "
+    raise ValueError(f"{whose}value {value!r} ({type(value).__name__}) must be a bool, int, float or str")
 
 
 def _check_saved_plugins(saved: Any) -> None:
@@ -89,6 +91,10 @@ class PluginAccess:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
+        for name in ("scale", "_growth_tracker", *_TORCH_OPTIONS):  # torch's entries: numbers
+            value = state_dict.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"state_dict[{name!r}] must be a number, got {type(value).__name__} {value!r}")
         _check_saved_plugins(state_dict.get("ampkit", {}))
         # A refused load loads nothing: the options it had set and the states it had loaded go back.
         before = self._snapshot()
@@ -166,11 +172,13 @@ class PluginAccess:
             raise ValueError(f"option '{key}' is not of the form KIND.OPTION (e.g. clipper.max_norm)")
         if not self._enabled:
             return
-        cpp(self._core.set_option)(kind, name, option_text(value))
+        cpp(self._core.set_option)(kind, name, option_text(value, str(key)))
         self._deferred.forget()
 
     def plugin_options(self, kind: str) -> List[tuple]:
         """The effective options of the ``kind`` plugin: (name, value, source) rows."""
+        if not isinstance(kind, str):
+            raise TypeError(f"plugin_options: kind must be a str ({', '.join(STEP_KINDS)}), got {type(kind).__name__}")
         if not self._enabled:
             return []
         return [tuple(r) for r in cpp(self._core.settings)(kind)]
@@ -206,7 +214,7 @@ class PluginAccess:
             return
         if not self._has_scaler_option(name):
             raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
-        cpp(self._core.set_option)("scaler", name, option_text(value))
+        cpp(self._core.set_option)("scaler", name, option_text(value, name))
         self._deferred.forget()
 
     def __getstate__(self) -> Dict[str, Any]:

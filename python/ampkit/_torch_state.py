@@ -4,11 +4,12 @@ torch, backed by the scaler plugin's state."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 import torch
 
-from ._errors import cpp
+from ._errors import PluginError, cpp
 
 __all__ = ["TorchPrivateState"]
 
@@ -112,6 +113,21 @@ class TorchPrivateState:
     @_growth_interval.setter
     def _growth_interval(self, value: int) -> None:
         self.set_growth_interval(value)
+
+    def _set_scale_to(self, value: float) -> None:
+        """update(new_scale)'s scale, the scaler's counters kept (torch's rule); a value the scaler
+        plugin refuses is one ValueError naming new_scale, in either sync mode."""
+        if not math.isfinite(value) or value <= 0.0:
+            raise ValueError(f"ampkit.GradScaler: new_scale must be a finite number > 0, got {value!r}")
+        try:
+            if self._deferred.finish_iteration():  # counted on delivery: set the scale only
+                self._deferred.drain()
+                self._load_plugin_state("scaler", dict(self._plugin_state("scaler"), scale=value))
+            else:
+                cpp(self._core.set_scale)(value)
+        except (PluginError, ValueError) as e:
+            raise ValueError(f"ampkit.GradScaler: new_scale {value!r} refused: {e}") from None
+        self._deferred.forget()
 
     def _core_scale(self) -> float:
         return float(cpp(self._core.scale)())

@@ -39,7 +39,7 @@ _TORCH_DEFAULTS = {name: p.default for name, p in inspect.signature(torch.amp.Gr
 
 def _scaler_options(torch_args: Mapping[str, Any]) -> Dict[str, str]:
     """The scaler plugin's options that torch's arguments set: those given other than their default."""
-    return {"scaler." + k: option_text(v) for k, v in torch_args.items() if v != _TORCH_DEFAULTS[k]}
+    return {"scaler." + k: option_text(v, k) for k, v in torch_args.items() if v != _TORCH_DEFAULTS[k]}
 
 
 class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.GradScaler):
@@ -142,7 +142,10 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             # Each kind's plugin is the keyword argument of the kind's name (scaler=, clipper=, ...).
             "plugins": {kind: str(arguments[kind]) for kind in STEP_KINDS},
             # opt= wins over torch's arguments.
-            "opt": {**_scaler_options(torch_args), **{str(k): option_text(v) for k, v in (opt or {}).items()}},
+            "opt": {
+                **_scaler_options(torch_args),
+                **{str(k): option_text(v, f"opt[{k!r}]") for k, v in (opt or {}).items()},
+            },
             "precision": "fp16" if precision is None else precision,  # "" is refused, not fp16
             "plugin_dirs": _library.plugin_folders(plugin_dirs),
             "allow_untrusted": bool(allow_untrusted_plugins),
@@ -336,12 +339,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
                     assert new_scale.numel() == 1, reason
                     assert new_scale.requires_grad is False, reason
                     value = float(new_scale.item())
-                if self._deferred.finish_iteration():  # counted on delivery: set the scale only
-                    self._deferred.drain()
-                    self._load_plugin_state("scaler", dict(self._plugin_state("scaler"), scale=value))
-                else:
-                    cpp(self._core.set_scale)(value)
-                self._deferred.forget()
+                self._set_scale_to(value)
             elif not self._deferred.finish_iteration(graph):
                 recorded = [s for s in self._per_optimizer_states.values() if s["step"] is not None]
                 if len(recorded) == 0:

@@ -97,7 +97,7 @@ def test_a_refused_load_leaves_the_options_it_had_already_set(change, bad):
     # load nothing (on 602f2ee a growth_factor of 4.0 stayed after a refused load).
     scaler = ampkit.GradScaler("cpu", init_scale=8.0)
     before = scaler.state_dict()
-    with pytest.raises((ValueError, ampkit.PluginError)):
+    with pytest.raises((ValueError, TypeError, ampkit.PluginError)):  # a str scale: TypeError, up front
         scaler.load_state_dict(dict(before, **change, **bad))
     assert scaler.state_dict() == before
     defaults = {"growth_factor": "2", "backoff_factor": "0.5", "growth_interval": "2000"}
@@ -116,7 +116,7 @@ def test_a_refused_load_keeps_the_growth_tracker():
         scaler.update()
     before = scaler.state_dict()
     assert before["_growth_tracker"] == 5
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):  # refused before anything is set
         scaler.load_state_dict(dict(before, growth_interval=1000, scale="abc"))
     assert scaler.state_dict() == before
     assert scaler.get_growth_interval() == 100
@@ -176,3 +176,44 @@ def test_a_state_integer_beyond_64_bits_is_one_value_error():
     with pytest.raises(ValueError, match=r"^scaler state 'growth_tracker' holds 10{30}, beyond a 64-bit integer$"):
         scaler.load_state_dict(dict(before, _growth_tracker=10**30))
     assert scaler.state_dict() == before
+
+
+@pytest.mark.parametrize("sync", ["step", "deferred"])
+@pytest.mark.parametrize("value, says", [
+    (0.5, "new_scale 0.5 refused: scaler 'dynamic'"),  # below the scaler's min_scale
+    (1e39, "new_scale 1e+39 refused: scaler 'dynamic'"),  # beyond float32
+    (float("nan"), "new_scale must be a finite number > 0, got nan"),
+    (torch.tensor(float("inf")), "new_scale must be a finite number > 0, got inf"),
+])
+def test_a_new_scale_the_scaler_refuses_is_one_value_error_naming_new_scale_in_both_modes(sync, value, says):
+    # Before: PluginError "failed in load()" (and a ValueError for nan in one mode only).
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    scaler = ampkit.GradScaler("cpu", sync=sync)
+    scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+    scaler.step(opt)
+    with pytest.raises(ValueError) as caught:
+        scaler.update(value)
+    assert type(caught.value) is ValueError and f"ampkit.GradScaler: {says}" in str(caught.value)
+    assert scaler.get_scale() == 65536.0  # nothing set
+
+
+@pytest.mark.parametrize("call, error, says", [
+    (lambda s: s.load_state_dict(dict(s.state_dict(), growth_factor=None)), TypeError,
+     "state_dict['growth_factor'] must be a number, got NoneType None"),
+    (lambda s: s.load_state_dict(dict(s.state_dict(), scale=torch.ones(2))), TypeError,
+     "state_dict['scale'] must be a number, got Tensor"),
+    (lambda s: s.plugin_options(5), TypeError, "plugin_options: kind must be a str (scaler, clipper, nan_policy)"),
+    (lambda s: s.set_plugin_option("clipper.max_norm", [1.0]), ValueError,
+     "option clipper.max_norm: value [1.0] (list) must be a bool, int, float or str"),
+    (lambda s: ampkit.GradScaler("cpu", opt={"clipper.max_norm": {"a": 1}}), ValueError,
+     "option opt['clipper.max_norm']: value {'a': 1} (dict) must be"),
+    (lambda s: ampkit.plugins(plugin_dirs="/usr/lib"), TypeError, "plugin_dirs must be a list of folders, got str"),
+])
+def test_more_bad_arguments_are_one_exception_naming_them(call, error, says):
+    scaler = ampkit.GradScaler("cpu")
+    growth = scaler.get_growth_factor()
+    with pytest.raises(error) as caught:
+        call(scaler)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+    assert scaler.get_growth_factor() == growth  # a refused load loads nothing
