@@ -441,6 +441,38 @@ def test_a_test_loss_that_is_not_finite_is_one_warning_line(tmp_path):
     assert summary["test_loss"] is None and any(w.startswith("test_loss is NaN") for w in summary["warnings"])
 
 
+class ComplexLogits(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = small_lm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(x).to(torch.complex64)
+
+
+class SparseEmbedding(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, 16, sparse=True)
+        self.head = torch.nn.Linear(16, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+@pytest.mark.parametrize("module, says", [
+    # On 602f2ee: a LibTorch warning, then training on the real part, exit 0.
+    (ComplexLogits, "the model's forward returned a ComplexFloat tensor on batch 0: the losses take real numbers"),
+    # On 602f2ee: exit 1, "LibTorch error: unsupported memory format option Contiguous".
+    (SparseEmbedding, "parameter 'embed.weight' has a sparse gradient (an nn.Embedding or EmbeddingBag with "
+                      "sparse=True)"),
+])
+def test_an_output_or_gradient_the_step_cannot_take_is_one_line_and_exit_4(lm, tmp_path, module, says):
+    model = save_model(module(), tmp_path / "model.pt")
+    run = train(lm, "--model", model, "--steps", 2, "--batch-size", 8, check=False)
+    one_line_error(run, 4, says)
+
+
 def test_probability_targets_of_a_sequence_take_the_class_dimension_last(lm, tmp_path):
     # One-hot probabilities [N, T, 256] must give the losses of the class indices [N, T] they
     # encode; on 602f2ee torch's cross_entropy took T as the class dimension (a loss of 0.18 for 5.7).

@@ -200,6 +200,12 @@ at::Tensor Trainer::rank_row() {
 void Trainer::average_across_ranks() {
   CommBackend& comm = *strategies_.comm;
   const std::vector<at::Tensor>& grads = table_->read_gradients();
+  for (size_t i = 0; i < grads.size(); ++i)  // a layout check each: no pass over the gradients
+    if (grads[i].defined() && grads[i].is_sparse())
+      throw Error(ErrorCategory::data,
+                  "parameter '" + table_->names()[i] +
+                      "' has a sparse gradient (an nn.Embedding or EmbeddingBag with sparse=True): the "
+                      "optimizers here take dense gradients (make the module with sparse=False)");
   if (!reducer_) {
     std::vector<at::Tensor> defined;
     for (const auto& g : grads)

@@ -179,6 +179,7 @@ at::Tensor TorchScript::forward_output(const at::Tensor& x, const std::string& w
     throw Error(
         ErrorCategory::data,
         "--loss " + cfg_.loss + ": the module's forward(inputs) must return a tensor, got " + out.tagKind());
+  check_real(out.toTensor(), where);
   check_classes(out.toTensor());
   return out.toTensor();
 }
@@ -191,6 +192,7 @@ at::Tensor TorchScript::batch_loss(const at::Tensor& x, const at::Tensor& y, con
                   "--loss returned: the module's forward(inputs, targets) must return the "
                   "loss as a one-element tensor, got " +
                       r.tagKind());
+    check_real(r.toTensor(), where);
     check_gradient(r.toTensor(), where);
     return model_call(where, [&] { return r.toTensor().reshape({}).to(at::kFloat); });
   }

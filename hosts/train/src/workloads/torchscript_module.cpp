@@ -62,6 +62,14 @@ bool looks_traced(const torch::jit::Module& module) {
   return false;
 }
 
+void check_real(const at::Tensor& output, const std::string& where) {
+  if (!at::isComplexType(output.scalar_type())) return;
+  throw Error(ErrorCategory::data,
+              "the model's forward returned a " + std::string(c10::toString(output.scalar_type())) +
+                  " tensor on " + where +
+                  ": the losses take real numbers (return .real, .abs() or a real tensor)");
+}
+
 void check_gradient(const at::Tensor& output, const std::string& where) {
   if (!at::GradMode::is_enabled() || output.requires_grad()) return;
   const std::string dtype = c10::toString(output.scalar_type());

@@ -63,6 +63,9 @@ std::string model_message(const std::exception& e);
 // gradient to the parameters (an integer dtype, a detached tensor); nothing outside grad mode. It
 // replaces autograd's "element 0 of tensors does not require grad" from the engine's backward.
 void check_gradient(const at::Tensor& output, const std::string& where);
+// Throws Error(data) where the model's output (or returned loss) is complex: a cast to a real
+// dtype would drop the imaginary part with a LibTorch warning and train on the rest.
+void check_real(const at::Tensor& output, const std::string& where);
 
 // Anything `fn` (the model's forward, or the loss of its outputs) throws besides our own errors is
 // the model's failure: one line with its own message.
