@@ -199,20 +199,44 @@ BOOST_AUTO_TEST_CASE(a_strategy_without_a_device_form_is_named) {
 // The deferred step (deferred_step.h) against the synchronous one on CPU tensors, for both recipes
 // that have it: the same decisions, clip coefficients and scales, step for step; the records reach
 // the host forms at most one step late and all of them once drained; no host read is counted.
+namespace {
+
+// The synchronous AmpStep and a deferred step's host forms (`host`) over the same strategies
+// (dynamic scaling, norm clipping, the backoff policy), each with its own weight of `size`
+// elements and its gradient table.
+struct SyncAndDeferred {
+  std::unique_ptr<StrategySet> sync_set, deferred_set;
+  AmpStep sync, host;
+  at::Tensor w, v;
+  GradientTable sync_table, table;
+  SyncAndDeferred(Plugins& plugins, int64_t size, DeviceStatsRecipe recipe)
+      : sync_set(plugins.strategies(choices())),
+        deferred_set(plugins.strategies(choices())),
+        sync({&sync_set->scaler(), &sync_set->clipper(), &sync_set->nan_policy()}),
+        host({&deferred_set->scaler(), &deferred_set->clipper(), &deferred_set->nan_policy()}),
+        w(at::zeros({size}).set_requires_grad(true)),
+        v(at::zeros({size}).set_requires_grad(true)),
+        sync_table({w}, {"w"}, recipe),
+        table({v}, {"v"}, recipe) {
+    sync.start(RunInfo{});
+    host.start(RunInfo{});
+  }
+  static std::map<std::string, StrategyChoice> choices() {
+    return {{"scaler", Plugins::choice("dynamic", {{"init_scale", "1048576"}, {"growth_interval", "3"}})},
+            {"clipper", Plugins::choice("norm", {{"max_norm", "20"}})},
+            {"nan_policy", Plugins::choice("backoff", {{"max_consecutive", "0"}})}};
+  }
+};
+
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(the_deferred_step_delivers_what_the_synchronous_step_decides) {
   Plugins plugins;
   for (const auto recipe : {DeviceStatsRecipe::fused_scan, DeviceStatsRecipe::chunk_kernel}) {
-    const std::map<std::string, StrategyChoice> choices = {
-        {"scaler", Plugins::choice("dynamic", {{"init_scale", "1048576"}, {"growth_interval", "3"}})},
-        {"clipper", Plugins::choice("norm", {{"max_norm", "20"}})},
-        {"nan_policy", Plugins::choice("backoff", {{"max_consecutive", "0"}})}};
-    auto sync_set = plugins.strategies(choices), deferred_set = plugins.strategies(choices);
-    AmpStep sync({&sync_set->scaler(), &sync_set->clipper(), &sync_set->nan_policy()});
-    AmpStep host({&deferred_set->scaler(), &deferred_set->clipper(), &deferred_set->nan_policy()});
-    at::Tensor w = at::zeros({70000}).set_requires_grad(true), v = at::zeros({70000}).set_requires_grad(true);
-    GradientTable sync_table({w}, {"w"}, recipe), table({v}, {"v"}, recipe);
-    sync.start(RunInfo{});
-    host.start(RunInfo{});
+    SyncAndDeferred both(plugins, 70000, recipe);
+    AmpStep &sync = both.sync, &host = both.host;
+    at::Tensor &w = both.w, &v = both.v;
+    GradientTable &sync_table = both.sync_table, &table = both.table;
     std::string kind, why;
     auto deferred = DeferredStep::make(host, table, kind, why);
     BOOST_REQUIRE_MESSAGE(deferred, why);
@@ -260,18 +284,10 @@ BOOST_AUTO_TEST_CASE(the_deferred_step_delivers_what_the_synchronous_step_decide
 // synchronous step's. More steps than rows between two reads: refused, now and from then on.
 BOOST_AUTO_TEST_CASE(captured_steps_wait_in_the_ring_until_the_host_reads_them) {
   Plugins plugins;
-  const std::map<std::string, StrategyChoice> choices = {
-      {"scaler", Plugins::choice("dynamic", {{"init_scale", "1048576"}, {"growth_interval", "3"}})},
-      {"clipper", Plugins::choice("norm", {{"max_norm", "20"}})},
-      {"nan_policy", Plugins::choice("backoff", {{"max_consecutive", "0"}})}};
-  auto sync_set = plugins.strategies(choices), deferred_set = plugins.strategies(choices);
-  AmpStep sync({&sync_set->scaler(), &sync_set->clipper(), &sync_set->nan_policy()});
-  AmpStep host({&deferred_set->scaler(), &deferred_set->clipper(), &deferred_set->nan_policy()});
-  at::Tensor w = at::zeros({5000}).set_requires_grad(true), v = at::zeros({5000}).set_requires_grad(true);
-  GradientTable sync_table({w}, {"w"}, DeviceStatsRecipe::chunk_kernel),
-      table({v}, {"v"}, DeviceStatsRecipe::chunk_kernel);
-  sync.start(RunInfo{});
-  host.start(RunInfo{});
+  SyncAndDeferred both(plugins, 5000, DeviceStatsRecipe::chunk_kernel);
+  AmpStep &sync = both.sync, &host = both.host;
+  at::Tensor &w = both.w, &v = both.v;
+  GradientTable &sync_table = both.sync_table, &table = both.table;
   std::string kind, why;
   auto deferred = DeferredStep::make(host, table, kind, why);
   BOOST_REQUIRE_MESSAGE(deferred, why);
