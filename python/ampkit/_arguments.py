@@ -9,7 +9,7 @@ import torch
 
 from ._facts import STEP_KINDS
 
-__all__ = ["check_arguments"]
+__all__ = ["check_arguments", "check_plugin_dirs"]
 
 
 def _process_group_types() -> tuple:
@@ -18,7 +18,7 @@ def _process_group_types() -> tuple:
     return (type(None),)
 
 
-def _check_text(name: str, value: Any, nul: bool = True) -> None:
+def _check_text(name: str, value: Any, nul: bool = True, who: str = "ampkit.GradScaler") -> None:
     """Text the C++ side takes: UTF-8 (no lone surrogate such as "\\udcff", which torch would
     answer with a TorchScript signature dump) without NUL (which would cut it short there)."""
     if isinstance(value, os.PathLike):
@@ -28,24 +28,24 @@ def _check_text(name: str, value: Any, nul: bool = True) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"ampkit.GradScaler: {name} {value!r} is not valid text (a lone surrogate)") from None
+        raise ValueError(f"{who}: {name} {value!r} is not valid text (a lone surrogate)") from None
     if nul and "\0" in value:
-        raise ValueError(f"ampkit.GradScaler: {name} {value!r} holds a NUL character")
+        raise ValueError(f"{who}: {name} {value!r} holds a NUL character")
 
 
-def _check_plugin_dirs(dirs: Any) -> None:
-    """plugin_dirs: a list of folders, not one folder (a str would be taken letter by letter)."""
+def check_plugin_dirs(dirs: Any, who: str = "ampkit.GradScaler") -> None:
+    """plugin_dirs (of ``who``): a list of folders, not one folder (a str would be taken letter by
+    letter)."""
     if dirs is None:
         return
     if isinstance(dirs, (str, bytes, os.PathLike)) or not isinstance(dirs, Iterable):
         raise TypeError(
-            f"ampkit.GradScaler: plugin_dirs must be a list of folders (str or PathLike), "
-            f"got {type(dirs).__name__} {dirs!r}"
+            f"{who}: plugin_dirs must be a list of folders (str or PathLike), got {type(dirs).__name__} {dirs!r}"
         )
     for d in dirs:
         if not isinstance(d, (str, os.PathLike)):
-            raise TypeError(f"ampkit.GradScaler: plugin_dirs must hold str or PathLike, got {type(d).__name__} {d!r}")
-        _check_text("plugin_dirs entry", d)
+            raise TypeError(f"{who}: plugin_dirs must hold str or PathLike, got {type(d).__name__} {d!r}")
+        _check_text("plugin_dirs entry", d, who=who)
 
 
 def check_arguments(arguments: Mapping[str, Any]) -> None:
@@ -70,7 +70,7 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
         if not isinstance(value, expected[name]) or (name == "plugin_timeout" and isinstance(value, bool)):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])
             raise TypeError(f"ampkit.GradScaler: {name} must be {names}, got {type(value).__name__} {value!r}")
-    _check_plugin_dirs(arguments.get("plugin_dirs"))
+    check_plugin_dirs(arguments.get("plugin_dirs"))
     for name, value in given.items():
         _check_text(name, value)
     for key, value in (given.get("opt") or {}).items():

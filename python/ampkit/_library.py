@@ -23,8 +23,6 @@ def _load() -> None:
 
 def plugin_folders(dirs) -> list:
     """``plugin_dirs`` as paths, each checked to be a folder: ValueError naming the argument."""
-    if isinstance(dirs, (str, bytes, os.PathLike)):  # one folder would be read letter by letter
-        raise TypeError(f"plugin_dirs must be a list of folders, got {type(dirs).__name__} {dirs!r}")
     out = [os.fspath(d) for d in (dirs or [])]
     for d in out:
         if not os.path.isdir(d):

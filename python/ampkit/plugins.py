@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from . import _library
+from ._arguments import check_plugin_dirs
 from ._errors import cpp
 
 __all__ = ["OptionInfo", "PluginInfo", "plugins"]
@@ -50,6 +51,7 @@ def plugins(
 ) -> List[PluginInfo]:
     """Every plugin ampkit finds: ``plugin_dirs``, then ``AMPKIT_PLUGIN_PATH``, then the built-in
     ones. Read from the files without running plugin code, as ``ampkit-plugins list``."""
+    check_plugin_dirs(plugin_dirs, "ampkit.plugins")
     dirs = tuple(_library.plugin_folders(plugin_dirs)) + (_library.builtin_plugin_dir(),)
     rows = cpp(torch.ops.ampkit.list_plugins)(list(dirs), allow_untrusted_plugins)
     return [

@@ -162,6 +162,7 @@ std::string ScalerCore::prepare_deferred(int64_t slot) {
     std::string kind, why;
     deferred_ = DeferredStep::make(*step_, t, kind, why);
     if (!deferred_) return kind.empty() ? why : kind + " '" + plugin(kind).at(0) + "' " + why;
+    deferred_->allow_graphs();  // torch.cuda.graph may capture a GradScaler's step
     deferred_slot_ = slot;
     return std::string();
   });

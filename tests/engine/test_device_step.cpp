@@ -291,10 +291,11 @@ BOOST_AUTO_TEST_CASE(captured_steps_wait_in_the_ring_until_the_host_reads_them) 
   std::string kind, why;
   auto deferred = DeferredStep::make(host, table, kind, why);
   BOOST_REQUIRE_MESSAGE(deferred, why);
-  deferred->set_ring_rows(8);
   const at::Tensor loss = at::full({1}, 2.0, at::kFloat);
   v.mutable_grad() = at::ones({5000});
   table.read_gradients();
+  BOOST_CHECK_THROW(deferred->after_backward(table, loss, /*capturing=*/true), Error);  // not allowed
+  deferred->allow_graphs(8);
   BOOST_CHECK_THROW(deferred->after_backward(table, loss, /*capturing=*/true), Error);  // no warm-up
   const std::vector<Planted> steps = schedule(11);
   int delivered = 0;

@@ -208,7 +208,7 @@ def test_a_new_scale_the_scaler_refuses_is_one_value_error_naming_new_scale_in_b
      "option clipper.max_norm: value [1.0] (list) must be a bool, int, float or str"),
     (lambda s: ampkit.GradScaler("cpu", opt={"clipper.max_norm": {"a": 1}}), ValueError,
      "option opt['clipper.max_norm']: value {'a': 1} (dict) must be"),
-    (lambda s: ampkit.plugins(plugin_dirs="/usr/lib"), TypeError, "plugin_dirs must be a list of folders, got str"),
+    (lambda s: ampkit.plugins(plugin_dirs="/usr/lib"), TypeError, "ampkit.plugins: plugin_dirs must be a list of folders (str or PathLike), got str"),
 ])
 def test_more_bad_arguments_are_one_exception_naming_them(call, error, says):
     scaler = ampkit.GradScaler("cpu")

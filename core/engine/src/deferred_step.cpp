@@ -82,14 +82,16 @@ void DeferredStep::set_fused(bool on) {
   fused_ = on;
 }
 
-void DeferredStep::set_ring_rows(int64_t rows) {
-  if (begun_) throw Error(ErrorCategory::internal, "DeferredStep::set_ring_rows after the first step");
-  if (rows < 1) throw Error(ErrorCategory::internal, "DeferredStep::set_ring_rows: at least one row");
-  ring_rows_ = rows;
+void DeferredStep::allow_graphs(int64_t ring_rows) {
+  if (begun_) throw Error(ErrorCategory::internal, "DeferredStep::allow_graphs after the first step");
+  if (ring_rows < 1) throw Error(ErrorCategory::internal, "DeferredStep::allow_graphs: at least one row");
+  ring_rows_ = ring_rows;
 }
 
 DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::Tensor& loss, bool capturing) {
   if (!broken_.empty()) throw Error(ErrorCategory::usage, broken_);
+  if (capturing && ring_rows_ == 0)
+    throw Error(ErrorCategory::internal, "a deferred step captured in a CUDA graph without allow_graphs()");
   if (capturing && !begun_)
     throw Error(ErrorCategory::usage,
                 "a CUDA graph captures the deferred step only after it has run once uncaptured (warm up "
@@ -132,7 +134,7 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   } else {
     out = step_operators(t, loss_value, record);
   }
-  if (!ring_.defined()) {  // outside any graph (the first step is never captured): its memory stays ours
+  if (ring_rows_ > 0 && !ring_.defined()) {  // outside any graph (the first step is never captured)
     ring_ = at::empty({ring_rows_, AMPKIT_RECORD_GROUP_ELEMENTS + 1}, record.options());
     ring_written_ = at::zeros({}, record.options().dtype(at::kLong));
   }
@@ -279,8 +281,7 @@ void DeferredStep::deliver_ring(std::vector<StepOutcome>& delivered) {
 }
 
 // The record given to the host forms (AmpStep::deliver), whose decisions must be the device's.
-StepOutcome DeferredStep::deliver_one(Pending& p) {
-  if (p.ready) p.ready->synchronize();
+StepOutcome DeferredStep::deliver_one(Pending& p) {  // deliver_into has waited for its copy
   const double* v = p.host.data_ptr<double>();
   StepOutcome out;
   StepStats& st = out.stats;

@@ -83,10 +83,11 @@ class DeferredStep {
   bool in_graph() const { return in_graph_; }
   // Ring rows written since the last read (one host read): a graph replayed since.
   int64_t unread_rows() const;
-  // Rows of the ring: how many steps may run between two reads once a step was captured. Before
-  // the first step only.
+  // Lets a CUDA graph capture this step (before the first step only): the first step allocates the
+  // ring, `ring_rows` records (how many steps may run between two reads once a step was captured).
+  // Without it (the Trainer, which captures nothing) there is no ring and a capture is refused.
   static constexpr int64_t kDefaultRingRows = 16384;
-  void set_ring_rows(int64_t rows);
+  void allow_graphs(int64_t ring_rows = kDefaultRingRows);
 
  private:
   struct Pending;
@@ -106,8 +107,8 @@ class DeferredStep {
   bool tensor_norms_ = false;
   std::deque<std::unique_ptr<Pending>> pending_;
   // The ring (CUDA graphs): [rows, AMPKIT_RECORD_GROUP_ELEMENTS + 1] float64 and the count of rows
-  // written (int64, 0-dim), on the device, allocated by the first step.
-  int64_t ring_rows_ = kDefaultRingRows;
+  // written (int64, 0-dim), on the device, allocated by the first step after allow_graphs().
+  int64_t ring_rows_ = 0;  // 0: no graphs (allow_graphs)
   at::Tensor ring_;
   at::Tensor ring_written_;
   int64_t ring_read_ = 0;
