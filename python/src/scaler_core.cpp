@@ -13,7 +13,6 @@
 #include "ampkit/host_reads.h"
 #include "ampkit/metrics.h"
 #include "ampkit/outcome_record.h"
-#include "ampkit/plugin_call.h"
 #include "ampkit/plugin_options.h"
 #include "errors.h"
 #include "facts.h"
@@ -323,11 +322,7 @@ Strategy& ScalerCore::strategy(const std::string& kind) const {
 c10::Dict<std::string, c10::IValue> ScalerCore::state(const std::string& kind) const {
   return locked([&] {
     c10::Dict<std::string, c10::IValue> out = any_dict();
-    State s;
-    {
-      PluginCall call(kind.c_str(), "save()");
-      s = strategy(kind).save();
-    }
+    const State s = strategy(kind).save();  // a guarded strategy: a plugin call (plugin_call.h)
     for (const auto& [key, value] : s.values()) out.insert(key, to_ivalue(value));
     return out;
   });
@@ -342,8 +337,7 @@ void ScalerCore::load_state(const std::string& kind, c10::Dict<std::string, c10:
       std::visit([&](const auto& x) { s.set(entry.key(), x); }, v);
     }
     try {
-      PluginCall call(kind.c_str(), "load()");
-      strategy(kind).load(s);
+      strategy(kind).load(s);  // a guarded strategy: a plugin call
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {

@@ -31,9 +31,8 @@ std::string thrown_by_guarded(F&& body) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(an_int_thrown_in_a_plugin_call_is_a_plugin_error_naming_the_plugin_and_the_call) {
-  name_plugin("scaler", "scaler 'thrower' 0.1.0 (/x/libampkit-scaler-thrower.so)");
   const std::string what = thrown_by_guarded([] {
-    PluginCall call("scaler", "update()");
+    PluginCall call(plugin_id("scaler 'thrower' 0.1.0 (/x/libampkit-scaler-thrower.so)"), "update()");
     throw 42;
   });
   const std::string expected =
@@ -48,11 +47,11 @@ BOOST_AUTO_TEST_CASE(an_int_thrown_outside_plugin_calls_is_an_internal_error_say
   // A plugin call that returned normally, and one an exception left in an earlier guarded call:
   // neither is this throw's source.
   (void)thrown_by_guarded([] {
-    PluginCall call("scaler", "update()");
+    PluginCall call(plugin_id("scaler 'thrower' 0.1.0 (/x/libampkit-scaler-thrower.so)"), "update()");
     throw 1;
   });
   const std::string what = thrown_by_guarded([] {
-    { PluginCall call("scaler", "scale()"); }
+    { PluginCall call(plugin_id("scaler 'thrower' 0.1.0 (/x/libampkit-scaler-thrower.so)"), "scale()"); }
     throw 42;
   });
   const std::string expected =

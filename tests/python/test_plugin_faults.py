@@ -47,6 +47,35 @@ def test_a_plugin_crash_ends_python_with_one_line_naming_it(reconfigure):
     assert "crashed (SIGSEGV" in lines[0] and "in update()" in lines[0]
 
 
+TWO_SCALERS = """
+import sys, torch
+sys.path.insert(0, {python!r})
+import ampkit
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+faulty = ampkit.GradScaler("cpu", scaler="update_segv", plugin_dirs=[{faults!r}])
+later = ampkit.GradScaler("cpu")  # scaler 'dynamic', made after the faulty one
+for step in range(2):
+    opt.zero_grad()
+    faulty.scale(model(torch.ones(2, 4)).sum()).backward()
+    faulty.step(opt)
+    faulty.update()
+"""
+
+
+def test_a_crash_is_reported_as_its_own_plugins_when_another_scaler_was_made_later():
+    # Until 2026-11-28 the reporter kept one name per kind, the last one made: this line said
+    # "scaler 'dynamic' ... crashed ... in update()", blaming the healthy plugin.
+    script = TWO_SCALERS.format(python=os.path.join(BUILD, "python"), faults=os.path.join(BROKEN, "faults"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, AMPKIT_PLUGIN_PATH=""))
+    assert run.returncode == 3
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("ampkit: error: scaler 'update_segv'"), lines[0]
+    assert "crashed (SIGSEGV" in lines[0] and "in update()" in lines[0]
+
+
 def test_a_crash_outside_plugins_still_reaches_pythons_faulthandler():
     script = ("import sys, faulthandler, ctypes; sys.path.insert(0, %r); import ampkit; faulthandler.enable(); "
               "ctypes.string_at(0)" % os.path.join(BUILD, "python"))

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <cerrno>
 #include <chrono>
@@ -36,7 +37,7 @@ struct Ended {
 };
 
 // Runs `body` in a forked child with crash signals at their default action (Boost.Test's
-// handlers are not inherited), no plugin named by earlier tests in this program, and stderr
+// handlers are not inherited), no plugin numbered by earlier tests in this program, and stderr
 // captured; the child exits 0 if `body` returns.
 Ended run_in_child(const std::function<void()>& body) {
   int fds[2];
@@ -48,7 +49,7 @@ Ended run_in_child(const std::function<void()>& body) {
     ::close(fds[0]);
     ::dup2(fds[1], STDERR_FILENO);
     for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::signal(sig, SIG_DFL);
-    for (const auto& kind : kKinds) name_plugin(kind.name, "");
+    forget_plugin_ids();
     body();
     ::_exit(0);
   }
@@ -85,7 +86,7 @@ struct LoadedScaler {
     defaults.read_environment = false;
     const ResolvedOptions options = resolve_options(plugin.descriptor(), defaults);
     if (!create_in_call) return;
-    PluginCall call("scaler", "its constructor");
+    PluginCall call(plugin_id("scaler '" + name + "' 0.1.0 (" + file + ")"), "its constructor");
     strategy = plugin.create(options.values);
   }
 };
@@ -177,6 +178,136 @@ BOOST_AUTO_TEST_CASE(a_crash_outside_plugin_code_goes_to_the_previous_handler) {
 BOOST_AUTO_TEST_CASE(without_the_reporter_a_plugins_exit_is_libcs) {
   const Ended e = run_in_child([] { LoadedScaler scaler("faults/os_exit", "create_os_exit"); });
   BOOST_TEST(e.code == 0);
+  BOOST_TEST(e.stderr_text == "");
+}
+
+// Two plugins of one kind (two GradScalers with different scalers): each call is reported as its
+// own plugin's. Until 2026-11-28 the reporter kept one name per kind, the last one made: a crash
+// in update_segv's update() was reported as the later scaler 'dynamic''s.
+BOOST_AUTO_TEST_CASE(two_plugins_of_one_kind_are_each_reported_by_their_own_name) {
+  const Ended e = run_in_child([] {
+    install_plugin_fault_reporter("test-host", kPluginExit);
+    const int first = plugin_id("scaler 'first' 0.1.0 (/x/first.so)");
+    (void)plugin_id("scaler 'second' 0.1.0 (/x/second.so)");
+    PluginCall call(first, "update()");
+    *g_nowhere = 1;
+  });
+  BOOST_TEST(e.code == kPluginExit);
+  BOOST_TEST(
+      e.stderr_text ==
+      "test-host: error: scaler 'first' 0.1.0 (/x/first.so) crashed (SIGSEGV, invalid memory access) in "
+      "update(); the run stops\n");
+}
+
+namespace {
+
+// Waits until `flag` holds `value` (another thread's step), 10 s at most.
+void wait_for(const std::atomic<int>& flag, int value) {
+  for (int i = 0; i < 10000 && flag.load() != value; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+}  // namespace
+
+// Thread 1 enters a call, thread 2 enters one, thread 1 leaves: thread 2 is still in its call.
+// Until 2026-11-28 thread 1's leaving restored "no call" for the whole process, so thread 2's
+// crash went unreported (the default action: killed by SIGSEGV, no line).
+BOOST_AUTO_TEST_CASE(a_call_on_one_thread_is_not_ended_by_another_threads_call_ending) {
+  const Ended e = run_in_child([] {
+    install_plugin_fault_reporter("test-host", kPluginExit);
+    std::atomic<int> stage{0};
+    std::thread first([&] {
+      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()");
+      stage = 1;
+      wait_for(stage, 2);
+    });
+    wait_for(stage, 1);
+    PluginCall call(plugin_id("clipper 'second' 0.1.0 (/x/second.so)"), "clip()");
+    stage = 2;
+    first.join();
+    *g_nowhere = 1;
+  });
+  BOOST_TEST(e.code == kPluginExit);
+  BOOST_TEST(
+      e.stderr_text ==
+      "test-host: error: clipper 'second' 0.1.0 (/x/second.so) crashed (SIGSEGV, invalid memory access) in "
+      "clip(); the run stops\n");
+}
+
+// The same interleaving, both calls over: no call is active. Until 2026-11-28 the second call's
+// end restored the first's record, so a later _exit(7) of the host's own was reported as the
+// first plugin's ("called _exit() in update()", exit 3).
+BOOST_AUTO_TEST_CASE(interleaved_calls_on_two_threads_leave_no_call_behind) {
+  const Ended e = run_in_child([] {
+    install_plugin_fault_reporter("test-host", kPluginExit);
+    std::atomic<int> stage{0};
+    std::thread first([&] {
+      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()");
+      stage = 1;
+      wait_for(stage, 2);
+    });
+    wait_for(stage, 1);
+    {
+      PluginCall call(plugin_id("clipper 'second' 0.1.0 (/x/second.so)"), "clip()");
+      stage = 2;
+      first.join();
+    }
+    ::_exit(report_plugin_exit(7));
+  });
+  BOOST_TEST(e.code == 7);
+  BOOST_TEST(e.stderr_text == "");
+}
+
+// A call with a 1 s limit that hangs while another thread's call holds a 60 s limit: reported at
+// its own limit. Until 2026-11-28 only one limit was armed at a time, so the second call went
+// unwatched (here: it returned after 20 s, exit 0).
+BOOST_AUTO_TEST_CASE(a_time_limit_is_watched_while_another_threads_call_has_one) {
+  const auto start = std::chrono::steady_clock::now();
+  const Ended e = run_in_child([] {
+    install_plugin_fault_reporter("test-host", kPluginExit);
+    std::atomic<int> stage{0};
+    std::thread first([&] {
+      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()", 60);
+      stage = 1;
+      std::this_thread::sleep_for(std::chrono::seconds(20));
+    });
+    wait_for(stage, 1);
+    {
+      PluginCall call(plugin_id("nan_policy 'second' 0.1.0 (/x/second.so)"), "decide()", 1);
+      std::this_thread::sleep_for(std::chrono::seconds(20));
+    }
+    first.join();
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  BOOST_TEST(e.code == kPluginExit);
+  BOOST_TEST(e.stderr_text ==
+             "test-host: error: nan_policy 'second' 0.1.0 (/x/second.so) did not return (time "
+             "limit reached) in decide(); the run stops\n");
+  BOOST_TEST(seconds < 10.0);
+}
+
+// A fork() child has only the forking thread: another thread's call in the parent is not running
+// there, so the child's own _exit(7) is its own.
+BOOST_AUTO_TEST_CASE(a_fork_child_keeps_only_the_forking_threads_calls) {
+  const Ended e = run_in_child([] {
+    install_plugin_fault_reporter("test-host", kPluginExit);
+    std::atomic<int> stage{0};
+    std::thread first([&] {
+      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()");
+      stage = 1;
+      wait_for(stage, 2);
+    });
+    wait_for(stage, 1);
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(report_plugin_exit(7));
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    stage = 2;
+    first.join();
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 99);
+  });
+  BOOST_TEST(e.code == 7);
   BOOST_TEST(e.stderr_text == "");
 }
 

@@ -17,18 +17,19 @@ namespace ampkit {
 
 namespace {
 
-// What each wrapper shares: the wrapped strategy, its kind, its name and its time limit.
+// What each wrapper shares: the wrapped strategy, its name (and number, plugin_id()) and its time
+// limit.
 struct Guard {
   std::unique_ptr<Strategy> inner;
-  const char* kind;
   std::string description;
+  int plugin;
   unsigned timeout;
   bool convert_exceptions;
 
   // Runs `body` (a call named `call`, a string literal) as a plugin call.
   template <class F>
   auto run(const char* call, F&& body) const -> decltype(body()) {
-    PluginCall active(kind, call, timeout);
+    PluginCall active(plugin, call, timeout);
     if (!convert_exceptions) return body();
     try {
       return body();
@@ -165,7 +166,7 @@ std::unique_ptr<Strategy> guard_strategy(const std::string& kind, std::unique_pt
   const KindInfo* info = find_kind(kind);
   if (info == nullptr) throw Error(ErrorCategory::internal, "guard_strategy: unknown kind " + kind);
   const bool comm = kind == "comm";
-  Guard g{std::move(inner), info->name, description, comm ? 0U : timeout_seconds, !comm};
+  Guard g{std::move(inner), description, plugin_id(description), comm ? 0U : timeout_seconds, !comm};
   if (kind == "scaler") return std::make_unique<GuardedScaler>(std::move(g));
   if (kind == "clipper") return std::make_unique<GuardedClipper>(std::move(g));
   if (kind == "nan_policy") return std::make_unique<GuardedPolicy>(std::move(g));

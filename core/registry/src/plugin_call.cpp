@@ -14,10 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <system_error>
 #include <thread>
 
-#include "ampkit/kinds.h"
 #include "plugin_image.h"
 #include "registry_internal.h"
 
@@ -26,7 +26,12 @@ namespace ampkit {
 namespace {
 
 constexpr size_t kNameLength = 480;
-char g_names[kKindCount][kNameLength];  // per kind, what reports call the plugin
+constexpr int kMaxNames = 256;
+// plugin_id()'s descriptions: entries below g_name_count are written once and kept (until
+// forget_plugin_ids()), so a handler reads them without a lock.
+char g_names[kMaxNames][kNameLength];
+std::atomic<int> g_name_count{0};
+std::mutex g_names_mutex;  // plugin_id()'s writers
 char g_program[64] = "ampkit";
 int g_exit_code = 3;
 bool g_installed = false;
@@ -34,14 +39,24 @@ bool g_time_limits = true;
 // The handlers in place before ours (SIG_DFL in a program; Python's faulthandler, say, in an
 // interpreter): outside plugin code a fatal signal goes to them as if we were not here.
 struct sigaction g_previous[NSIG];
-// The deadline of the active time-limited call (steady clock, ns; 0: none), watched by a thread.
-std::atomic<int64_t> g_deadline{0};
-volatile sig_atomic_t g_kind = -1;  // index into kKinds of the plugin being called, -1: none
-const char* volatile g_call = nullptr;
-pthread_t g_call_thread{};  // the thread that made the call: a fault on another is not the call's
+
+// One active plugin call. The thread that claims a free record (state 0 -> 1) fills it in and
+// publishes it (2); the handlers and the watchdog read only published records. Every field is an
+// atomic, and `call` a string literal, so a reader racing a record's release reads valid values.
+struct ActiveCall {
+  std::atomic<int> state{0};  // 0 free, 1 being filled in, 2 active
+  std::atomic<pthread_t> thread{};
+  std::atomic<int> plugin{-1};  // plugin_id()
+  std::atomic<const char*> call{nullptr};
+  std::atomic<unsigned> depth{0};    // nesting on its thread: the deepest is the one running
+  std::atomic<int64_t> deadline{0};  // steady clock, ns; 0: no time limit
+};
+constexpr int kMaxCalls = 64;
+ActiveCall g_calls[kMaxCalls];
+thread_local unsigned t_depth = 0;
 volatile sig_atomic_t g_run_in_progress = 0;  // set_run_in_progress()
 // The plugin call the latest exception on this thread unwound (unwound_plugin_call()).
-thread_local int t_unwound_kind = -1;
+thread_local int t_unwound_plugin = -1;
 thread_local const char* t_unwound_call = nullptr;
 
 int64_t now_ns() {
@@ -50,26 +65,24 @@ int64_t now_ns() {
       .count();
 }
 
-int kind_index(const char* kind) {
-  for (size_t i = 0; i < kKindCount; ++i)
-    if (std::strcmp(kKinds[i].name, kind) == 0) return static_cast<int>(i);
-  return -1;
-}
-
 void put(const char* s) {
   (void)!::write(STDERR_FILENO, s, std::strlen(s));
 }
 
+const char* plugin_name(int plugin) {
+  return plugin >= 0 && plugin < g_name_count.load(std::memory_order_acquire) ? g_names[plugin] : "a plugin";
+}
+
 // "<program>: error: <plugin> <what> in <call>; the run stops\n", from async-signal-safe calls.
-void report(const char* what) {
-  const int kind = g_kind;
+void report(const ActiveCall& active, const char* what) {
+  const char* call = active.call.load(std::memory_order_relaxed);
   put(g_program);
   put(": error: ");
-  put(g_names[kind][0] != '\0' ? g_names[kind] : kKinds[kind].name);
+  put(plugin_name(active.plugin.load(std::memory_order_relaxed)));
   put(" ");
   put(what);
   put(" in ");
-  put(g_call != nullptr ? g_call : "a call");
+  put(call != nullptr ? call : "a call");
   put("; the run stops\n");
 }
 
@@ -98,18 +111,55 @@ void report_outside(const char* what) {
   put(": error: ");
   put(what);
   put(" outside any plugin call (in a plugin's own thread, or in ampkit itself); plugins loaded: ");
-  bool first = true;
-  for (size_t i = 0; i < kKindCount; ++i) {
-    if (g_names[i][0] == '\0') continue;
-    if (!first) put(", ");
+  const int count = g_name_count.load(std::memory_order_acquire);
+  for (int i = 0; i < count; ++i) {
+    if (i > 0) put(", ");
     put(g_names[i]);
-    first = false;
   }
+  if (count == 0) put("none");
   put("; the run stops\n");
 }
 
-bool in_call_on_this_thread() {
-  return g_kind >= 0 && pthread_equal(pthread_self(), g_call_thread);
+// The call running on this thread (the deepest of its active records), or null. Async-signal-safe.
+const ActiveCall* this_threads_call() {
+  const pthread_t self = pthread_self();
+  const ActiveCall* found = nullptr;
+  for (const ActiveCall& c : g_calls) {
+    if (c.state.load(std::memory_order_acquire) != 2 ||
+        !pthread_equal(c.thread.load(std::memory_order_relaxed), self))
+      continue;
+    if (found == nullptr ||
+        c.depth.load(std::memory_order_relaxed) > found->depth.load(std::memory_order_relaxed))
+      found = &c;
+  }
+  return found;
+}
+
+// Any thread's active call, or null. Async-signal-safe.
+const ActiveCall* any_call() {
+  for (const ActiveCall& c : g_calls)
+    if (c.state.load(std::memory_order_acquire) == 2) return &c;
+  return nullptr;
+}
+
+// In a fork() child only the forking thread goes on: the other threads' calls are not running there.
+void keep_only_this_threads_calls() {
+  const pthread_t self = pthread_self();
+  for (ActiveCall& c : g_calls)
+    if (c.state.load(std::memory_order_relaxed) != 0 &&
+        !pthread_equal(c.thread.load(std::memory_order_relaxed), self))
+      c.state.store(0, std::memory_order_relaxed);
+}
+
+// A free record, claimed (state 1), or -1 when all are taken: that call goes unrecorded.
+int claim_record() {
+  for (int i = 0; i < kMaxCalls; ++i) {
+    int expected = 0;
+    if (g_calls[i].state.load(std::memory_order_relaxed) == 0 &&
+        g_calls[i].state.compare_exchange_strong(expected, 1, std::memory_order_acquire))
+      return i;
+  }
+  return -1;
 }
 
 // Where the thread was when the kernel raised the signal (a fault, not a kill()): 0 if unknown.
@@ -129,17 +179,17 @@ uintptr_t faulting_pc(const siginfo_t* info, const void* context) {
 // Outside a plugin call a fault is still the plugins' when a plugin's own code faulted (its own
 // thread), or, while a host's run is in progress, whatever faulted.
 extern "C" void on_fatal_signal(int sig, siginfo_t* info, void* context) {
-  const bool in_call = in_call_on_this_thread();
-  if (!in_call && (g_run_in_progress || detail::is_plugin_code(faulting_pc(info, context)))) {
+  const ActiveCall* in_call = this_threads_call();
+  if (in_call == nullptr && (g_run_in_progress || detail::is_plugin_code(faulting_pc(info, context)))) {
     report_outside(signal_text(sig));
     end_process(g_exit_code);
   }
-  if (!in_call) {  // not in plugin code: behave as if we were not here
+  if (in_call == nullptr) {  // not in plugin code: behave as if we were not here
     ::sigaction(sig, &g_previous[sig], nullptr);
     ::raise(sig);
     return;
   }
-  report(signal_text(sig));
+  report(*in_call, signal_text(sig));
   end_process(g_exit_code);
 }
 
@@ -148,8 +198,8 @@ extern "C" void on_fatal_signal(int sig, siginfo_t* info, void* context) {
 // plugins' doing (their own thread), whether or not a host said its run is in progress. Without
 // the reporter installed they are libc's.
 [[noreturn]] void end_for_plugin(const char* in_call, const char* outside) {
-  if (in_call_on_this_thread())
-    report(in_call);
+  if (const ActiveCall* active = this_threads_call())
+    report(*active, in_call);
   else
     report_outside(outside);
   end_process(g_exit_code);
@@ -175,15 +225,19 @@ extern "C" void on_exit_call() {
 }
 
 // A thread, not SIGALRM: a plugin that blocks or handles SIGALRM cannot defeat it, and every time
-// limited call is watched, not only the first. It wakes ten times a second; a call that has not
-// returned by its deadline is reported and the process ends.
+// limited call is watched, on every thread, nested or not. It wakes ten times a second; a call
+// that has not returned by its deadline is reported and the process ends.
 void watch_deadlines() {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const int64_t deadline = g_deadline.load(std::memory_order_acquire);
-    if (deadline != 0 && now_ns() > deadline && g_kind >= 0) {
-      report("did not return (time limit reached)");
-      end_process(g_exit_code);
+    const int64_t now = now_ns();
+    for (const ActiveCall& c : g_calls) {
+      if (c.state.load(std::memory_order_acquire) != 2) continue;
+      const int64_t deadline = c.deadline.load(std::memory_order_relaxed);
+      if (deadline != 0 && now > deadline) {
+        report(c, "did not return (time limit reached)");
+        end_process(g_exit_code);
+      }
     }
   }
 }
@@ -229,19 +283,21 @@ void install_plugin_fault_reporter(const char* program, int exit_code, bool time
 
 void report_exit_call() noexcept {
   if (!g_installed) return;
-  const bool in_call = in_call_on_this_thread();
-  if (!in_call && g_run_in_progress) {
+  const ActiveCall* in_call = this_threads_call();
+  if (in_call == nullptr && g_run_in_progress) {
     report_outside("exit() was called");
     end_process(g_exit_code);
   }
-  if (!in_call) return;
-  report("called exit()");
+  if (in_call == nullptr) return;
+  report(*in_call, "called exit()");
   end_process(g_exit_code);
 }
 
 int report_plugin_exit(int status) noexcept {
-  if (g_kind < 0 || !g_installed) return status;
-  report("called _exit()");
+  const ActiveCall* active = this_threads_call();
+  if (active == nullptr) active = any_call();
+  if (active == nullptr || !g_installed) return status;
+  report(*active, "called _exit()");
   return g_exit_code;
 }
 
@@ -253,20 +309,36 @@ void set_run_in_progress(bool in_progress) noexcept {
   g_run_in_progress = in_progress ? 1 : 0;
 }
 
-void name_plugin(const std::string& kind, const std::string& description) {
-  const int i = kind_index(kind.c_str());
-  if (i >= 0) std::snprintf(g_names[i], kNameLength, "%s", description.c_str());
+int plugin_id(const std::string& description) {
+  const std::string kept = description.substr(0, kNameLength - 1);
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  const int count = g_name_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i)
+    if (kept == g_names[i]) return i;
+  if (count < kMaxNames - 1) {
+    std::snprintf(g_names[count], kNameLength, "%s", kept.c_str());
+    g_name_count.store(count + 1, std::memory_order_release);
+    return count;
+  }
+  if (count == kMaxNames - 1) {
+    std::snprintf(g_names[count], kNameLength, "a plugin (more than %d were named)", kMaxNames - 1);
+    g_name_count.store(kMaxNames, std::memory_order_release);
+  }
+  return kMaxNames - 1;
+}
+
+void forget_plugin_ids() noexcept {
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  g_name_count.store(0, std::memory_order_release);
 }
 
 UnwoundPluginCall unwound_plugin_call() {
-  if (t_unwound_kind < 0) return {};
-  const int kind = t_unwound_kind;
-  return {g_names[kind][0] != '\0' ? g_names[kind] : kKinds[kind].name,
-          t_unwound_call != nullptr ? t_unwound_call : "a call"};
+  if (t_unwound_plugin < 0) return {};
+  return {plugin_name(t_unwound_plugin), t_unwound_call != nullptr ? t_unwound_call : "a call"};
 }
 
 void forget_unwound_plugin_call() noexcept {
-  t_unwound_kind = -1;
+  t_unwound_plugin = -1;
   t_unwound_call = nullptr;
 }
 
@@ -283,28 +355,37 @@ void guard_loaded_plugin(void* handle) {
 
 }  // namespace detail
 
-PluginCall::PluginCall(const char* kind, const char* call, unsigned timeout_seconds) noexcept
-    : previous_kind_(g_kind), previous_call_(g_call), uncaught_(std::uncaught_exceptions()) {
-  g_kind = kind_index(kind);
-  g_call = call;
-  g_call_thread = pthread_self();
-  if (timeout_seconds > 0 && g_installed && g_time_limits &&
-      g_deadline.load(std::memory_order_relaxed) == 0) {
+PluginCall::PluginCall(int plugin, const char* call, unsigned timeout_seconds) noexcept
+    : record_(-1), uncaught_(std::uncaught_exceptions()) {
+  if (plugin < 0) return;
+  static const bool forks_handled = ::pthread_atfork(nullptr, nullptr, keep_only_this_threads_calls) == 0;
+  (void)forks_handled;
+  record_ = claim_record();
+  if (record_ < 0) return;
+  ActiveCall& c = g_calls[record_];
+  c.thread.store(pthread_self(), std::memory_order_relaxed);
+  c.plugin.store(plugin, std::memory_order_relaxed);
+  c.call.store(call, std::memory_order_relaxed);
+  c.depth.store(++t_depth, std::memory_order_relaxed);
+  int64_t deadline = 0;
+  if (timeout_seconds > 0 && g_installed && g_time_limits) {
     ensure_watchdog();
-    g_deadline.store(now_ns() + static_cast<int64_t>(timeout_seconds) * 1000000000LL,
-                     std::memory_order_release);
-    armed_ = true;
+    deadline = now_ns() + static_cast<int64_t>(timeout_seconds) * 1000000000LL;
   }
+  c.deadline.store(deadline, std::memory_order_relaxed);
+  c.state.store(2, std::memory_order_release);
 }
 
 PluginCall::~PluginCall() {
-  if (armed_) g_deadline.store(0, std::memory_order_release);
-  if (g_kind >= 0 && std::uncaught_exceptions() > uncaught_) {
-    t_unwound_kind = g_kind;
-    t_unwound_call = g_call;
+  if (record_ < 0) return;
+  ActiveCall& c = g_calls[record_];
+  if (std::uncaught_exceptions() > uncaught_) {
+    t_unwound_plugin = c.plugin.load(std::memory_order_relaxed);
+    t_unwound_call = c.call.load(std::memory_order_relaxed);
   }
-  g_kind = previous_kind_;
-  g_call = previous_call_;
+  --t_depth;
+  c.deadline.store(0, std::memory_order_relaxed);
+  c.state.store(0, std::memory_order_release);
 }
 
 }  // namespace ampkit

@@ -117,10 +117,11 @@ namespace detail {
 const ampkit_plugin_descriptor* load_descriptor(const PluginInfo& info, bool report_faults) {
   // Its static initializers and its entry run here, in this process: one that crashes or exits
   // only here (not in the probe's child) is reported naming the plugin (plugin_call.h).
-  if (report_faults)
-    name_plugin(info.kind,
-                info.kind + " '" + info.name + "' " + info.version + " (" + info.path.string() + ")");
-  PluginCall call(report_faults ? info.kind.c_str() : "", "its static initializers (while being loaded)");
+  const int plugin =
+      report_faults
+          ? plugin_id(info.kind + " '" + info.name + "' " + info.version + " (" + info.path.string() + ")")
+          : -1;
+  PluginCall call(plugin, "its static initializers (while being loaded)");
   boost::dll::shared_library lib;
   try {
     lib.load(info.load_from.empty() ? info.path : info.load_from,

@@ -36,7 +36,7 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
     const PluginInfo& info = s.plugin->info();
     s.description = s.kind + " '" + info.name + "' " + info.version + " (" +
                     (info.is_static ? std::string("linked into this program") : info.path.string()) + ")";
-    name_plugin(s.kind, s.description);
+    plugin_id(s.description);  // among the "plugins loaded" a fault outside any call names
     set->selected_.push_back(std::move(s));
   }
   return set;
@@ -45,7 +45,7 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
 std::unique_ptr<Strategy> StrategySet::make(const SelectedStrategy& s, const ResolvedOptions& options) const {
   std::unique_ptr<Strategy> created;
   {
-    PluginCall call(s.kind.c_str(), "its constructor", timeout_seconds_);
+    PluginCall call(plugin_id(s.description), "its constructor", timeout_seconds_);
     created = s.plugin->create(options.values);
   }
   return guard_strategy(s.kind, std::move(created), s.description, timeout_seconds_);

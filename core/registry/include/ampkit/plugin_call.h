@@ -1,14 +1,18 @@
 // Which plugin call is running, so that a crash, an exit() or a hang inside plugin code is
 // reported as that plugin's, by name, instead of ending the host without a word.
 //
-// A host calls install_plugin_fault_reporter() once at start-up. StrategySet names each selected
-// plugin (name_plugin) and creates it inside a PluginCall with a time limit; the engine wraps every
-// call into a strategy in a PluginCall. While one is active:
+// A host calls install_plugin_fault_reporter() once at start-up. StrategySet gives each selected
+// plugin its number (plugin_id) and creates it inside a PluginCall with a time limit; the engine
+// wraps every call into a strategy in a PluginCall. Each call is recorded apart, with the thread
+// that made it and the plugin it is into, so calls on several threads at once (two GradScalers in
+// two threads), and plugins of one kind in several strategy sets (two GradScalers with different
+// scalers), are each reported as their own. While one is active on a thread:
 //   * a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes one line naming the plugin,
 //     its file and the call, and ends the process with the host's exit code for plugin errors;
 //   * exit(), quick_exit(), _exit() or _Exit() called by the plugin is reported the same way;
-//   * a call with a time limit that has not returned when it expires likewise (a watchdog thread
-//     checks ten times a second; a plugin that blocks SIGALRM cannot defeat it).
+//   * a call with a time limit that has not returned when it expires likewise, whichever thread
+//     made it (a watchdog thread checks ten times a second; a plugin that blocks SIGALRM cannot
+//     defeat it).
 // The registry binds each loaded plugin's own references to exit, quick_exit, _exit and _Exit to
 // the reporter's handlers (whatever the host: Python's interpreter defines none of its own), and
 // remembers where the plugin's code lies. So outside plugin calls, too, a plugin's own thread that
@@ -39,22 +43,28 @@ void set_run_in_progress(bool in_progress) noexcept;
 // atexit hook calls it; a host that wants it to come first (before other atexit hooks and static
 // destructors run while the run's threads still work) defines its own exit() that calls it.
 void report_exit_call() noexcept;
-// When a plugin call is active: writes "... called _exit() in <call>; the run stops" and returns
-// the host's exit code for plugin errors. Otherwise returns `status`. Async-signal-safe.
+// When a plugin call is active (this thread's, else any thread's): writes "... called _exit() in
+// <call>; the run stops" and returns the host's exit code for plugin errors. Otherwise returns
+// `status`. Async-signal-safe.
 int report_plugin_exit(int status) noexcept;
 // Ends the process at once with `status` (the exit_group system call, as libc's _exit does),
 // bypassing any _exit interposer.
 [[noreturn]] void end_process(int status) noexcept;
-// How reports name the plugin of `kind` from now on, e.g. "scaler 'dynamic' 0.1.0
-// (/x/libampkit-scaler-dynamic.so)".
-void name_plugin(const std::string& kind, const std::string& description);
+// The number a PluginCall into the plugin `description` ("scaler 'dynamic' 0.1.0
+// (/x/libampkit-scaler-dynamic.so)") names it by; the same description gives the same number. The
+// description is kept for the life of the process, and is among the "plugins loaded" a fault
+// outside any call names. Past 256 descriptions, later ones share one number, reported as "a
+// plugin (more than 255 were named)".
+int plugin_id(const std::string& description);
+// Forgets every description (tests that fork a child to see what it reports).
+void forget_plugin_ids() noexcept;
 
 // A catch (...) cannot see what it caught: PluginCall's destructor records the call an exception
 // unwinds on this thread, so that the catch can tell a plugin's throw (reported as that plugin's,
 // "<plugin> threw ... in <call>") from ampkit's own. The record stays until the next unwound call
 // or forget_unwound_plugin_call(), which a catch-all's try block calls first.
 struct UnwoundPluginCall {
-  std::string plugin;  // as name_plugin() named it; empty: no plugin call was unwound
+  std::string plugin;  // its description (plugin_id); empty: no plugin call was unwound
   std::string call;
 };
 UnwoundPluginCall unwound_plugin_call();
@@ -62,18 +72,16 @@ void forget_unwound_plugin_call() noexcept;
 
 class PluginCall {
  public:
-  // `kind` is one of ampkit/kinds.h; `call` a string literal ("update()", "its constructor").
-  // `timeout_seconds` > 0 arms a time limit for this call (not nested inside another limit).
-  PluginCall(const char* kind, const char* call, unsigned timeout_seconds = 0) noexcept;
+  // `plugin` is a plugin_id() (< 0: nothing is recorded); `call` a string literal ("update()",
+  // "its constructor"). `timeout_seconds` > 0 arms a time limit for this call.
+  PluginCall(int plugin, const char* call, unsigned timeout_seconds = 0) noexcept;
   ~PluginCall();
   PluginCall(const PluginCall&) = delete;
   PluginCall& operator=(const PluginCall&) = delete;
 
  private:
-  int previous_kind_;
-  const char* previous_call_;
+  int record_;    // the record this call holds; -1: none
   int uncaught_;  // std::uncaught_exceptions() when the call began
-  bool armed_ = false;
 };
 
 }  // namespace ampkit
