@@ -310,6 +310,11 @@ for sync in "${syncs[@]}"; do
     > "$out/models.md" 2> "$out/models.log"
   code=$?
   sed -n '/^Device:/,$p' "$out/models.md" >> "$report"
+  if [ $code = 0 ] && grep -q 'capture failed\|a later round failed' "$out/models.md"; then
+    echo >> "$report"
+    echo "FAILED: the whole step in a CUDA graph did not run in every round (the graph column above)" >> "$report"
+    failed=1
+  fi
   if [ $code != 0 ]; then
     echo >> "$report"
     if [ $code = 124 ]; then

@@ -172,6 +172,7 @@ class PluginAccess:
             raise ValueError(f"option '{key}' is not of the form KIND.OPTION (e.g. clipper.max_norm)")
         if not self._enabled:
             return
+        self._deferred.refuse_in_capture("changing an option (set it before capturing)")
         cpp(self._core.set_option)(kind, name, option_text(value, str(key)))
         self._deferred.forget()
 
@@ -214,6 +215,7 @@ class PluginAccess:
             return
         if not self._has_scaler_option(name):
             raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
+        self._deferred.refuse_in_capture("changing an option (set it before capturing)")
         cpp(self._core.set_option)("scaler", name, option_text(value, name))
         self._deferred.forget()
 
@@ -234,7 +236,7 @@ class PluginAccess:
         state["_per_optimizer_states"] = {}
         state["_loss_sum"], state["_loss_count"] = None, 0
         state["_bound"], state["_fused_args"] = {}, {}
-        state["_deferred"] = DeferredMode(self._deferred.sync)
+        state["_deferred"] = DeferredMode(self._deferred.sync, cuda=self._deferred.cuda)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -392,6 +392,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
+        self._deferred.refuse_in_capture("stepped() (it reads the device)")
         return bool(self._last_taken.get(id(optimizer), True))  # deferred: a device tensor, read here
 
     # --- internals ------------------------------------------------------------------------------

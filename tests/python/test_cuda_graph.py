@@ -3,7 +3,8 @@ captured with torch.cuda.graph and replayed, against the same loop uncaptured.
 
 On a GPU: torch's test_graph_grad_scaling (test/test_cuda.py), which captures forward and backward
 only and runs step()/update() outside the graph, extended to step() and update() inside it, with
-fused SGD and AdamW(capturable=True): the same scales, skips and parameters, replay for replay.
+fused SGD and AdamW(capturable=True): the same scales, skips and parameters, replay for replay; and
+a second capture after one uncaptured step.
 
 Without a GPU the same steps run on CPU tensors with the capture's flag raised ("captured" steps
 run at once there): every record goes through the device ring and reaches the host forms only when
@@ -11,6 +12,8 @@ the host state is read, as after replays; and the calls a capture cannot hold ar
 with one RuntimeError.
 """
 
+import copy
+import pickle
 from typing import Any, Dict, List
 
 import pytest
@@ -125,6 +128,9 @@ def _backward(model, scaler):
         ("unscale", "unscale_()"),
         ("new_scale", "update(new_scale)"),
         ("read_state", "cannot be read"),
+        ("scaler_option", "changing an option"),
+        ("plugin_option", "changing an option"),
+        ("stepped", "stepped()"),
     ],
 )
 def test_what_a_capture_cannot_hold_is_refused_with_one_runtime_error(capture_flag, case, message):
@@ -145,10 +151,36 @@ def test_what_a_capture_cannot_hold_is_refused_with_one_runtime_error(capture_fl
             scaler.update(2.0)
         elif case == "read_state":
             scaler.state_dict()
+        elif case == "scaler_option":  # these read the device before the plugin is made again
+            scaler.set_growth_factor(3.0)
+        elif case == "plugin_option":
+            scaler.set_plugin_option("scaler.growth_interval", 7)
+        elif case == "stepped":
+            scaler.step(opt)
+            scaler.update()
+            scaler.stepped(opt)
         else:
             scaler.step(opt)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_cuda_scaler_still_sees_a_capture(monkeypatch, how):
+    # Until 2026-11-28 pickling rebuilt the deferred mode without cuda=True: a copied CUDA scaler
+    # never saw a capture, so what a capture cannot hold ran in it (a raw CUDA error) instead of
+    # the one RuntimeError. A CPU scaler stands in, marked as a CUDA one.
+    flag = {"on": False}
+    monkeypatch.setattr(deferred_module, "capturing", lambda cuda: cuda and flag["on"])
+    model, opt, scaler = _warm()
+    scaler._deferred.cuda = True
+    copied = copy.deepcopy(scaler) if how == "deepcopy" else pickle.loads(pickle.dumps(scaler))
+    _backward(model, copied)
+    copied.step(opt)
+    copied.update()
+    flag["on"] = True
+    with pytest.raises(RuntimeError, match="CUDA graph capture"):
+        copied.state_dict()
 
 
 # --- on a GPU -----------------------------------------------------------------------------------
@@ -160,7 +192,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 INPUTS = [5.0, 20000.0, 5.0, 40000.0, 5.0, 5.0, 5.0, 5.0, 3.0, 70000.0, 5.0, 5.0] * 3
 
 
-def _graph_loop(optimizer: str, captured: bool) -> Dict[str, Any]:
+def _graph_setup(optimizer: str):
+    """torch's test_graph_grad_scaling's model, warmed up with three uncaptured steps."""
     weight = torch.ones((100,), device="cuda", requires_grad=True)
     if optimizer == "sgd":
         opt: Any = torch.optim.SGD([weight], lr=0.1, fused=True)
@@ -182,11 +215,20 @@ def _graph_loop(optimizer: str, captured: bool) -> Dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             one_step()
     torch.cuda.current_stream().wait_stream(s)
+    return weight, opt, scaler, static_input, one_step
+
+
+def _capture(opt, one_step) -> Any:
     graph = torch.cuda.CUDAGraph()
-    if captured:
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            one_step()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        one_step()
+    return graph
+
+
+def _graph_loop(optimizer: str, captured: bool) -> Dict[str, Any]:
+    weight, opt, scaler, static_input, one_step = _graph_setup(optimizer)
+    graph = _capture(opt, one_step) if captured else None
     out: Dict[str, Any] = {"scales": [], "weights": []}
     for value in INPUTS:
         static_input.fill_(value)
@@ -207,6 +249,37 @@ def _graph_loop(optimizer: str, captured: bool) -> Dict[str, Any]:
         with pytest.raises(RuntimeError, match="capture the graph again"):
             scaler.get_scale()
     return out
+
+
+@needs_cuda
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_second_capture_after_one_uncaptured_step_continues_the_loop(optimizer):
+    # The uncaptured step between the captures keeps the first graph's gradients
+    # (set_to_none=False): the same chunk plan, so no new table upload. Until 2026-11-28 only an
+    # upload readied the pinned buffer a capture copies its table from, and the second capture
+    # failed with "the gradients ... differ".
+    weight, opt, scaler, static_input, one_step = _graph_setup(optimizer)
+    half = len(INPUTS) // 2
+    scales = []
+    first = _capture(opt, one_step)
+    for value in INPUTS[:half]:
+        static_input.fill_(value)
+        first.replay()
+        scales.append(scaler._scale.item())
+    static_input.fill_(INPUTS[half])
+    opt.zero_grad(set_to_none=False)
+    one_step()
+    scales.append(scaler._scale.item())
+    second = _capture(opt, one_step)
+    for value in INPUTS[half + 1 :]:
+        static_input.fill_(value)
+        second.replay()
+        scales.append(scaler._scale.item())
+    eager = _graph_loop(optimizer, captured=False)
+    assert scales == eager["scales"]
+    assert torch.equal(weight.detach(), eager["weights"][-1])
+    assert scaler.get_scale() == eager["scale"]
+    assert scaler.last_step["skipped_steps"] == 8
 
 
 @needs_cuda

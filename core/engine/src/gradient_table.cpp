@@ -17,6 +17,15 @@ namespace {
 constexpr const char* kCapturedGradientsDiffer =
     "the gradients captured in a CUDA graph differ in number or size from the warm-up step's: warm up with "
     "the same parameters before capturing";
+
+// The pinned buffer a capture copies its chunk table from (`chunks` entries of two), made outside
+// a capture: at every uncaptured step where it is missing, so that any uncaptured step readies
+// the next capture (one before each capture is needed: a capture keeps the buffer it used).
+void keep_staging(at::Tensor& staging, size_t chunks) {
+  const auto entries = static_cast<int64_t>(2 * chunks);
+  if (!staging.defined() || staging.numel() != entries)
+    staging = at::empty({entries}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+}
 }  // namespace
 
 GradStatsPass::GradStatsPass(DeviceStatsRecipe recipe) : recipe_(recipe) {
@@ -67,7 +76,10 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
   }
   if (numbers > 0) {
     if (device.is_cuda()) {
-      if (!table_.defined()) upload_table(device, capturing);
+      if (!table_.defined())
+        upload_table(device, capturing);
+      else if (!capturing)
+        keep_staging(staging_, plan_.chunks.size());
       launch_chunk_kernel(plan_, table_, packed_);
       if (capturing) graph_held_.push_back(table_);  // read at every replay
     } else {
@@ -95,17 +107,20 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
 }
 
 // The plan's chunk table to the device. Outside a capture from a new buffer of the host
-// allocator's (which keeps it until the copy has run), and a staging buffer is made for a capture
-// to come; in a capture, from that staging buffer, which the copy node reads at every replay: it
-// is never written again, and the next upload outside a capture makes a new one.
+// allocator's (which keeps it until the copy has run), and a staging buffer is readied for a
+// capture to come; in a capture, from that staging buffer, which the copy node reads at every
+// replay: it is never written again, and the next uncaptured step makes a new one.
 void GradStatsPass::upload_table(const at::Device& device, bool capturing) {
   if (!capturing) {
     table_ = upload_chunk_table(plan_, device);
-    staging_ = at::empty({static_cast<int64_t>(2 * plan_.chunks.size())},
-                         at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    keep_staging(staging_, plan_.chunks.size());
     return;
   }
-  if (!staging_.defined() || staging_.numel() != static_cast<int64_t>(2 * plan_.chunks.size()))
+  if (!staging_.defined())
+    throw Error(ErrorCategory::usage,
+                "a CUDA graph capture needs one uncaptured step since the last capture: run one deferred "
+                "iteration outside the graph before capturing again");
+  if (staging_.numel() != static_cast<int64_t>(2 * plan_.chunks.size()))
     throw Error(ErrorCategory::usage, kCapturedGradientsDiffer);
   table_ = upload_chunk_table(plan_, device, &staging_);
   graph_held_.push_back(staging_);
