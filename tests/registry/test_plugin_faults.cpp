@@ -207,6 +207,18 @@ void wait_for(const std::atomic<int>& flag, int value) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// Starts a thread that makes a call into "scaler 'first'" (update(), with a limit of `timeout` s)
+// and stays in it until `stage` is 2; returns once the call has begun (`stage` 1).
+std::thread first_threads_call(std::atomic<int>& stage, unsigned timeout = 0) {
+  std::thread first([&stage, timeout] {
+    PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()", timeout);
+    stage = 1;
+    wait_for(stage, 2);
+  });
+  wait_for(stage, 1);
+  return first;
+}
+
 }  // namespace
 
 // Thread 1 enters a call, thread 2 enters one, thread 1 leaves: thread 2 is still in its call.
@@ -216,12 +228,7 @@ BOOST_AUTO_TEST_CASE(a_call_on_one_thread_is_not_ended_by_another_threads_call_e
   const Ended e = run_in_child([] {
     install_plugin_fault_reporter("test-host", kPluginExit);
     std::atomic<int> stage{0};
-    std::thread first([&] {
-      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()");
-      stage = 1;
-      wait_for(stage, 2);
-    });
-    wait_for(stage, 1);
+    std::thread first = first_threads_call(stage);
     PluginCall call(plugin_id("clipper 'second' 0.1.0 (/x/second.so)"), "clip()");
     stage = 2;
     first.join();
@@ -241,12 +248,7 @@ BOOST_AUTO_TEST_CASE(interleaved_calls_on_two_threads_leave_no_call_behind) {
   const Ended e = run_in_child([] {
     install_plugin_fault_reporter("test-host", kPluginExit);
     std::atomic<int> stage{0};
-    std::thread first([&] {
-      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()");
-      stage = 1;
-      wait_for(stage, 2);
-    });
-    wait_for(stage, 1);
+    std::thread first = first_threads_call(stage);
     {
       PluginCall call(plugin_id("clipper 'second' 0.1.0 (/x/second.so)"), "clip()");
       stage = 2;
@@ -266,16 +268,12 @@ BOOST_AUTO_TEST_CASE(a_time_limit_is_watched_while_another_threads_call_has_one)
   const Ended e = run_in_child([] {
     install_plugin_fault_reporter("test-host", kPluginExit);
     std::atomic<int> stage{0};
-    std::thread first([&] {
-      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()", 60);
-      stage = 1;
-      std::this_thread::sleep_for(std::chrono::seconds(20));
-    });
-    wait_for(stage, 1);
+    std::thread first = first_threads_call(stage, 60);
     {
       PluginCall call(plugin_id("nan_policy 'second' 0.1.0 (/x/second.so)"), "decide()", 1);
       std::this_thread::sleep_for(std::chrono::seconds(20));
     }
+    stage = 2;
     first.join();
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -292,12 +290,7 @@ BOOST_AUTO_TEST_CASE(a_fork_child_keeps_only_the_forking_threads_calls) {
   const Ended e = run_in_child([] {
     install_plugin_fault_reporter("test-host", kPluginExit);
     std::atomic<int> stage{0};
-    std::thread first([&] {
-      PluginCall call(plugin_id("scaler 'first' 0.1.0 (/x/first.so)"), "update()");
-      stage = 1;
-      wait_for(stage, 2);
-    });
-    wait_for(stage, 1);
+    std::thread first = first_threads_call(stage);
     const pid_t pid = ::fork();
     if (pid == 0) ::_exit(report_plugin_exit(7));
     int status = 0;
