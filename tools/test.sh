@@ -3,11 +3,12 @@
 # Extra arguments go to ctest (e.g. tools/test.sh -L unit, tools/test.sh -R registry).
 #
 #   tools/test.sh --instrumented [ctest arguments]
-# builds into build-instrumented/ with AddressSanitizer + UndefinedBehaviorSanitizer + gcc coverage
+# copies the checkout to /var/tmp/ampkit-instrumented (below: why), builds into its
+# build-instrumented/ with AddressSanitizer + UndefinedBehaviorSanitizer + gcc coverage
 # (CMake option AMPKIT_INSTRUMENT), runs the suite there with tools/sanitizers/env.sh's runtime
 # options, fails on any sanitizer report (also from child processes), then prints the line and
 # branch coverage of core/, plugins/, hosts/ and sdk/ and fails below AMPKIT_MIN_LINE_COVERAGE
-# (default 90) percent of lines. HTML report: build-instrumented/coverage/index.html.
+# (default 90) percent of lines. HTML report: /var/tmp/ampkit-instrumented/build-instrumented/coverage/index.html.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Paths under the checkout hash as relative, so clones in other folders (CI's) share the cache.
@@ -32,6 +33,25 @@ fi
 # installed archive with the user's flags, which would need the sanitizer runtimes linked in by hand.
 # So is the Python package's (label python): an instrumented _C.so cannot load into a python3 that
 # was not started with the sanitizer runtime first.
+#
+# ccache serves a --coverage compile only to the folder that made it (the .gcno names its folder:
+# ccache hashes the absolute path), so a clone in a new folder, as CI's is, would compile the whole
+# instrumented tree again: over an hour on 2 cores. Every checkout therefore builds and tests its
+# instrumented tree in one place, a copy of its files under AMPKIT_INSTRUMENTED_ROOT (default
+# /var/tmp/ampkit-instrumented): a session's run fills the cache CI's run reads, and CI's run the
+# next one's. One instrumented run at a time per machine (a lock).
+root=${AMPKIT_INSTRUMENTED_ROOT:-/var/tmp/ampkit-instrumented}
+if [ "$PWD" != "$root" ]; then
+  mkdir -p "$root"
+  exec 9> "$root.lock"
+  flock 9
+  find "$root" -mindepth 1 -maxdepth 1 ! -name build-instrumented -exec rm -rf {} +
+  git ls-files -z --cached --others --exclude-standard |
+    tar --null --ignore-failed-read -T - -cf - 2> /dev/null | tar -xf - -C "$root"
+  echo "instrumented: this checkout's files copied to $root, where the instrumented tree is built and tested"
+  cd "$root"
+  export CCACHE_BASEDIR="$root"
+fi
 BUILD_DIR=${AMPKIT_INSTRUMENTED_BUILD_DIR:-build-instrumented}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON \
   -DAMPKIT_INSTRUMENT=ON >/dev/null
