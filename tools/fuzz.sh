@@ -15,6 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+# The fuzz build has -g, and with -g ccache puts the working directory into its hash: a clone in a
+# new folder (CI's) would compile every target again. Without it the debug info keeps the paths
+# of the folder that compiled first (file names and lines stay right).
+export CCACHE_NOHASHDIR=true
 seconds=30 replay_only=0 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
