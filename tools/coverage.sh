@@ -4,9 +4,13 @@
 # Prints the summary, writes BUILD_DIR/coverage/index.html (an artefact, not committed) and exits
 # 1 when line coverage is below AMPKIT_MIN_LINE_COVERAGE percent (default 90).
 #
-#   tools/coverage.sh [BUILD_DIR]     (default build-instrumented)
+#   tools/coverage.sh [BUILD_DIR]     (default: the last instrumented run's, in the folder where
+#                                     tools/test.sh --instrumented builds, AMPKIT_INSTRUMENTED_ROOT,
+#                                     default /var/tmp/ampkit-instrumented)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=${AMPKIT_INSTRUMENTED_ROOT:-/var/tmp/ampkit-instrumented}
+if [ $# = 0 ] && [ -d "$root/build-instrumented" ]; then cd "$root"; fi
 build=${1:-build-instrumented}
 min=${AMPKIT_MIN_LINE_COVERAGE:-90}
 command -v gcovr > /dev/null || { echo "coverage.sh: gcovr is missing (tools/setup.sh installs it)" >&2; exit 2; }
