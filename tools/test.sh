@@ -48,6 +48,8 @@ if [ "$PWD" != "$root" ]; then
   find "$root" -mindepth 1 -maxdepth 1 ! -name build-instrumented -exec rm -rf {} +
   git ls-files -z --cached --others --exclude-standard |
     tar --null --ignore-failed-read -T - -cf - 2> /dev/null | tar -xf - -C "$root"
+  # The source checks list the files with git (check_format): the copy is a repository of its own.
+  git -C "$root" init -q && git -C "$root" add -A
   echo "instrumented: this checkout's files copied to $root, where the instrumented tree is built and tested"
   cd "$root"
   export CCACHE_BASEDIR="$root"
