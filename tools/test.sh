@@ -42,7 +42,13 @@ fi
 # next one's. One instrumented run at a time per machine (a lock).
 root=${AMPKIT_INSTRUMENTED_ROOT:-/var/tmp/ampkit-instrumented}
 if [ "$PWD" != "$root" ]; then
-  mkdir -p "$root"
+  # The folder is emptied below: only one this script made (its marker file) or a new, empty one.
+  if [ -n "$(ls -A "$root" 2> /dev/null)" ] && [ ! -f "$root/build-instrumented/.ampkit-instrumented-root" ]; then
+    echo "test.sh: AMPKIT_INSTRUMENTED_ROOT=$root is a folder with files that tools/test.sh did not put there; name a new or empty folder" >&2
+    exit 2
+  fi
+  mkdir -p "$root/build-instrumented"
+  touch "$root/build-instrumented/.ampkit-instrumented-root"
   exec 9> "$root.lock"
   flock 9
   find "$root" -mindepth 1 -maxdepth 1 ! -name build-instrumented -exec rm -rf {} +
