@@ -10,6 +10,7 @@
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <thread>
 
 #include "train_process.h"
@@ -173,6 +174,67 @@ BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
   const nlohmann::json located_by = s.contains("located_by") ? s["located_by"] : nlohmann::json();
   BOOST_TEST(located_by.dump() == "1", s.dump());
   BOOST_TEST(r.output.find("not located: not located") == std::string::npos, r.output);
+}
+
+// The rows of a metrics file without wall-clock fields, a located report by its file name.
+std::vector<nlohmann::json> comparable_records(const fs::path& file) {
+  std::vector<nlohmann::json> rows = records(file);
+  for (auto& row : rows) {
+    for (const char* key : {"time", "samples_per_second", "rank_samples_per_second"}) row.erase(key);
+    if (row.contains("located"))
+      row["located"]["report"] = fs::path(row["located"]["report"].get<std::string>()).filename();
+  }
+  return rows;
+}
+
+// Issue 42 on two ranks through ampkit-train: --host-sync deferred writes every metric and summary
+// field that --host-sync step writes, with no host read; rank 1's NaN and rank 0's overflow are
+// skipped by both ranks, each located on both (the locator's re-run of the previous step, then
+// this step's backward again, in step on both ranks).
+BOOST_AUTO_TEST_CASE(two_deferred_ranks_write_what_two_synchronous_ranks_write_without_a_host_read) {
+  TempDir tmp;
+  std::map<std::string, std::pair<std::vector<nlohmann::json>, nlohmann::json>> runs;
+  for (const std::string mode : {"step", "deferred"}) {
+    const fs::path dir = tmp.path / mode;
+    fs::create_directories(dir);
+    const Result r =
+        run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train +
+            " " + mlp + " --progress never --threads 1 --steps 40 --batch-size 16" +
+            " --precision fp16 --nan-policy backoff --clipper norm --opt clipper.max_norm=0.2" +
+            " --inject nan@step=5,rank=1 --inject inf@step=17,rank=0 --host-sync " + mode +
+            " --nan-report-dir " + dir.string() + " --metrics " + (dir / "m.jsonl").string() + " --summary " +
+            (dir / "s.json").string());
+    BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+    BOOST_TEST(r.output.find("stays synchronous") == std::string::npos, r.output);
+    for (const std::string step : {"5", "17"})
+      for (const std::string rank : {"0", "1"})
+        BOOST_TEST(r.output.find("[rank " + rank + "] ampkit-train: step " + step + ": non-finite") !=
+                       std::string::npos,
+                   mode << ", step " << step << ", rank " << rank << ":\n"
+                        << r.output);
+    runs[mode] = {comparable_records(dir / "m.jsonl"), read_json(dir / "s.json")};
+  }
+  const auto& [a, sa] = runs["step"];
+  const auto& [b, sb] = runs["deferred"];
+  BOOST_REQUIRE_EQUAL(a.size(), 40u);
+  BOOST_REQUIRE_EQUAL(b.size(), 40u);
+  int clipped = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST(a[i] == b[i], "step " << i << ":\n" << a[i].dump() << "\n" << b[i].dump());
+    BOOST_TEST(a[i]["stepped"].get<bool>() == (i != 5 && i != 17), "step " << i);
+    clipped += a[i]["clipped"].get<bool>();
+  }
+  BOOST_TEST(clipped > 5);
+  BOOST_TEST(sa["step"]["host_sync"] == "step");
+  BOOST_TEST(sb["step"]["host_sync"] == "deferred");
+  // One read per synchronous step, none deferred; the run's own gathers (its settings and layout
+  // checked, the summary's ranks) are the same few in both.
+  BOOST_TEST(sa["step"]["host_reads"].get<int>() - sb["step"]["host_reads"].get<int>() == 40);
+  BOOST_TEST(sb["ranks_identical"].get<bool>());
+  BOOST_TEST(sa["param_sha256"] == sb["param_sha256"]);
+  BOOST_TEST(sa["skipped_steps"] == sb["skipped_steps"]);
+  BOOST_TEST(sa["nan_reports"].size() == 4u);
+  BOOST_TEST(sb["nan_reports"].size() == 4u);
 }
 
 namespace {
@@ -686,34 +748,49 @@ BOOST_AUTO_TEST_CASE(file_store_rendezvous_on_a_shared_path) {
              bad.output);
 }
 
+// Both steps: the synchronous one agrees on the stop with the signalled step's values, the deferred
+// one with its record one step later; either way every step's metrics row is written, in order.
 BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_resumes) {
   TempDir tmp;
   const fs::path ckpt = tmp.path / "ckpt", metrics = tmp.path / "m.jsonl";
-  const std::string port = std::to_string(next_port());
-  std::vector<std::string> args = {launch, "--nproc-per-node", "2", "--master-port", port, "--", train};
-  for (const auto& w : words(
-           mlp + " --progress never --threads 1 --batch-size 8 --steps 1000000 --checkpoint-dir " +
-           ckpt.string() + " --metrics " + metrics.string() + " --summary " + (tmp.path / "a.json").string()))
-    args.push_back(w);
-  const pid_t pid = spawn(args, tmp.path / "launch.log");
-  for (int i = 0; i < 300 && count_lines(metrics) < 5; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ::kill(pid, SIGTERM);
-  BOOST_TEST(wait_exit_code(pid) == 130);
-  const auto a = read_json(tmp.path / "a.json");
-  BOOST_TEST(a["status"].get<std::string>() == "interrupted");
-  BOOST_TEST(a["ranks_identical"].get<bool>());  // both stopped after the same step
-  const int64_t stopped = a["steps"].get<int64_t>();
-  BOOST_TEST(fs::exists(ckpt / ("step-" + std::to_string(stopped))));
-  const Result r = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
-                       train + " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +
-                       std::to_string(stopped + 3) + " --checkpoint-dir " + ckpt.string() +
-                       " --resume auto --summary " + (tmp.path / "b.json").string());
-  BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
-  const auto b = read_json(tmp.path / "b.json");
-  BOOST_TEST(b["steps"].get<int64_t>() == stopped + 3);
-  BOOST_TEST(b["ranks_identical"].get<bool>());
-  BOOST_TEST(r.output.find("[rank 1] ampkit-train: resumed from") != std::string::npos, r.output);
+  int64_t stopped = 0;
+  for (const std::string mode : {"step", "deferred"}) {
+    BOOST_TEST_CONTEXT("--host-sync " << mode) {
+      fs::remove_all(ckpt);
+      fs::remove(metrics);
+      const std::string port = std::to_string(next_port());
+      std::vector<std::string> args = {launch, "--nproc-per-node", "2", "--master-port", port, "--", train};
+      for (const auto& w :
+           words(mlp + " --progress never --threads 1 --batch-size 8 --steps 1000000 --host-sync " + mode +
+                 " --checkpoint-dir " + ckpt.string() + " --metrics " + metrics.string() + " --summary " +
+                 (tmp.path / "a.json").string()))
+        args.push_back(w);
+      const pid_t pid = spawn(args, tmp.path / "launch.log");
+      for (int i = 0; i < 300 && count_lines(metrics) < 5; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ::kill(pid, SIGTERM);
+      BOOST_TEST(wait_exit_code(pid) == 130);
+      const auto a = read_json(tmp.path / "a.json");
+      BOOST_TEST(a["status"].get<std::string>() == "interrupted");
+      BOOST_TEST(a["ranks_identical"].get<bool>());  // both stopped after the same step
+      BOOST_TEST(a["step"]["host_sync"].get<std::string>() == mode);
+      stopped = a["steps"].get<int64_t>();
+      BOOST_TEST(fs::exists(ckpt / ("step-" + std::to_string(stopped))));
+      const auto rows = records(metrics);
+      BOOST_REQUIRE_EQUAL(rows.size(), static_cast<size_t>(stopped));
+      for (size_t k = 0; k < rows.size(); ++k) BOOST_TEST(rows[k]["step"].get<size_t>() == k);
+      const Result r =
+          run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train +
+              " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +
+              std::to_string(stopped + 3) + " --host-sync " + mode + " --checkpoint-dir " + ckpt.string() +
+              " --resume auto --summary " + (tmp.path / "b.json").string());
+      BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
+      const auto b = read_json(tmp.path / "b.json");
+      BOOST_TEST(b["steps"].get<int64_t>() == stopped + 3);
+      BOOST_TEST(b["ranks_identical"].get<bool>());
+      BOOST_TEST(r.output.find("[rank 1] ampkit-train: resumed from") != std::string::npos, r.output);
+    }
+  }
   // The 2-rank checkpoint in one process: the comm plugins declare their state empty (CommFact) and
   // the checkpoint holds none for gloo, so comm local (the default) resumes everything, as gloo does.
   const std::string one = train + " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +

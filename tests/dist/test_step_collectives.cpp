@@ -1,7 +1,8 @@
 // What one healthy data-parallel step costs besides the Reducer's gradient buckets (issue 32): no
 // collective (every rank's loss and the host's values ride in the buckets, StepValuesCarrier) and
 // exactly one counted device-to-host read, on the CPU fast path and on the device statistics
-// path, with and without accumulation. The process group's own collectives are counted too: the
+// path, with and without accumulation; none with the deferred step (issue 42), whose records are
+// the synchronous step's. The process group's own collectives are counted too: the
 // buckets' all-reduce and nothing else. Two ranks with comm gloo, each a forked process running a
 // Trainer in-process behind a comm that counts every call.
 #define BOOST_TEST_MODULE step_collectives
@@ -12,11 +13,15 @@
 
 #include <atomic>
 #include <boost/test/unit_test.hpp>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
+#include "ampkit/fused_adamw.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
 #include "trainer_fixture.h"
@@ -141,18 +146,95 @@ void run_rank(int rank, int port, const Case& c, const std::string& out) {
   std::ofstream(out) << steps.dump();
 }
 
-nlohmann::json run_two_ranks(const Case& c) {
+// Both steps of issue 42 on two ranks: FusedAdamW, fp16, the dynamic scaler, a clipper that clips
+// and the backoff policy; rank 1's loss is infinite at step 5 and NaN at step 8. Per step from
+// step 2 (the Reducer's buckets are built): its collectives and reads, then every outcome (the
+// deferred step's arrive one step late), this rank's own losses and the final weights.
+nlohmann::json fused_rank(int rank, int port, bool deferred) {
+  at::set_num_threads(1);
+  BuiltinPlugins plugins;
+  auto set = plugins.strategies(
+      {{"comm", BuiltinPlugins::choice("gloo")},
+       {"scaler", BuiltinPlugins::choice("dynamic", {{"init_scale", "1024"}, {"growth_interval", "3"}})},
+       {"clipper", BuiltinPlugins::choice("norm", {{"max_norm", "0.05"}})},
+       {"nan_policy", BuiltinPlugins::choice("backoff", {})}});
+  DistributedConfig d;
+  d.world_size = 2;
+  d.rank = rank;
+  d.backend = "gloo";
+  d.master_port = port;
+  d.timeout_seconds = 60;
+  set->comm().init(d);
+  CountingComm comm(set->comm());
+  at::manual_seed(7);
+  TinyModel model;
+  FusedAdamW adamw(model.params(), torch::optim::AdamWOptions(1e-2));
+  Trainer trainer(Precision::fp16, 1, model.params(), model.names(), adamw,
+                  {&set->scaler(), &set->clipper(), &set->nan_policy(), &comm}, constant_lr(1e-2));
+  trainer.enable_data_parallel({});
+  std::string kind;
+  if (deferred) {
+    const std::string why = trainer.enable_deferred_step(kind, false);
+    if (!why.empty()) throw std::runtime_error("no deferred step: " + why);
+  }
+  trainer.set_rank_values([rank] { return std::vector<double>{10.0 + rank, 20.0 + rank}; });
+  at::addGlobalCallback(at::RecordFunctionCallback(collective_started).scopes({at::RecordScope::USER_SCOPE}));
+  nlohmann::json out = {{"steps", nlohmann::json::array()}, {"outcomes", nlohmann::json::array()}};
+  std::vector<double> local;
+  const auto record = [&out](const StepOutcome& o) {
+    out["outcomes"].push_back({{"step", o.stats.step},
+                               {"stepped", o.stepped},
+                               {"loss", o.stats.loss},
+                               {"scale", o.stats.scale},
+                               {"scale_next", o.scale_next},
+                               {"clip", o.clip_coefficient},
+                               {"grad_norm", o.stats.grad_norm},
+                               {"rank_values", o.rank_values}});
+  };
+  for (int64_t step = 0; step < 12; ++step) {
+    const auto forward = [&model, &local, step, rank](int) {
+      at::Tensor loss = model.loss(batch_x(step * 2 + rank));
+      local.push_back(loss.item<double>());  // before the planted faults: the mean stays finite
+      if (rank == 1 && step == 5) loss = loss * std::numeric_limits<float>::infinity();
+      if (rank == 1 && step == 8) loss = loss * std::nan("");
+      return loss;
+    };
+    comm.calls.clear();
+    g_group_collectives = 0;
+    const int64_t reads = host_reads();
+    if (deferred) {
+      for (const StepOutcome& o : trainer.deferred_backward(forward).delivered) record(o);
+      trainer.deferred_update();
+    } else {
+      record(trainer.step(forward));
+    }
+    if (step >= 2)
+      out["steps"].push_back({{"reads", host_reads() - reads},
+                              {"collectives", comm.total()},
+                              {"group_collectives", g_group_collectives.load()}});
+  }
+  for (const StepOutcome& o : trainer.settle()) record(o);
+  out["local_loss"] = local;
+  out["weights"] = std::vector<double>(model.layer->weight.data_ptr<float>(),
+                                       model.layer->weight.data_ptr<float>() + model.layer->weight.numel());
+  return out;
+}
+
+// `rank_main(rank, port, out)` in two forked processes; what each wrote to `out`, rank by rank.
+template <typename RankMain>
+nlohmann::json fork_two_ranks(RankMain rank_main) {
   static int n = 0;
-  const int port = 21000 + static_cast<int>(::getpid() % 2000) * 4 + (n++ % 4);
+  const int port = 23000 + static_cast<int>(::getpid() % 2000) * 4 + (n++ % 4);
+  const auto file = [](pid_t parent, int rank) {
+    return "/tmp/ampkit-step-collectives-" + std::to_string(parent) + "-" + std::to_string(rank) + ".json";
+  };
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       int code = 0;
       try {
-        run_rank(rank, port, c,
-                 "/tmp/ampkit-step-collectives-" + std::to_string(::getppid()) + "-" + std::to_string(rank) +
-                     ".json");
+        rank_main(rank, port, file(::getppid(), rank));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
         code = 1;
@@ -167,13 +249,15 @@ nlohmann::json run_two_ranks(const Case& c) {
     int status = 0;
     ::waitpid(pids[static_cast<size_t>(rank)], &status, 0);
     BOOST_REQUIRE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank " << rank << " failed");
-    const std::string file =
-        "/tmp/ampkit-step-collectives-" + std::to_string(::getpid()) + "-" + std::to_string(rank) + ".json";
-    std::ifstream in(file);
+    std::ifstream in(file(::getpid(), rank));
     ranks.push_back(nlohmann::json::parse(in));
-    std::remove(file.c_str());
+    std::remove(file(::getpid(), rank).c_str());
   }
   return ranks;
+}
+
+nlohmann::json run_two_ranks(const Case& c) {
+  return fork_two_ranks([&c](int rank, int port, const std::string& out) { run_rank(rank, port, c, out); });
 }
 
 }  // namespace
@@ -211,5 +295,52 @@ BOOST_AUTO_TEST_CASE(a_healthy_step_makes_no_collective_besides_the_buckets_and_
           BOOST_TEST(s["weight0"].get<double>() == ranks[0][step]["weight0"].get<double>());
         }
       }
+  }
+}
+
+// Issue 42 on two ranks: the deferred step makes no collective besides the buckets and no host read
+// per step (the synchronous one: one), and delivers, one step late, every outcome the synchronous
+// step gives: both ranks' values, their mean loss bit for bit, both planted faults skipped by both
+// ranks; the weights end bit for bit the same.
+BOOST_AUTO_TEST_CASE(the_deferred_step_on_two_ranks_reads_nothing_and_gives_the_synchronous_outcomes) {
+  const nlohmann::json sync = fork_two_ranks([](int rank, int port, const std::string& out) {
+    std::ofstream(out) << fused_rank(rank, port, false).dump();
+  });
+  const nlohmann::json deferred = fork_two_ranks([](int rank, int port, const std::string& out) {
+    std::ofstream(out) << fused_rank(rank, port, true).dump();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    BOOST_TEST_CONTEXT("rank " << rank) {
+      const nlohmann::json &a = sync[rank], &b = deferred[rank];
+      for (size_t i = 0; i < a["steps"].size(); ++i) {
+        BOOST_TEST(a["steps"][i]["reads"].get<int64_t>() == 1, "step " << i + 2);
+        BOOST_TEST(b["steps"][i]["reads"].get<int64_t>() == 0, "step " << i + 2);
+        BOOST_TEST(b["steps"][i]["collectives"].get<int>() == 0);
+        BOOST_TEST(b["steps"][i]["group_collectives"].get<int>() == 1);  // the buckets' all-reduce
+      }
+      BOOST_REQUIRE_EQUAL(a["outcomes"].size(), 12u);
+      BOOST_REQUIRE_EQUAL(b["outcomes"].size(), 12u);
+      int skipped = 0, clipped = 0;
+      for (size_t i = 0; i < 12; ++i) {
+        BOOST_TEST(a["outcomes"][i] == b["outcomes"][i], "step " << i << ":\n"
+                                                                 << a["outcomes"][i].dump() << "\n"
+                                                                 << b["outcomes"][i].dump());
+        BOOST_TEST(b["outcomes"][i]["rank_values"].get<std::vector<double>>() ==
+                       (std::vector<double>{10, 20, 11, 21}),
+                   boost::test_tools::per_element());
+        skipped += !b["outcomes"][i]["stepped"].get<bool>();
+        clipped += b["outcomes"][i]["clip"].get<double>() < 1.0;
+        if (i != 5 && i != 8)  // the mean of both ranks' own losses, exactly
+          BOOST_TEST(
+              b["outcomes"][i]["loss"].get<double>() ==
+              (deferred[0]["local_loss"][i].get<double>() + deferred[1]["local_loss"][i].get<double>()) / 2);
+      }
+      BOOST_TEST(!b["outcomes"][5]["stepped"].get<bool>());
+      BOOST_TEST(!b["outcomes"][8]["stepped"].get<bool>());
+      BOOST_TEST(skipped == 2);
+      BOOST_TEST(clipped > 5);
+      BOOST_TEST(a["weights"] == b["weights"]);
+      BOOST_TEST(b["weights"] == deferred[0]["weights"]);
+    }
   }
 }

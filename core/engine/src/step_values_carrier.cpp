@@ -3,8 +3,12 @@
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/bitwise_and.h>
+#include <ATen/ops/bitwise_left_shift.h>
+#include <ATen/ops/bitwise_or.h>
 #include <ATen/ops/bitwise_right_shift.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/round.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -78,6 +82,19 @@ std::vector<double> StepValuesCarrier::decode(const std::vector<double>& read, i
       out.push_back(value);
     }
   return out;
+}
+
+at::Tensor StepValuesCarrier::mean_loss(const at::Tensor& gathered) const {
+  // Each rank's four pieces of its loss, times the world size and rounded back to the integers
+  // they were (exact in float64, as decode() makes them), then put together bit by bit.
+  const at::Tensor pieces = at::round(gathered.select(1, 0).to(at::kDouble).mul(world_)).to(at::kLong);
+  at::Tensor bits = pieces.select(1, 0);
+  for (int64_t p = 1; p < kPieces; ++p)
+    bits = at::bitwise_or(bits, at::bitwise_left_shift(pieces.select(1, p), 16 * p));
+  const at::Tensor losses = bits.contiguous().view(at::kDouble);
+  at::Tensor sum = at::zeros({}, losses.options());
+  for (int64_t r = 0; r < world_; ++r) sum = at::add(sum, losses.select(0, r));
+  return at::div(sum, world_);
 }
 
 }  // namespace ampkit

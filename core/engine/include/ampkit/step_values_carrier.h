@@ -44,6 +44,12 @@ class StepValuesCarrier {
   // size (a Reducer that did not sum, or a rank whose row was not the same length).
   std::vector<double> decode(const std::vector<double>& read, int64_t row_length) const;
 
+  // The ranks' mean loss (every row's first value) from gathered(), on its device without a host
+  // read (the deferred step's): float64, 0-dim, the bits decode() gives, summed in rank order from
+  // 0 and divided by the world size, as the synchronous step makes it on the host. Unchecked: the
+  // host decodes the same pieces when the record arrives and compares.
+  at::Tensor mean_loss(const at::Tensor& gathered) const;
+
   int world() const { return world_; }
 
  private:

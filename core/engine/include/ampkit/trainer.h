@@ -126,10 +126,12 @@ class Trainer {
 
   // The deferred step (issue 42, deferred_step.h): no host read on a healthy step. Returns "" when
   // it is on: the optimizer takes grad_scale and found_inf on the device (FusedAdamW, folded), one
-  // process, a statistics recipe with a deferred form, and a device form for every strategy.
-  // Otherwise it stays off and the reason is returned, with the kind of the strategy without a
-  // device form in `kind` ("" when that is not the reason). `tensor_norms`: the records carry every
-  // gradient's norm (StepStats::tensor_norms), as step()'s do. Call between steps.
+  // process or the Reducer's buckets (several ranks: after enable_data_parallel; every rank's loss
+  // and values ride in them and are decoded on the device, and reach the host with the record), a
+  // statistics recipe with a deferred form, and a device form for every strategy. Otherwise it
+  // stays off and the reason is returned, with the kind of the strategy without a device form in
+  // `kind` ("" when that is not the reason). `tensor_norms`: the records carry every gradient's
+  // norm (StepStats::tensor_norms), as step()'s do. Call between steps.
   std::string enable_deferred_step(std::string& kind, bool tensor_norms);
   bool deferred() const { return deferred_ != nullptr; }
   // The deferred step itself (nullptr while it is off): its pending records, how its rules run.
@@ -180,6 +182,8 @@ class Trainer {
   void forward_backward(const std::function<at::Tensor(int)>& forward, double scale,
                         const at::Tensor& device_scale = {});  // 1, 2
   StepOutcome delivered(StepOutcome out);
+  struct DeferredPending;
+  std::vector<double> ranks_delivered(const DeferredPending& step, const StepStats& stats) const;
   void average_across_ranks();  // 3
   at::Tensor rank_row();
   std::vector<double> rank_values_of(std::vector<double> packed, int ranks) const;
@@ -215,9 +219,16 @@ class Trainer {
   at::Tensor step_values_;  // every rank's loss and values (carrier_: encoded), read in step 4
   int64_t row_length_ = 1;  // this step's values per rank, loss included
   bool started_ = false;
-  // The deferred step: its device side, and the learning rate of each step not yet delivered.
+  // The deferred step: its device side, and each step not yet delivered: its learning rate and
+  // (several ranks) every rank's values as the buckets carried them, copied to the host behind
+  // the step's work (pinned on a GPU), decoded when its record arrives.
+  struct DeferredPending {
+    double lr = 0;
+    at::Tensor rank_values;  // undefined: one process
+    int64_t row_length = 1;
+  };
   std::unique_ptr<DeferredStep> deferred_;
-  std::deque<double> deferred_lrs_;
+  std::deque<DeferredPending> deferred_pending_;
   std::function<at::Tensor(int)> previous_forward_;  // the bad-step observer's, one step late
 };
 

@@ -39,12 +39,10 @@ void print_step_config(const TrainConfig& cfg) {
   else if (cfg.optimizer != "adamw")
     sync = "step",
     sync_why = "--optimizer " + cfg.optimizer + " takes no grad_scale and found_inf on the device";
-  else if (cfg.dist.world_size > 1)
-    sync = "step", sync_why = "the deferred step runs in one process only";
   else
-    sync_why =
-        "where every strategy has a device form (checked when they are made; the summary's "
-        "step.host_sync says what ran)";
+    sync_why = std::string("where every strategy has a device form") +
+               (cfg.dist.world_size > 1 ? " and the comm backend a c10d process group" : "") +
+               " (checked when they are made; the summary's step.host_sync says what ran)";
   std::printf("\nstep\n  statistics recipe  %-10s  (%s)\n  host sync          %-10s  (%s)\n",
               to_string(recipe.recipe), recipe_why.c_str(), sync.c_str(), sync_why.c_str());
 }

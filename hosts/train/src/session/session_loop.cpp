@@ -62,8 +62,10 @@ void Session::train() {
 void Session::train_deferred() {
   std::deque<StepPlace> pending;  // the steps whose records have not arrived, oldest first
   bool stopped = false;
+  const bool ranks = strategies_->comm().world_size() > 1;
   for (int64_t step = trainer_->steps_attempted(); step < total_steps_ && !stopped; ++step) {
-    if (stop_signal() != 0) break;        // 1
+    // 1. Several ranks agree through the records: a signal sent with step N stops them all after N + 1.
+    if ((ranks ? agreed_stop_ : stop_signal()) != 0) break;
     pending.push_back(place_step(step));  // 2
     // A checkpoint after the previous step saves the random state this step starts from.
     const std::string rng = cpu_rng_state();
