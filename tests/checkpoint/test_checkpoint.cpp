@@ -14,6 +14,7 @@
 #include "ampkit/checkpoint.h"
 #include "ampkit/error.h"
 #include "ampkit/sha256.h"
+#include "test_paths.h"
 #include "train_process.h"
 
 using namespace ampkit::test;
@@ -21,7 +22,7 @@ using namespace ampkit::test;
 namespace {
 
 bool has_plugin(const std::string& file) {
-  return fs::exists(fs::path(AMPKIT_TEST_PLUGIN_DIR) / file);
+  return fs::exists(fs::path(ampkit::test::plugin_dir()) / file);
 }
 
 // The scaler with the most state available: dynamic (growth tracker, growing scale), else static.

@@ -13,18 +13,21 @@
 #include <map>
 #include <thread>
 
+#include "test_paths.h"
 #include "train_process.h"
 
 using namespace ampkit::test;
 
 namespace {
 
-const std::string launch = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-launch";
+const std::string launch = std::string(ampkit::test::bin_dir()) + "/ampkit-launch";
 
-// A port per call, spread by process id so parallel test programs rarely meet.
+// A port per call, spread by process id so parallel test programs rarely meet, and below 32768,
+// where Linux hands out no ephemeral ports: a port above it could be taken by any connection
+// another test makes at that moment (seen: "--master-port 35824 ... is in use by another program").
 int next_port() {
   static int n = 0;
-  return 20000 + static_cast<int>(::getpid() % 2000) * 10 + (n++ % 10);
+  return 20000 + static_cast<int>(::getpid() % 1200) * 10 + (n++ % 10);
 }
 
 std::vector<nlohmann::json> records(const fs::path& file) {

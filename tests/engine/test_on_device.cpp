@@ -34,6 +34,7 @@
 #include "builtin_plugins.h"
 #include "recording_sgd.h"
 #include "tensor_compare.h"
+#include "test_paths.h"
 
 using namespace ampkit;
 using nlohmann::json;
@@ -102,7 +103,7 @@ using ampkit::test::RecordingSGD;
 BOOST_AUTO_TEST_CASE(gradscaler_sequences_through_the_trainer) {
   const char* override_path = std::getenv("AMPKIT_GRADSCALER_GOLDENS");
   const std::string path = override_path && *override_path ? override_path
-                                                           : std::string(AMPKIT_TEST_SOURCE_DIR) +
+                                                           : std::string(ampkit::test::source_dir()) +
                                                                  "/tests/data/gradscaler_sequences.json";
   const json g = read_json(path);
   BOOST_TEST_MESSAGE("reference: " << g.at("reference").get<std::string>());
@@ -157,7 +158,7 @@ namespace {
 // The clipper goldens' parameters on the device, and a loss sum_i <p_i, G_i> whose gradient is
 // exactly G_i; a static scale of 65536 (a power of two) makes the scaled backward exact too.
 struct GoldenStep {
-  json g = read_json(std::string(AMPKIT_TEST_SOURCE_DIR) + "/tests/data/clipper_goldens.json");
+  json g = read_json(std::string(ampkit::test::source_dir()) + "/tests/data/clipper_goldens.json");
 
   std::vector<at::Tensor> tensors(const json& lists, at::ScalarType dtype, at::Device device) const {
     std::vector<at::Tensor> out;

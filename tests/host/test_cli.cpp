@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "test_paths.h"
 #include "train_process.h"
 
 namespace fs = std::filesystem;
@@ -57,7 +58,7 @@ std::string without_cpu_note(std::string output) {
   return output;
 }
 
-const std::string plugins = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-plugins";
+const std::string plugins = std::string(ampkit::test::bin_dir()) + "/ampkit-plugins";
 // tiny (tests/support/train_process.h) without its --workload, for the cases that name their own.
 const std::string tiny_no_workload = train + " " + small_run_args + " " + tiny_model_args;
 
@@ -75,8 +76,8 @@ std::vector<std::string> words_of_line(const std::string& text, const std::strin
 // tests/data/host (cases.txt lists the commands; tools/golden/host_cli_goldens.sh rewrites them for
 // an intended change). The plugin folder and the data folder are written as placeholders.
 BOOST_AUTO_TEST_CASE(help_print_config_and_errors_match_the_recorded_outputs) {
-  const std::string data = std::string(AMPKIT_TEST_DATA_DIR) + "/host";
-  const std::string plugin_dir = fs::canonical(AMPKIT_TEST_PLUGIN_DIR).string();
+  const std::string data = std::string(ampkit::test::data_dir()) + "/host";
+  const std::string plugin_dir = fs::canonical(ampkit::test::plugin_dir()).string();
   std::ifstream cases(data + "/cases.txt");
   BOOST_REQUIRE(cases);
   int compared = 0;
@@ -303,7 +304,7 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
 BOOST_AUTO_TEST_CASE(a_segment_outside_its_mapping_is_refused_by_check_and_by_the_host) {
   TempDir tmp;
   const fs::path file = tmp.path / "libampkit-scaler-relro.so";
-  fs::copy_file(fs::path(AMPKIT_TEST_PLUGIN_DIR) / "libampkit-scaler-static.so", file);
+  fs::copy_file(fs::path(ampkit::test::plugin_dir()) / "libampkit-scaler-static.so", file);
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     Elf64_Ehdr eh{};
@@ -340,14 +341,14 @@ BOOST_AUTO_TEST_CASE(a_segment_outside_its_mapping_is_refused_by_check_and_by_th
 
 BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   TempDir tmp;
-  fs::copy_file(fs::path(AMPKIT_TEST_BROKEN_DIR) / "wrong_kind" / "libampkit-scaler-wrong_kind.so",
+  fs::copy_file(fs::path(ampkit::test::broken_dir()) / "wrong_kind" / "libampkit-scaler-wrong_kind.so",
                 tmp.path / "libampkit-scaler-renamed.so");
   const Result renamed = run(plugins + " check --plugin-dir " + tmp.path.string());
   BOOST_TEST_INFO(renamed.output);
   BOOST_TEST(renamed.code == 8);
   BOOST_TEST(renamed.output.find("the file name disagrees with its metadata (scaler 'wrong_kind'): expected "
                                  "libampkit-scaler-wrong_kind.so") != std::string::npos);
-  const std::string broken = std::string(AMPKIT_TEST_BROKEN_DIR) + "/layout_changed";
+  const std::string broken = std::string(ampkit::test::broken_dir()) + "/layout_changed";
   const Result list = run(plugins + " list --plugin-dir " + broken);
   BOOST_TEST_INFO(list.output);
   BOOST_TEST(list.output.find("Test plugin built against an edited StepStats  [incompatible]") !=
@@ -364,7 +365,7 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   // summary's warnings, not only on stderr.
   TempDir loose;
   const fs::path file = loose.path / "libampkit-scaler-loose.so";
-  fs::copy_file(std::string(AMPKIT_TEST_BROKEN_DIR) + "/wrong_kind/libampkit-scaler-wrong_kind.so", file);
+  fs::copy_file(std::string(ampkit::test::broken_dir()) + "/wrong_kind/libampkit-scaler-wrong_kind.so", file);
   fs::permissions(file, fs::perms::group_write, fs::perm_options::add);
   const Result untrusted = run(plugins + " list --plugin-dir " + loose.path.string());
   BOOST_TEST(untrusted.output.find("[untrusted]") != std::string::npos, untrusted.output);
@@ -379,7 +380,7 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
   BOOST_TEST_INFO(allowed.output);
   BOOST_TEST(allowed.code == 0);
   // Two folders offering scaler 'duplicate': both marked, each naming the other in --json.
-  const std::string dup = std::string(AMPKIT_TEST_BROKEN_DIR) + "/duplicate";
+  const std::string dup = std::string(ampkit::test::broken_dir()) + "/duplicate";
   const std::string both = " --plugin-dir " + dup + "/first --plugin-dir " + dup + "/second";
   const Result clash = run(plugins + " list" + both);
   size_t marks = 0;
@@ -392,7 +393,7 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_flags_misnamed_and_incompatible_files) {
     if (p["name"] == "duplicate") BOOST_TEST(p["clash"].size() == 1u);
   // check creates each strategy in its child: a crash or an exit() there is said to be there.
   const Result faults =
-      run(plugins + " check --plugin-dir " + std::string(AMPKIT_TEST_BROKEN_DIR) + "/faults");
+      run(plugins + " check --plugin-dir " + std::string(ampkit::test::broken_dir()) + "/faults");
   BOOST_TEST(faults.code == 8);
   BOOST_TEST(faults.output.find("create_segv.so crashed while creating its strategy (signal 11") !=
                  std::string::npos,
@@ -436,7 +437,7 @@ BOOST_AUTO_TEST_CASE(a_full_disk_stops_the_run_with_exit_9_and_keeps_the_previou
 }
 
 BOOST_AUTO_TEST_CASE(broken_plugins_give_one_line_and_exit_3_never_a_crash) {
-  const std::string broken = AMPKIT_TEST_BROKEN_DIR;
+  const std::string broken = ampkit::test::broken_dir();
   struct Case {
     std::string selector;
     std::string message;
@@ -574,7 +575,7 @@ BOOST_AUTO_TEST_CASE(fp16_defaults_to_the_dynamic_scaler_and_print_config_says_w
 // within --plugin-timeout + 30 s (a watchdog thread, which a plugin cannot block as it could
 // block SIGALRM).
 BOOST_AUTO_TEST_CASE(plugin_faults_after_construction_name_the_plugin_and_exit_3) {
-  const std::string after = std::string(AMPKIT_TEST_BROKEN_DIR) + "/after/";
+  const std::string after = std::string(ampkit::test::broken_dir()) + "/after/";
   const auto scaler = [&](const std::string& name) {
     return " --scaler " + after + name + "/libampkit-scaler-" + name + ".so";
   };
@@ -642,7 +643,7 @@ BOOST_AUTO_TEST_CASE(plugin_faults_after_construction_name_the_plugin_and_exit_3
 BOOST_AUTO_TEST_CASE(a_second_signal_during_a_hanging_plugin_call_exits_130) {
   TempDir tmp;
   const std::string library =
-      std::string(AMPKIT_TEST_BROKEN_DIR) + "/after/update_hang/libampkit-scaler-update_hang.so";
+      std::string(ampkit::test::broken_dir()) + "/after/update_hang/libampkit-scaler-update_hang.so";
   std::vector<std::string> args = {train,        "--workload", "synthetic", "--threads", "1",
                                    "--progress", "never",      "--steps",   "3",         "--plugin-timeout",
                                    "600",        "--scaler",   library};

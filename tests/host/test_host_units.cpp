@@ -35,6 +35,7 @@
 #include "session/precision_checks.h"
 #include "session/rank_sync.h"
 #include "session/thread_policy.h"
+#include "test_paths.h"
 #include "workloads/workload.h"
 
 namespace ampkit::test {
@@ -113,7 +114,7 @@ BOOST_AUTO_TEST_CASE(every_option_is_declared_once_with_help_and_a_valid_default
 // docs/configuration.md's table of host options is written by hand: every option must be in it,
 // and a default it shows must be the table's (descriptive defaults such as "1 epoch" aside).
 BOOST_AUTO_TEST_CASE(the_configuration_reference_names_every_option_with_its_default) {
-  std::ifstream in(std::string(AMPKIT_TEST_SOURCE_DIR) + "/docs/configuration.md");
+  std::ifstream in(std::string(ampkit::test::source_dir()) + "/docs/configuration.md");
   BOOST_REQUIRE(in);
   std::set<std::string> documented;
   std::map<std::string, std::string> defaults;  // rows of one option: name -> default cell

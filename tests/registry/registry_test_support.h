@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.h"
+
 namespace ampkit {
 // Lets BOOST_TEST print error categories when a comparison fails.
 inline std::ostream& operator<<(std::ostream& out, ErrorCategory category) {
@@ -21,8 +23,8 @@ namespace ampkit::test {
 
 namespace fs = std::filesystem;
 
-inline const fs::path kPluginDir = AMPKIT_TEST_PLUGIN_DIR;
-inline const fs::path kBrokenDir = AMPKIT_TEST_BROKEN_DIR;
+inline const fs::path kPluginDir = ampkit::test::plugin_dir();
+inline const fs::path kBrokenDir = ampkit::test::broken_dir();
 
 // Options that make a registry see exactly `dirs`: no AMPKIT_PLUGIN_PATH, no default folders.
 inline ampkit::RegistryOptions only(std::vector<fs::path> dirs) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "builtin_plugins.h"
+#include "test_paths.h"
 
 using namespace ampkit;
 using namespace ampkit::test;
@@ -39,7 +40,7 @@ BOOST_AUTO_TEST_CASE(built_in_comms_declare_their_facts_through_the_guarded_look
   };
   std::vector<Expected> comms = {{"local", false, false, true}, {"gloo", true, false, true}};
   // nccl is built where the CUDA toolkit is; creating it needs no GPU (init() does).
-  if (std::filesystem::exists(std::filesystem::path(AMPKIT_TEST_PLUGIN_DIR) / "libampkit-comm-nccl.so"))
+  if (std::filesystem::exists(std::filesystem::path(ampkit::test::plugin_dir()) / "libampkit-comm-nccl.so"))
     comms.push_back({"nccl", true, true, true});
   for (const Expected& e : comms) {
     BOOST_TEST_CONTEXT("comm " << e.name) {

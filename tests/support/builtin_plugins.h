@@ -9,13 +9,14 @@
 #include "ampkit/registry.h"
 #include "ampkit/strategy_set.h"
 #include "ampkit/trainer.h"
+#include "test_paths.h"
 
 namespace ampkit::test {
 
 struct BuiltinPlugins {
   Registry registry{[] {
     RegistryOptions o;
-    o.plugin_dirs = {AMPKIT_TEST_PLUGIN_DIR};
+    o.plugin_dirs = {ampkit::test::plugin_dir()};
     o.use_environment = false;
     o.use_default_dirs = false;
     o.probe = false;

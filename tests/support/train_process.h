@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.h"
+
 namespace ampkit::test {
 
 namespace fs = std::filesystem;
@@ -75,7 +77,7 @@ inline std::vector<std::string> words(const std::string& s) {
   return out;
 }
 
-const std::string train = std::string(AMPKIT_TEST_BIN_DIR) + "/ampkit-train";
+const std::string train = std::string(ampkit::test::bin_dir()) + "/ampkit-train";
 // Small and fast: 16 inputs, batches of 32, no progress line, one thread (two cores are shared
 // in CI); without --workload, for a test that names its own.
 const std::string small_run_args = "--synthetic-inputs 16 --batch-size 32 --progress never --threads 1";

@@ -20,6 +20,7 @@
 #include "builtin_plugins.h"
 #include "recording_sgd.h"
 #include "tensor_compare.h"
+#include "test_paths.h"
 
 using namespace ampkit;
 using nlohmann::json;
@@ -28,7 +29,7 @@ namespace {
 
 const json& goldens() {
   static const json data = [] {
-    const std::string path = std::string(AMPKIT_TEST_SOURCE_DIR) + "/tests/data/clipper_goldens.json";
+    const std::string path = std::string(ampkit::test::source_dir()) + "/tests/data/clipper_goldens.json";
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot read " + path + " (run tools/golden/clipper_goldens.py)");
     return json::parse(in);

@@ -26,6 +26,7 @@
 #include "ampkit/registry.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "test_paths.h"
 
 using namespace ampkit;
 
@@ -53,9 +54,9 @@ std::ostream& operator<<(std::ostream& out, const State& state) {
 
 namespace {
 
-// The golden file lives in tests/data (tools/golden/gradscaler_sequences.py writes it);
-// AMPKIT_TEST_DATA_DIR is the calling folder's data/, so the path is built from the source root.
-const std::string kGoldenFile = std::string(AMPKIT_TEST_SOURCE_DIR) + "/tests/data/gradscaler_sequences.json";
+// The golden file lives in tests/data (tools/golden/gradscaler_sequences.py writes it).
+const std::string kGoldenFile =
+    std::string(ampkit::test::source_dir()) + "/tests/data/gradscaler_sequences.json";
 
 using Plugins = ampkit::test::BuiltinPlugins;
 
