@@ -91,19 +91,24 @@ struct Case {
   int group_collectives = 1;  // the buckets' all-reduce (TinyModel fits in one bucket)
 };
 
-// One rank's run: two first steps (the Reducer builds its buckets), then 4 counted steps. Writes, per
-// counted step, the collectives and reads it made, its loss and both ranks' values, to `out`.
-void run_rank(int rank, int port, const Case& c, const std::string& out) {
-  at::set_num_threads(1);
-  BuiltinPlugins plugins;
-  auto set = plugins.strategies({{"comm", BuiltinPlugins::choice("gloo")}});
+// This rank joins the two-rank gloo group at `port` on this machine.
+void join_gloo(CommBackend& comm, int rank, int port) {
   DistributedConfig d;
   d.world_size = 2;
   d.rank = rank;
   d.backend = "gloo";
   d.master_port = port;
   d.timeout_seconds = 60;
-  set->comm().init(d);
+  comm.init(d);
+}
+
+// One rank's run: two first steps (the Reducer builds its buckets), then 4 counted steps. Writes, per
+// counted step, the collectives and reads it made, its loss and both ranks' values, to `out`.
+void run_rank(int rank, int port, const Case& c, const std::string& out) {
+  at::set_num_threads(1);
+  BuiltinPlugins plugins;
+  auto set = plugins.strategies({{"comm", BuiltinPlugins::choice("gloo")}});
+  join_gloo(set->comm(), rank, port);
   CountingComm comm(set->comm());
   at::manual_seed(7);  // the same initial model on both ranks
   TinyModel model;
@@ -158,13 +163,7 @@ nlohmann::json fused_rank(int rank, int port, bool deferred) {
        {"scaler", BuiltinPlugins::choice("dynamic", {{"init_scale", "1024"}, {"growth_interval", "3"}})},
        {"clipper", BuiltinPlugins::choice("norm", {{"max_norm", "0.05"}})},
        {"nan_policy", BuiltinPlugins::choice("backoff", {})}});
-  DistributedConfig d;
-  d.world_size = 2;
-  d.rank = rank;
-  d.backend = "gloo";
-  d.master_port = port;
-  d.timeout_seconds = 60;
-  set->comm().init(d);
+  join_gloo(set->comm(), rank, port);
   CountingComm comm(set->comm());
   at::manual_seed(7);
   TinyModel model;
