@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The nccl comm plugin on a GPU: 1 rank, and 1 vs 2 ranks where there are two GPUs. Without a
-# GPU it exits 77, which ctest reports as skipped (SKIP_RETURN_CODE), not as passed.
+# The nccl comm plugin on a GPU: 1 rank, and 1 vs 2 ranks where there are two GPUs; with two, the
+# 2-rank run takes the deferred step (--host-sync auto on a GPU, issue 42) and is run again with
+# --host-sync step: the same losses and parameters. Without a GPU it exits 77, which ctest
+# reports as skipped (SKIP_RETURN_CODE), not as passed.
 # Usage: test_nccl.sh BIN_DIR WORK_DIR
 set -euo pipefail
 bin=$1 work=$2
@@ -22,6 +24,16 @@ if [ "$gpus" -ge 2 ]; then
     --comm nccl --batch-size 32 --metrics "$work/two.jsonl" --summary "$work/two.json" >"$work/two.log" 2>&1 ||
     { cat "$work/two.log"; fail "2 ranks"; }
   [ "$(json "$work/two.json" "d['ranks_identical']")" = True ] || fail "ranks differ"
+  [ "$(json "$work/two.json" "d['step']['host_sync']")" = deferred ] ||
+    fail "2 ranks: not the deferred step: $(json "$work/two.json" "d['step']")"
+  "$bin/ampkit-launch" --nproc-per-node 2 --master-port 29733 -- "$bin/ampkit-train" "${args[@]}" \
+    --comm nccl --batch-size 32 --host-sync step --metrics "$work/two-step.jsonl" \
+    --summary "$work/two-step.json" >"$work/two-step.log" 2>&1 || { cat "$work/two-step.log"; fail "2 ranks, step"; }
+  [ "$(json "$work/two.json" "d['param_sha256']")" = "$(json "$work/two-step.json" "d['param_sha256']")" ] ||
+    fail "2 ranks: deferred and synchronous parameters differ"
+  cmp -s <(python3 -c "import json,sys; [print(json.loads(l)['loss']) for l in open(sys.argv[1])]" "$work/two.jsonl") \
+    <(python3 -c "import json,sys; [print(json.loads(l)['loss']) for l in open(sys.argv[1])]" "$work/two-step.jsonl") ||
+    fail "2 ranks: deferred and synchronous losses differ"
   python3 - "$work/one.jsonl" "$work/two.jsonl" <<'PY' || fail "1 vs 2 ranks"
 import json, sys
 a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
