@@ -92,10 +92,9 @@ std::vector<HostOption> run_options() {
            "When the host reads a step's statistics: step (every step, before its update) | deferred (the "
            "decisions are made on the device and the figures reach the host one step late: no host read "
            "on a healthy step; needs --optimizer adamw and a device form for every strategy (and, with "
-           "several "
-           "ranks, a comm backend with a c10d process group: gloo, nccl), else the step stays synchronous "
-           "with one line saying why) | auto (deferred on a GPU where it "
-           "can be, step otherwise). Metrics, summary and checkpoints are the same either way.",
+           "several ranks, a comm backend with a c10d process group: gloo, nccl), else the step stays "
+           "synchronous with one line saying why) | auto (deferred on a GPU where it can be, step "
+           "otherwise). Metrics, summary and checkpoints are the same either way.",
            field(&TrainConfig::host_sync))
           .one_of({"auto", "step", "deferred"}),
       number("weight-decay", "0.01", "Weight decay (decoupled for adamw).", field(&TrainConfig::weight_decay))
