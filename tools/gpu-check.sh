@@ -2,7 +2,14 @@
 # One command for a machine with a GPU (issue 20): runs ampkit's CUDA checks from an existing build
 # and writes a Markdown report (format: docs/benchmarks.md, "What has run on a GPU").
 #
-#   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--data DIR] [--dry-run-on-cpu]
+#   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--data DIR] [--sections LIST]
+#                      [--budget SECONDS] [--dry-run-on-cpu]
+#
+# --sections LIST: which sections run, comma-separated, in the order given (default: all, in the order
+# nccl,training,host-sync,parity,post-backward,throughput,models,scaling). --budget SECONDS: a section
+# that would start after SECONDS of the script's time says "not run" under its heading instead (default:
+# no budget). Each section appends to the report as it ends, so a run cut short keeps what it measured.
+# tools/gpu-pack.sh prepares a build and the datasets for a lent machine and prints the call.
 #
 # --data DIR: a folder holding fashion-mnist/ (the IDX .gz files) and fortunes/ (text), for a machine
 # without tools/setup.sh's datasets (copy them into the checkout and carry them); by default the
@@ -16,19 +23,39 @@
 # LibTorch's libraries are taken from the python torch found here. Exit status: 0 when every check
 # that ran passed, 1 otherwise.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-build=build report=gpu-report.md steps=100 device=cuda data=""
+cd "$(dirname "$0")/.." || exit 2
+build=build report=gpu-report.md steps=100 device=cuda data="" budget=""
+all_sections="nccl training host-sync parity post-backward throughput models scaling"
+sections=$all_sections
 while [ $# -gt 0 ]; do
   case "$1" in
+    --build|--report|--steps|--data|--sections|--budget)
+      [ $# -ge 2 ] || { echo "gpu-check.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;&
     --build) build=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
+    --sections) sections=${2//,/ }; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
     --dry-run-on-cpu) device=cpu; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+seen=" "
+for name in $sections; do
+  case " $all_sections " in
+    *" $name "*) ;;
+    *) echo "gpu-check.sh: --sections: unknown section '$name' (one of: ${all_sections// /, })" >&2; exit 2 ;;
+  esac
+  [[ $seen == *" $name "* ]] && { echo "gpu-check.sh: --sections names '$name' twice" >&2; exit 2; }
+  seen="$seen$name "
+done
+[ -n "${sections// /}" ] || { echo "gpu-check.sh: --sections names no section" >&2; exit 2; }
+if [ -n "$budget" ] && ! [[ $budget =~ ^[0-9]+$ ]]; then
+  echo "gpu-check.sh: --budget takes whole seconds, not '$budget'" >&2
+  exit 2
+fi
 python=${PYTHON:-python3}
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 if [ "${gpus:-0}" = 0 ] && [ "$device" = cuda ]; then
@@ -81,57 +108,62 @@ fi
     echo "Device: $("$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
   fi
   echo "($gpus GPUs visible); torch $("$python" -c 'import torch; print(torch.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
-  echo
-  echo "## NCCL"
-  echo
-  echo '| check | result |'
-  echo '|---|---|'
+  [ "$sections" = "$all_sections" ] || echo "Sections, in this order: ${sections// /, }."
 } > "$report"
 
 # test_nccl: one rank (two when there are two GPUs), run directly (a carried build needs no CTest files).
-if [ "$device" = cpu ]; then
-  echo "| test_nccl | not run (dry run on the CPU) |" >> "$report"
-else
-  bash tests/dist/test_nccl.sh "$build/bin" "$out/nccl-test" > "$out/nccl.log" 2>&1
-  code=$?
-  if [ $code = 0 ]; then
-    echo "| test_nccl | passed: $(grep -m1 -E 'max rel loss diff|passed on' "$out/nccl.log" | cut -c1-120) |" >> "$report"
-  elif [ $code = 77 ]; then
-    echo "| test_nccl | skipped: $(tail -1 "$out/nccl.log" | cut -c1-120) |" >> "$report"
-    failed=1
+run_nccl() {
+  {
+    echo
+    echo "## NCCL"
+    echo
+    echo '| check | result |'
+    echo '|---|---|'
+  } >> "$report"
+  if [ "$device" = cpu ]; then
+    echo "| test_nccl | not run (dry run on the CPU) |" >> "$report"
   else
-    echo "| test_nccl | FAILED (exit $code): $(grep -m1 -E 'error|FAIL' "$out/nccl.log" | cut -c1-150) |" >> "$report"
-    failed=1
-  fi
-  cp "$out/nccl.log" "${report%.md}-nccl.log" 2>/dev/null
-fi
-section NCCL
-
-{
-  echo
-  echo "## Training on $device ($steps steps, samples/s of the whole run)"
-  echo
-  echo '| workload | precision | status | samples/s | speed-up vs fp32 | skipped steps | final loss |'
-  echo '|---|---|---|---|---|---|---|'
-} >> "$report"
-for workload in $workloads; do
-  fp32_sps=""
-  for precision in fp32 bf16 fp16; do
-    scaler=none
-    [ "$precision" = fp16 ] && scaler=dynamic
-    summary="$out/$workload-$precision.json"
-    data_args=()
-    [ -n "$data" ] && [ "$workload" = fashion-mnist ] && data_args=(--data-dir "$data/fashion-mnist")
-    [ -n "$data" ] && [ "$workload" = char-gpt ] && data_args=(--text-dir "$data/fortunes")
-    "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" "${data_args[@]}" \
-      --steps "$steps" --eval-batches 2 --progress never --summary "$summary" > "$out/run.log" 2>&1
+    bash tests/dist/test_nccl.sh "$build/bin" "$out/nccl-test" > "$out/nccl.log" 2>&1
     code=$?
-    if [ $code -ne 0 ] || [ ! -f "$summary" ]; then
-      echo "| $workload | $precision | FAILED (exit $code): $(grep -m1 'ampkit-train: error' "$out/run.log" | cut -c1-120) | | | | |" >> "$report"
+    if [ $code = 0 ]; then
+      echo "| test_nccl | passed: $(grep -m1 -E 'max rel loss diff|passed on' "$out/nccl.log" | cut -c1-120) |" >> "$report"
+    elif [ $code = 77 ]; then
+      echo "| test_nccl | skipped: $(tail -1 "$out/nccl.log" | cut -c1-120) |" >> "$report"
       failed=1
-      continue
+    else
+      echo "| test_nccl | FAILED (exit $code): $(grep -m1 -E 'error|FAIL' "$out/nccl.log" | cut -c1-150) |" >> "$report"
+      failed=1
     fi
-    "$python" - "$summary" "$workload" "$precision" "${fp32_sps:-}" >> "$report" <<'PY'
+    cp "$out/nccl.log" "${report%.md}-nccl.log" 2>/dev/null
+  fi
+}
+
+run_training() {
+  {
+    echo
+    echo "## Training on $device ($steps steps, samples/s of the whole run)"
+    echo
+    echo '| workload | precision | status | samples/s | speed-up vs fp32 | skipped steps | final loss |'
+    echo '|---|---|---|---|---|---|---|'
+  } >> "$report"
+  for workload in $workloads; do
+    fp32_sps=""
+    for precision in fp32 bf16 fp16; do
+      scaler=none
+      [ "$precision" = fp16 ] && scaler=dynamic
+      summary="$out/$workload-$precision.json"
+      data_args=()
+      [ -n "$data" ] && [ "$workload" = fashion-mnist ] && data_args=(--data-dir "$data/fashion-mnist")
+      [ -n "$data" ] && [ "$workload" = char-gpt ] && data_args=(--text-dir "$data/fortunes")
+      timeout 300 "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" "${data_args[@]}" \
+        --steps "$steps" --eval-batches 2 --progress never --summary "$summary" > "$out/run.log" 2>&1
+      code=$?
+      if [ $code -ne 0 ] || [ ! -f "$summary" ]; then
+        echo "| $workload | $precision | FAILED (exit $code): $(grep -m1 'ampkit-train: error' "$out/run.log" | cut -c1-120) | | | | |" >> "$report"
+        failed=1
+        continue
+      fi
+      "$python" - "$summary" "$workload" "$precision" "${fp32_sps:-}" >> "$report" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 base = float(sys.argv[4]) if sys.argv[4] else None
@@ -139,29 +171,30 @@ sps = s["samples_per_second"]
 speed = f"{sps / base:.2f}x" if base else "-"
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['status']} | {sps:.0f} | {speed} | {s['skipped_steps']} | {s['final_loss']} |")
 PY
-    [ "$precision" = fp32 ] && fp32_sps=$("$python" -c "import json; print(json.load(open('$summary'))['samples_per_second'])")
+      [ "$precision" = fp32 ] && fp32_sps=$("$python" -c "import json; print(json.load(open('$summary'))['samples_per_second'])")
+    done
   done
-done
-section training
+}
 
 # The deferred step against the synchronous one (ampkit-train --host-sync, issue 42): the same
 # planted faults, metrics and summary compared, host reads and throughput of each.
-sync_steps=200
-[ "$device" = cpu ] && sync_steps=30
-{
-  echo
-  echo "## Deferred and synchronous steps on $device (ampkit-train --host-sync, synthetic fp16, $sync_steps steps, faults at 5, 12, 20)"
-  echo
-  echo '| check | result | host reads: step, deferred | samples/s: step, deferred |'
-  echo '|---|---|---|---|'
-} >> "$report"
-for mode in step deferred; do
-  "$build/bin/ampkit-train" --device "$device" --workload synthetic --precision fp16 --steps "$sync_steps" --progress never \
-    --nan-policy backoff --clipper norm --opt clipper.max_norm=0.5 --inject inf@step=5 --inject nan@step=12 --inject spike@step=20 \
-    --host-sync "$mode" --metrics "$out/sync-$mode.jsonl" --summary "$out/sync-$mode.json" --nan-report-dir "$out/reports-$mode" \
-    > "$out/sync-$mode.log" 2>&1 || echo "exit $?" >> "$out/sync-$mode.log"
-done
-"$python" - "$out" >> "$report" 2>&1 <<'PY' || failed=1
+run_host-sync() {
+  sync_steps=200
+  [ "$device" = cpu ] && sync_steps=30
+  {
+    echo
+    echo "## Deferred and synchronous steps on $device (ampkit-train --host-sync, synthetic fp16, $sync_steps steps, faults at 5, 12, 20)"
+    echo
+    echo '| check | result | host reads: step, deferred | samples/s: step, deferred |'
+    echo '|---|---|---|---|'
+  } >> "$report"
+  for mode in step deferred; do
+    timeout 300 "$build/bin/ampkit-train" --device "$device" --workload synthetic --precision fp16 --steps "$sync_steps" --progress never \
+      --nan-policy backoff --clipper norm --opt clipper.max_norm=0.5 --inject inf@step=5 --inject nan@step=12 --inject spike@step=20 \
+      --host-sync "$mode" --metrics "$out/sync-$mode.jsonl" --summary "$out/sync-$mode.json" --nan-report-dir "$out/reports-$mode" \
+      > "$out/sync-$mode.log" 2>&1 || echo "exit $?" >> "$out/sync-$mode.log"
+  done
+  "$python" - "$out" >> "$report" 2>&1 <<'PY' || failed=1
 import json, os, sys
 out = sys.argv[1]
 def rows(mode):
@@ -189,173 +222,194 @@ except Exception as e:  # a run that failed left no file
     print(f"| deferred = step | FAILED: {type(e).__name__}: {e}; {tail[0][:150]} | | |")
     sys.exit(1)
 PY
-section host-sync
+}
 
-{
-  echo
-  echo "## Parity and host reads on $device tensors (tests/engine/test_on_device.cpp)"
-  echo
-  echo '| check | result |'
-  echo '|---|---|'
-} >> "$report"
-# GradScaler("cuda")'s own sequences, then the checks of test_on_device on the GPU.
-goldens="$out/gradscaler_cuda.json"
-if ! "$python" tools/golden/gradscaler_sequences.py --device "$device" --output "$goldens" > "$out/golden.log" 2>&1; then
-  echo "| GradScaler(\"$device\") reference sequences | FAILED: $(tail -1 "$out/golden.log" | cut -c1-150) |" >> "$report"
-  failed=1
-  goldens=""
-fi
-for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.GradScaler(\"$device\"), 10 patterns, 4562 steps" \
-             clippers_on_the_device_equal_their_references:"norm (L2, inf), value, agc = their references, 1e-6" \
-             one_counted_host_read_per_healthy_step:"1 host read per healthy step, 16 scaler x NaN-policy pairs" \
-             step_values_ride_the_buckets_bit_for_bit:"data-parallel step values through the buckets' encoding, bit for bit" \
-             the_statistics_kernel_agrees_with_the_foreach_recipe:"statistics kernel (chunk_kernel) = foreach recipe, fp32/fp16/bf16, inf, NaN" \
-             the_rules_kernel_decides_as_the_host_function_bit_for_bit:"rules kernel (deferred step) = the host function, bit for bit"; do
-  name=${check%%:*}
-  if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
-  if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \
-      "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
-    echo "| ${check#*:} | passed |" >> "$report"
+run_parity() {
+  {
+    echo
+    echo "## Parity and host reads on $device tensors (tests/engine/test_on_device.cpp)"
+    echo
+    echo '| check | result |'
+    echo '|---|---|'
+  } >> "$report"
+  # GradScaler("cuda")'s own sequences, then the checks of test_on_device on the GPU.
+  goldens="$out/gradscaler_cuda.json"
+  if ! "$python" tools/golden/gradscaler_sequences.py --device "$device" --output "$goldens" > "$out/golden.log" 2>&1; then
+    echo "| GradScaler(\"$device\") reference sequences | FAILED: $(tail -1 "$out/golden.log" | cut -c1-150) |" >> "$report"
+    failed=1
+    goldens=""
+  fi
+  for check in gradscaler_sequences_through_the_trainer:"loss scale = torch.amp.GradScaler(\"$device\"), 10 patterns, 4562 steps" \
+               clippers_on_the_device_equal_their_references:"norm (L2, inf), value, agc = their references, 1e-6" \
+               one_counted_host_read_per_healthy_step:"1 host read per healthy step, 16 scaler x NaN-policy pairs" \
+               step_values_ride_the_buckets_bit_for_bit:"data-parallel step values through the buckets' encoding, bit for bit" \
+               the_statistics_kernel_agrees_with_the_foreach_recipe:"statistics kernel (chunk_kernel) = foreach recipe, fp32/fp16/bf16, inf, NaN" \
+               the_rules_kernel_decides_as_the_host_function_bit_for_bit:"rules kernel (deferred step) = the host function, bit for bit"; do
+    name=${check%%:*}
+    if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
+    if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \
+        timeout 300 "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
+      echo "| ${check#*:} | passed |" >> "$report"
+    else
+      echo "| ${check#*:} | FAILED (exit $?): $(grep -m1 'error' "$out/$name.log" | cut -c1-150) |" >> "$report"
+      failed=1
+    fi
+  done
+  # The whole step in a CUDA graph (issue 42): torch's test_graph_grad_scaling with step() and update()
+  # inside the graph, against the uncaptured loop (on the CPU, the capture's CPU stand-ins only).
+  graph_test=tests/python/test_cuda_graph.py
+  if [ "$instrumented_build" = ON ]; then
+    echo "| whole step in a CUDA graph ($graph_test) | not run: instrumented build |" >> "$report"
+  elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= timeout 300 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
+      > "$out/graph.log" 2>&1; then
+    ran=$(tail -1 "$out/graph.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
+    if [ "$device" = cuda ] && grep -q skipped "$out/graph.log"; then
+      echo "| whole step in a CUDA graph ($graph_test) | FAILED: skipped on the GPU ($ran) |" >> "$report"
+      failed=1
+    else
+      echo "| whole step in a CUDA graph ($graph_test) | passed: $ran |" >> "$report"
+    fi
   else
-    echo "| ${check#*:} | FAILED (exit $?): $(grep -m1 'error' "$out/$name.log" | cut -c1-150) |" >> "$report"
+    echo "| whole step in a CUDA graph ($graph_test) | FAILED: $(grep -m1 -E '^(FAILED|ERROR)|Error' "$out/graph.log" | cut -c1-150) |" >> "$report"
+    cp "$out/graph.log" "${report%.md}-graph.log" 2>/dev/null
     failed=1
   fi
-done
-# The whole step in a CUDA graph (issue 42): torch's test_graph_grad_scaling with step() and update()
-# inside the graph, against the uncaptured loop (on the CPU, the capture's CPU stand-ins only).
-graph_test=tests/python/test_cuda_graph.py
-if [ "$instrumented_build" = ON ]; then
-  echo "| whole step in a CUDA graph ($graph_test) | not run: instrumented build |" >> "$report"
-elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= timeout 300 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
-    > "$out/graph.log" 2>&1; then
-  ran=$(tail -1 "$out/graph.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
-  if [ "$device" = cuda ] && grep -q skipped "$out/graph.log"; then
-    echo "| whole step in a CUDA graph ($graph_test) | FAILED: skipped on the GPU ($ran) |" >> "$report"
-    failed=1
-  else
-    echo "| whole step in a CUDA graph ($graph_test) | passed: $ran |" >> "$report"
-  fi
-else
-  echo "| whole step in a CUDA graph ($graph_test) | FAILED: $(grep -m1 -E '^(FAILED|ERROR)|Error' "$out/graph.log" | cut -c1-150) |" >> "$report"
-  cp "$out/graph.log" "${report%.md}-graph.log" 2>/dev/null
-  failed=1
-fi
-section parity
+}
 
 # The post-backward pipeline against the device's copy bandwidth.
-{
-  echo
-  echo "## Post-backward pipeline against the copy bandwidth (ampkit-bench-post-backward-device)"
-  echo
-  echo '```'
-} >> "$report"
-# shellcheck disable=SC2086
-if ! "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1; then
-  failed=1
-fi
-echo '```' >> "$report"
-section post-backward
+run_post-backward() {
+  {
+    echo
+    echo "## Post-backward pipeline against the copy bandwidth (ampkit-bench-post-backward-device)"
+    echo
+    echo '```'
+  } >> "$report"
+  # shellcheck disable=SC2086
+  if ! timeout 300 "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1; then
+    failed=1
+  fi
+  echo '```' >> "$report"
+}
 
 # Throughput against PyTorch's best recipe on the same GPU (AdamW(fused=True), autocast, GradScaler).
-{
-  echo
-  echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
-  echo
-} >> "$report"
-# shellcheck disable=SC2086  # $quick is a list of options
-if "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
-    --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
-    --csv "${report%.md}-throughput.csv" \
-    ${data:+--data "$data"} $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
-  sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
-else
-  # The table of the rows that ran, then each failed row's reason (one line each).
-  sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
-  echo >> "$report"
-  grep 'runs failed' "$out/throughput.log" | sed 's/^/FAILED: /' | cut -c1-250 >> "$report"
-  grep -q 'runs failed' "$out/throughput.log" || echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
-  failed=1
-fi
-section throughput
+run_throughput() {
+  {
+    echo
+    echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
+    echo
+  } >> "$report"
+  # shellcheck disable=SC2086  # $quick is a list of options
+  if timeout 480 "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
+      --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
+      --csv "${report%.md}-throughput.csv" \
+      ${data:+--data "$data"} $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
+    sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
+  else
+    code=$?
+    # The table of the rows that ran, then each failed row's reason (one line each).
+    sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
+    echo >> "$report"
+    grep 'runs failed' "$out/throughput.log" | sed 's/^/FAILED: /' | cut -c1-250 >> "$report"
+    if [ $code = 124 ]; then
+      echo "FAILED: still running after 480 s" >> "$report"
+    else
+      grep -q 'runs failed' "$out/throughput.log" || echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
+    fi
+    failed=1
+  fi
+}
 
 # Two real models (transformers' GPT-2 124M, timm's ViT-B/16; random weights) under ampkit.GradScaler
 # and torch's GradScaler + unscale_ + clip_grad_norm_, fp16 and bf16, plus the skip decisions of both
 # in lockstep around a planted overflow (tools/bench/gpu_models.py; about 1-2 minutes on an H200).
-models_args=()
-[ "$device" = cpu ] && models_args=(--tiny --threads 1 --rounds 1 --steps 2 --warmup 1 --compare-steps 6 --overflow-step 3)
-# On a GPU twice: the default (sync auto: the deferred step, no host read), with the whole step in a
-# CUDA graph beside it (--graph), and the synchronous step.
-syncs=(auto)
-[ "$device" = cuda ] && syncs=(auto step)
-[ "$instrumented_build" = ON ] && syncs=()
-if [ ${#syncs[@]} = 0 ]; then
-  {
-    echo
-    echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py)"
-    echo
-    echo "not run: $build is an instrumented build (AMPKIT_INSTRUMENT=ON), whose Python extension needs the sanitizer runtime preloaded"
-  } >> "$report"
-fi
-for sync in "${syncs[@]}"; do
-  extra=()
-  [ "$sync" = step ] && extra=(--rounds 3 --compare-steps 0)
-  [ "$sync" = auto ] && [ "$device" = cuda ] && extra=(--graph)
-  {
-    echo
-    echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"
-    echo
-  } >> "$report"
-  PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= timeout 300 "$python" tools/bench/gpu_models.py \
-    --device "$device" --sync "$sync" --json "${report%.md}-models-$sync.json" "${extra[@]}" "${models_args[@]}" \
-    > "$out/models.md" 2> "$out/models.log"
-  code=$?
-  sed -n '/^Device:/,$p' "$out/models.md" >> "$report"
-  if [ $code = 0 ] && grep -q 'capture failed\|a later round failed' "$out/models.md"; then
-    echo >> "$report"
-    echo "FAILED: the whole step in a CUDA graph did not run in every round (the graph column above)" >> "$report"
-    failed=1
+run_models() {
+  models_args=()
+  [ "$device" = cpu ] && models_args=(--tiny --threads 1 --rounds 1 --steps 2 --warmup 1 --compare-steps 6 --overflow-step 3)
+  # On a GPU twice: the default (sync auto: the deferred step, no host read), with the whole step in a
+  # CUDA graph beside it (--graph), and the synchronous step.
+  syncs=(auto)
+  [ "$device" = cuda ] && syncs=(auto step)
+  [ "$instrumented_build" = ON ] && syncs=()
+  if [ ${#syncs[@]} = 0 ]; then
+    {
+      echo
+      echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py)"
+      echo
+      echo "not run: $build is an instrumented build (AMPKIT_INSTRUMENT=ON), whose Python extension needs the sanitizer runtime preloaded"
+    } >> "$report"
   fi
-  if [ $code != 0 ]; then
-    echo >> "$report"
-    if [ $code = 124 ]; then
-      echo "FAILED: still running after 300 s" >> "$report"
-    else
-      echo "FAILED (exit $code): $(grep -m1 -E 'FAILED|Error' "$out/models.log" || tail -1 "$out/models.log")" | cut -c1-250 >> "$report"
+  for sync in "${syncs[@]}"; do
+    extra=()
+    [ "$sync" = step ] && extra=(--rounds 3 --compare-steps 0)
+    [ "$sync" = auto ] && [ "$device" = cuda ] && extra=(--graph)
+    {
+      echo
+      echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"
+      echo
+    } >> "$report"
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= timeout 300 "$python" tools/bench/gpu_models.py \
+      --device "$device" --sync "$sync" --json "${report%.md}-models-$sync.json" "${extra[@]}" "${models_args[@]}" \
+      > "$out/models.md" 2> "$out/models.log"
+    code=$?
+    sed -n '/^Device:/,$p' "$out/models.md" >> "$report"
+    if [ $code = 0 ] && grep -q 'capture failed\|a later round failed' "$out/models.md"; then
+      echo >> "$report"
+      echo "FAILED: the whole step in a CUDA graph did not run in every round (the graph column above)" >> "$report"
+      failed=1
     fi
-    failed=1
-  fi
-done
-section models
+    if [ $code != 0 ]; then
+      echo >> "$report"
+      if [ $code = 124 ]; then
+        echo "FAILED: still running after 300 s" >> "$report"
+      else
+        echo "FAILED (exit $code): $(grep -m1 -E 'FAILED|Error' "$out/models.log" || tail -1 "$out/models.log")" | cut -c1-250 >> "$report"
+      fi
+      failed=1
+    fi
+  done
+}
 
 # Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
 # PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
-scaling_csv="${report%.md}-scaling.csv"
-if [ "$device" = cpu ]; then
-  scaling_args=(--repeats 1 --csv "$scaling_csv" -- --ranks 1,2 --steps 5 --iterations 2)
-elif [ "$gpus" -lt 2 ]; then
-  scaling_args=()  # one GPU: nothing to scale over
-else
-  ranks=1
-  for ((r = 2; r <= gpus; r *= 2)); do ranks="$ranks,$r"; done
-  scaling_args=(--repeats 5 --csv "$scaling_csv" -- --ranks "$ranks" --comm nccl --device cuda --steps 200
-    --batch-size 1024)
-fi
-{
-  echo
-  echo "## Scaling on $device (tools/bench/scaling.py ${scaling_args[*]})"
-  echo
-} >> "$report"
-if [ ${#scaling_args[@]} = 0 ]; then
-  echo "Not run: one GPU visible, nothing to scale over." >> "$report"
-elif "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
-    "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
-  cat "$out/scaling.md" >> "$report"
-  echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
-else
-  echo "FAILED: $(tail -1 "$out/scaling.log" | cut -c1-200)" >> "$report"
-  failed=1
-fi
-section scaling
+run_scaling() {
+  scaling_csv="${report%.md}-scaling.csv"
+  if [ "$device" = cpu ]; then
+    scaling_args=(--repeats 1 --csv "$scaling_csv" -- --ranks 1,2 --steps 5 --iterations 2)
+  elif [ "$gpus" -lt 2 ]; then
+    scaling_args=()  # one GPU: nothing to scale over
+  else
+    ranks=1
+    for ((r = 2; r <= gpus; r *= 2)); do ranks="$ranks,$r"; done
+    scaling_args=(--repeats 5 --csv "$scaling_csv" -- --ranks "$ranks" --comm nccl --device cuda --steps 200
+      --batch-size 1024)
+  fi
+  {
+    echo
+    echo "## Scaling on $device (tools/bench/scaling.py ${scaling_args[*]})"
+    echo
+  } >> "$report"
+  if [ ${#scaling_args[@]} = 0 ]; then
+    echo "Not run: one GPU visible, nothing to scale over." >> "$report"
+  elif "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
+      "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
+    cat "$out/scaling.md" >> "$report"
+    echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
+  else
+    echo "FAILED: $(tail -1 "$out/scaling.log" | cut -c1-200)" >> "$report"
+    failed=1
+  fi
+}
+
+# The sections, in the order asked for; with --budget, those that would start late say so instead.
+for part in $sections; do
+  if [ -n "$budget" ] && [ $((SECONDS - started)) -ge "$budget" ]; then
+    printf '\n## %s\n\nnot run: the --budget of %s s was spent (%s s)\n' "$part" "$budget" "$((SECONDS - started))" >> "$report"
+    echo "gpu-check.sh: $part not run (--budget $budget s spent)"
+    continue
+  fi
+  "run_$part"
+  section "$part"
+done
 
 cat "$report"
 exit $failed

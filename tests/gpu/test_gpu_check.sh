@@ -52,4 +52,56 @@ else
   grep -q "^| whole step in a CUDA graph (tests/python/test_cuda_graph.py) | passed: [0-9]* passed, 4 skipped[^|]* |" "$report" ||
     fail "the CUDA graph row: $(grep -m1 '^| whole step in a CUDA graph' "$report")"
 fi
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 6 checks, 3 runs, 2 throughput rows, $models"
+# 3. --sections runs the sections named, in that order; --budget reports those it could not start.
+for bad in "--sections parity,bogus" "--sections nccl,nccl" "--budget soon" "--sections"; do
+  # shellcheck disable=SC2086  # each case is a list of arguments
+  bash tools/gpu-check.sh --dry-run-on-cpu $bad > /dev/null 2>&1
+  [ $? = 2 ] || fail "gpu-check.sh $bad did not exit 2"
+done
+report="$build/gpu-check-sections.md"
+bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections post-backward,nccl > /dev/null 2>&1 ||
+  fail "the dry run of two sections exited $?"
+order=$(grep '^## ' "$report" | cut -c1-16 | tr '\n' '/')
+[ "$order" = "## Post-backward/## NCCL/" ] || fail "--sections post-backward,nccl ran the sections '$order'"
+grep -q "^copy: flat tensor copy_" "$report" || fail "the post-backward section of --sections ran no benchmark"
+bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections models,training --budget 0 > /dev/null 2>&1 ||
+  fail "the dry run with a spent budget exited $?"
+n=$(grep -c "^not run: the --budget of 0 s was spent" "$report")
+[ "$n" = 2 ] && ! grep -q "^| synthetic" "$report" || fail "with --budget 0, $n of 2 sections said they were not run"
+
+# 4. tools/gpu-pack.sh: the folder a lent machine is given holds what gpu-check runs, fits the
+# device tool's 64 MiB, and runs there (here: two sections from the packed build alone).
+rel=$(realpath --relative-to=. "$build")
+if [[ $rel == ../* ]] || [[ $rel == /* ]]; then
+  pack="not checked (the build is outside the checkout, where the device tool carries nothing from)"
+elif grep -q '^AMPKIT_INSTRUMENT:BOOL=ON' "$build/CMakeCache.txt"; then
+  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$rel/gpu-pack" 2>&1)
+  [ $? = 2 ] && [[ $out == *"instrumented build"* ]] || fail "gpu-pack.sh took an instrumented build: $out"
+  pack="refuses the instrumented build"
+else
+  dest="$rel/gpu-pack"
+  bash tools/gpu-pack.sh --build "$rel" --dest "$dest" --limit-mib 1 > /dev/null 2>&1
+  [ $? = 1 ] || fail "gpu-pack.sh did not exit 1 over a 1 MiB limit"
+  bash tools/gpu-pack.sh --build "$rel" --dest docs > /dev/null 2>&1
+  [ $? = 2 ] || fail "gpu-pack.sh filled a folder git does not ignore"
+  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$dest" 2>&1) || fail "gpu-pack.sh exited $?: $out"
+  [[ $out == *"--report \$OUT/gpu-report.md --sections parity,models,"* ]] || fail "gpu-pack.sh printed no call: $out"
+  for f in bin/ampkit-train bin/ampkit-launch bin/ampkit-bench-post-backward-device bin/ampkit-bench-dist \
+           tests/test_on_device lib/ampkit/plugins/libampkit-scaler-dynamic.so python/ampkit/_C.so \
+           python/ampkit/grad_scaler.py CMakeCache.txt; do
+    [ -s "$dest/build/$f" ] || fail "the pack has no build/$f"
+  done
+  [ -n "$(ls "$dest/data/fashion-mnist")" ] && [ -n "$(ls "$dest/data/fortunes")" ] || fail "the pack has no datasets"
+  [ -z "$(find "$dest" -type l)" ] || fail "the pack holds links, which travel as links: $(find "$dest" -type l | head -1)"
+  bytes=$(du -sb "$dest" | cut -f1)
+  [ "$bytes" -lt $((60 * 1048576)) ] || fail "the pack is $bytes bytes"
+  report="$build/gpu-check-pack.md"
+  bash tools/gpu-check.sh --build "$dest/build" --data "$dest/data" --dry-run-on-cpu --report "$report" \
+    --sections host-sync,post-backward > /dev/null 2>&1 || fail "the dry run from the packed build exited $?"
+  grep -q "^| deferred = step | identical metrics and summary | [0-9]*, 0 |" "$report" ||
+    fail "the packed build's deferred step: $(grep -m1 '^| deferred = step' "$report")"
+  rm -rf "$dest"
+  pack="packs $((bytes / 1048576)) MiB that run"
+fi
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 6 checks, 3 runs, 2 throughput rows, $models;" \
+  "--sections and --budget hold; gpu-pack.sh $pack"
