@@ -13,6 +13,7 @@
 #include <map>
 #include <thread>
 
+#include "free_port.h"
 #include "test_paths.h"
 #include "train_process.h"
 
@@ -21,14 +22,6 @@ using namespace ampkit::test;
 namespace {
 
 const std::string launch = std::string(ampkit::test::bin_dir()) + "/ampkit-launch";
-
-// A port per call, spread by process id so parallel test programs rarely meet, and below 32768,
-// where Linux hands out no ephemeral ports: a port above it could be taken by any connection
-// another test makes at that moment (seen: "--master-port 35824 ... is in use by another program").
-int next_port() {
-  static int n = 0;
-  return 20000 + static_cast<int>(::getpid() % 1200) * 10 + (n++ % 10);
-}
 
 std::vector<nlohmann::json> records(const fs::path& file) {
   std::vector<nlohmann::json> out;
@@ -70,9 +63,10 @@ Parity one_vs_two(const std::string& args, int batch, int steps, const TempDir& 
                        " --summary " + one_summary.string());
   BOOST_REQUIRE_MESSAGE(a.code == 0, a.output);
   // --check-ranks: these tests prove that the ranks agree, so every step's decision is cross-checked.
-  const Result b = run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " +
-                       train + " " + common + " --check-ranks --batch-size " + std::to_string(batch) +
-                       " --metrics " + two.string() + " --summary " + summary.string());
+  const Result b =
+      run(launch + " --nproc-per-node 2 --master-port " + std::to_string(ampkit::test::free_port()) + " -- " +
+          train + " " + common + " --check-ranks --batch-size " + std::to_string(batch) + " --metrics " +
+          two.string() + " --summary " + summary.string());
   BOOST_REQUIRE_MESSAGE(b.code == 0, b.output);
   const auto ra = records(one), rb = records(two);
   BOOST_REQUIRE_EQUAL(ra.size(), static_cast<size_t>(steps));
@@ -140,11 +134,11 @@ BOOST_AUTO_TEST_CASE(cnn_fp32_two_ranks_follow_one_rank_step_for_step,
 BOOST_AUTO_TEST_CASE(nan_on_one_rank_is_skipped_by_both) {
   TempDir tmp;
   const fs::path metrics = tmp.path / "m.jsonl", summary = tmp.path / "s.json";
-  const Result r =
-      run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train + " " +
-          mlp + " --progress never --threads 1 --steps 12 --batch-size 16 --inject nan@step=5,rank=1" +
-          " --check-ranks" + " --nan-report-dir " + tmp.path.string() + " --metrics " + metrics.string() +
-          " --summary " + summary.string());
+  const Result r = run(launch + " --nproc-per-node 2 --master-port " +
+                       std::to_string(ampkit::test::free_port()) + " -- " + train + " " + mlp +
+                       " --progress never --threads 1 --steps 12 --batch-size 16 --inject nan@step=5,rank=1" +
+                       " --check-ranks" + " --nan-report-dir " + tmp.path.string() + " --metrics " +
+                       metrics.string() + " --summary " + summary.string());
   BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto s = read_json(summary);
   BOOST_TEST(s["skipped_steps"].get<int>() == 1);
@@ -201,8 +195,8 @@ BOOST_AUTO_TEST_CASE(two_deferred_ranks_write_what_two_synchronous_ranks_write_w
     const fs::path dir = tmp.path / mode;
     fs::create_directories(dir);
     const Result r =
-        run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train +
-            " " + mlp + " --progress never --threads 1 --steps 40 --batch-size 16" +
+        run(launch + " --nproc-per-node 2 --master-port " + std::to_string(ampkit::test::free_port()) +
+            " -- " + train + " " + mlp + " --progress never --threads 1 --steps 40 --batch-size 16" +
             " --precision fp16 --nan-policy backoff --clipper norm --opt clipper.max_norm=0.2" +
             " --inject nan@step=5,rank=1 --inject inf@step=17,rank=0 --host-sync " + mode +
             " --nan-report-dir " + dir.string() + " --metrics " + (dir / "m.jsonl").string() + " --summary " +
@@ -251,7 +245,7 @@ struct Survivor {
 // Starts ranks 0 and 1 directly (no launcher), each with its own arguments after the common ones.
 std::vector<pid_t> spawn_two_ranks(const std::string& common, const std::array<std::string, 2>& own,
                                    const TempDir& tmp) {
-  const int port = next_port();
+  const int port = ampkit::test::free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
     ::setenv("RANK", std::to_string(r).c_str(), 1);
@@ -391,9 +385,9 @@ BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_fir
 
 BOOST_AUTO_TEST_CASE(launcher_prefixes_ranks_and_stops_all_when_one_fails) {
   // --max-restarts does not restart a usage error: the same arguments would fail the same way.
-  const Result r =
-      run(launch + " --nproc-per-node 2 --max-restarts 2 --master-port " + std::to_string(next_port()) +
-          " -- " + train + " " + mlp + " --steps 2 --inject nan@step=0,rank=7");
+  const Result r = run(launch + " --nproc-per-node 2 --max-restarts 2 --master-port " +
+                       std::to_string(ampkit::test::free_port()) + " -- " + train + " " + mlp +
+                       " --steps 2 --inject nan@step=0,rank=7");
   BOOST_TEST(r.code == 2, r.output);
   BOOST_TEST(r.output.find("restart 1") == std::string::npos, r.output);
   // Both ranks reject the spec before the rendezvous; whichever exits first, the launcher names it.
@@ -439,14 +433,14 @@ BOOST_AUTO_TEST_CASE(launcher_grace_seconds_is_range_checked) {
         bad.output == "ampkit-launch: error: --grace-seconds must be in [0, 86400], got " + shown + "\n",
         bad.output);
   }
-  const Result zero =
-      run(launch + " --grace-seconds 0 --master-port " + std::to_string(next_port()) + " -- true");
+  const Result zero = run(launch + " --grace-seconds 0 --master-port " +
+                          std::to_string(ampkit::test::free_port()) + " -- true");
   BOOST_TEST(zero.code == 0, zero.output);
   // Rank 1 fails at once; rank 0 would sleep for a minute but exits on the SIGTERM, long before
   // the day of grace is over, and nobody is reported as still running.
-  const Result bound =
-      run(launch + " --nproc-per-node 2 --grace-seconds 86400 --master-port " + std::to_string(next_port()) +
-          " -- sh -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60'");
+  const Result bound = run(launch + " --nproc-per-node 2 --grace-seconds 86400 --master-port " +
+                           std::to_string(ampkit::test::free_port()) +
+                           " -- sh -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60'");
   BOOST_TEST(bound.code == 3, bound.output);
   BOOST_TEST(bound.output.find("ampkit-launch: rank 1 exited with code 3 at ") != std::string::npos,
              bound.output);
@@ -632,7 +626,7 @@ BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeou
   TempDir tmp;
   const std::string common = tiny_args + " --steps 1000 --dist-timeout 5";
   const std::vector<pid_t> pids =
-      spawn_two_ranks(common, {"", "--master-port " + std::to_string(next_port() + 5)}, tmp);
+      spawn_two_ranks(common, {"", "--master-port " + std::to_string(ampkit::test::free_port() + 5)}, tmp);
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < 2; ++r) {
     const int code = wait_exit_code(pids[static_cast<size_t>(r)]);
@@ -668,8 +662,9 @@ BOOST_AUTO_TEST_CASE(rendezvous_nobody_joins_exits_7) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   for (const int timeout : {2, 30}) {
-    const std::string job = "RANK=1 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(next_port()) + " " + train +
-                            " " + tiny_args + " --steps 1 --dist-timeout " + std::to_string(timeout);
+    const std::string job = "RANK=1 WORLD_SIZE=2 MASTER_PORT=" + std::to_string(ampkit::test::free_port()) +
+                            " " + train + " " + tiny_args + " --steps 1 --dist-timeout " +
+                            std::to_string(timeout);
     auto start = std::chrono::steady_clock::now();
     BOOST_REQUIRE_EQUAL(run(job + " --print-config").code, 0);
     const double startup = seconds_since(start);
@@ -738,9 +733,9 @@ BOOST_AUTO_TEST_CASE(torchrun_and_its_agent_store) {
   }
   TempDir tmp;
   const fs::path summary = tmp.path / "s.json";
-  const Result r =
-      run("python3 -m torch.distributed.run --nproc-per-node 2 --master-port " + std::to_string(next_port()) +
-          " --no-python " + train + " " + tiny_args + " --steps 5 --summary " + summary.string());
+  const Result r = run("python3 -m torch.distributed.run --nproc-per-node 2 --master-port " +
+                       std::to_string(ampkit::test::free_port()) + " --no-python " + train + " " + tiny_args +
+                       " --steps 5 --summary " + summary.string());
   BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto s = read_json(summary);
   BOOST_TEST(s["world_size"].get<int>() == 2);
@@ -772,7 +767,7 @@ BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_
     BOOST_TEST_CONTEXT("--host-sync " << mode) {
       fs::remove_all(ckpt);
       fs::remove(metrics);
-      const std::string port = std::to_string(next_port());
+      const std::string port = std::to_string(ampkit::test::free_port());
       std::vector<std::string> args = {launch, "--nproc-per-node", "2", "--master-port", port, "--", train};
       for (const auto& w :
            words(mlp + " --progress never --threads 1 --batch-size 8 --steps 1000000 --host-sync " + mode +
@@ -794,8 +789,8 @@ BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_
       BOOST_REQUIRE_EQUAL(rows.size(), static_cast<size_t>(stopped));
       for (size_t k = 0; k < rows.size(); ++k) BOOST_TEST(rows[k]["step"].get<size_t>() == k);
       const Result r =
-          run(launch + " --nproc-per-node 2 --master-port " + std::to_string(next_port()) + " -- " + train +
-              " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +
+          run(launch + " --nproc-per-node 2 --master-port " + std::to_string(ampkit::test::free_port()) +
+              " -- " + train + " " + mlp + " --progress never --threads 1 --batch-size 8 --steps " +
               std::to_string(stopped + 3) + " --host-sync " + mode + " --checkpoint-dir " + ckpt.string() +
               " --resume auto --summary " + (tmp.path / "b.json").string());
       BOOST_REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -813,7 +808,7 @@ BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_all_ranks_after_one_step_and_
   const Result local = run(one);
   BOOST_TEST(local.code == 0, local.output);
   BOOST_TEST(local.output.find("resumed from") != std::string::npos, local.output);
-  const Result gloo = run(one + " --comm gloo --master-port " + std::to_string(next_port()));
+  const Result gloo = run(one + " --comm gloo --master-port " + std::to_string(ampkit::test::free_port()));
   BOOST_TEST(gloo.code == 0, gloo.output);
   BOOST_TEST(gloo.output.find("resumed from") != std::string::npos, gloo.output);
 }

@@ -24,6 +24,7 @@
 #include "ampkit/fused_adamw.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
+#include "free_port.h"
 #include "trainer_fixture.h"
 
 using namespace ampkit;
@@ -222,8 +223,7 @@ nlohmann::json fused_rank(int rank, int port, bool deferred) {
 // `rank_main(rank, port, out)` in two forked processes; what each wrote to `out`, rank by rank.
 template <typename RankMain>
 nlohmann::json fork_two_ranks(RankMain rank_main) {
-  static int n = 0;
-  const int port = 23000 + static_cast<int>(::getpid() % 2000) * 4 + (n++ % 4);
+  const int port = ampkit::test::free_port();
   const auto file = [](pid_t parent, int rank) {
     return "/tmp/ampkit-step-collectives-" + std::to_string(parent) + "-" + std::to_string(rank) + ".json";
   };
