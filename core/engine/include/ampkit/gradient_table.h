@@ -110,7 +110,7 @@ class GradStatsPass {
   DeviceStatsRecipe recipe_;
   StatsPlan plan_;
   at::Tensor table_;    // plan_'s chunk table on the device (CUDA only); undefined: to upload
-  at::Tensor staging_;  // pinned, made with an upload outside a capture for the next upload in one
+  at::Tensor staging_;  // pinned, readied by every uncaptured step for the next upload in a capture
   std::vector<at::Tensor> graph_held_;  // what captured graphs copy from, read and write
   at::Tensor packed_;  // the chunks' four numbers, their sum of squares, the scalars: float64, on the device
   at::Tensor host_;    // where packed_ is read to: pinned host memory (packed_ itself on a CPU)
