@@ -19,15 +19,19 @@ AdamW(lr=1e-4, fused=True), forward under autocast(device, dtype):
   ampkit: scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
           with ampkit.GradScaler(device, clipper="norm", opt={"clipper.max_norm": 1.0})
 Both scale the loss in bf16 too (bf16 needs no loss scaling; the rows measure the same code path
-in both precisions). --graph (CUDA) adds a third recipe, ampkit's step captured whole in a CUDA graph
-(docs/python.md): AdamW(fused=True, capturable=True), sync="deferred", static input buffers the
-batch is copied into; 3 warm-up steps on a side stream, then forward, backward, step() and update()
-captured once with torch.cuda.graph and replayed; its post-backward time cannot be taken inside a
-graph (a capture that fails is reported in the table, with its error). Rounds alternate torch, ampkit, torch, ...; each round runs --warmup untimed
-steps, then --steps timed ones. Step time: the round's wall time over its steps (the device is
-synchronised at the round's ends only); median over rounds. Post-backward: from the end of
-backward to the end of update(), CUDA events on a GPU (perf_counter on the CPU); median over
-every timed step.
+in both precisions). A third recipe is the floor of both: loss.backward(); opt.step() with the
+same fused AdamW and no scaler or clipping; its post-backward time is the optimizer's own, which
+neither recipe can go below, and the table gives each scaler's cost above it (post-backward minus
+the floor) and their ratio. --graph (CUDA) adds a fourth, ampkit's step captured whole in a CUDA
+graph (docs/python.md): AdamW(fused=True, capturable=True), sync="deferred", static input buffers
+the batch is copied into; 3 warm-up steps on a side stream, then forward, backward, step() and
+update() captured once with torch.cuda.graph and replayed; its post-backward time cannot be taken
+inside a graph (a capture that fails is reported in the table, with its error). Rounds alternate
+torch, ampkit, the floor (and the graph), torch, ...; each round runs --warmup untimed steps, then
+--steps timed ones. Step time: the round's wall time over its steps (the device is synchronised
+at the round's ends only); median over rounds. Post-backward: from the end of backward to the end
+of update() (of step() for the floor), CUDA events on a GPU (perf_counter on the CPU); median
+over every timed step.
 
 The skip-decision check runs both recipes in lockstep for --compare-steps steps from fresh copies
 of the same weights, with one gradient element set to inf after backward at --overflow-step: a
@@ -132,8 +136,8 @@ def copy_batch(dst, src) -> None:
 
 
 class Recipe:
-    """One way to train: a model copy, its fused AdamW and its GradScaler (and for "ampkit-graph",
-    the whole step captured in a CUDA graph)."""
+    """One way to train: a model copy, its fused AdamW and its GradScaler (none for "adamw", the
+    floor; for "ampkit-graph", the whole step captured in a CUDA graph)."""
 
     def __init__(self, name: str, model: torch.nn.Module, loss_fn, args: argparse.Namespace, precision: str) -> None:
         self.name, self.model, self.loss_fn = name, model, loss_fn
@@ -144,9 +148,10 @@ class Recipe:
         self.graph = None  # the captured step (ampkit-graph), made by the first round
         self.static = None  # its input buffers
         self.failed = ""  # why the capture failed
+        self.scaler = None
         if name == "torch":
             self.scaler = torch.amp.GradScaler(args.device)
-        else:
+        elif name != "adamw":
             import ampkit
 
             self.scaler = ampkit.GradScaler(args.device, clipper="norm", precision=precision,
@@ -187,13 +192,15 @@ class Recipe:
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.device, dtype=self.dtype):
             loss = self.loss_fn(self.model, batch)
-        self.scaler.scale(loss).backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         if plant_inf:  # one overflowing gradient element, as a real fp16 overflow leaves it
             next(p for p in self.params if p.grad is not None).grad.view(-1)[0] = float("inf")
 
     def finish(self):
         """Everything after backward; returns what scaler.step returned: ampkit's says whether it
         stepped, torch's does not (None either way), so compare_decisions reads torch's scale."""
+        if self.scaler is None:
+            return self.opt.step()
         if self.name == "torch":
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
@@ -221,7 +228,7 @@ class Recipe:
 def time_recipes(base: torch.nn.Module, loss_fn, data: list, args: argparse.Namespace, precision: str) -> dict:
     """Interleaved rounds of the recipes; medians of step time and post-backward time per recipe
     (None where there is none); a graph whose capture failed gives its error instead."""
-    names = ("torch", "ampkit") + (("ampkit-graph",) if args.graph else ())
+    names = ("torch", "ampkit", "adamw") + (("ampkit-graph",) if args.graph else ())
     recipes = [Recipe(name, copy.deepcopy(base), loss_fn, args, precision) for name in names]
     walls = {r.name: [] for r in recipes}
     posts = {r.name: [] for r in recipes}
@@ -284,7 +291,8 @@ def run_row(model_key: str, precision: str, args: argparse.Namespace) -> dict:
     if args.rounds > 0:
         medians = time_recipes(base, loss_fn, data, args, precision)
         row.update({"torch_step_ms": medians["torch"][0], "ampkit_step_ms": medians["ampkit"][0],
-                    "torch_post_backward_ms": medians["torch"][1], "ampkit_post_backward_ms": medians["ampkit"][1]})
+                    "torch_post_backward_ms": medians["torch"][1], "ampkit_post_backward_ms": medians["ampkit"][1],
+                    "adamw_post_backward_ms": medians["adamw"][1]})
         if args.graph:
             row["ampkit_graph_step_ms"] = medians["ampkit-graph"][0]
             row["graph_failed"] = medians["graph_failed"]
@@ -324,6 +332,15 @@ def describe(model_key: str, args: argparse.Namespace) -> str:
     return f"ViT = timm {z['name']}{changed}, batch {z['batch']} x 3x{z['img']}x{z['img']}"
 
 
+def floor_cells(r: dict) -> str:
+    """The floor's post-backward time, each recipe's time above it, and their ratio ("-" where
+    torch's is not above the floor, as noise can make it on a CPU)."""
+    floor = r["adamw_post_backward_ms"]
+    above_torch, above_ampkit = r["torch_post_backward_ms"] - floor, r["ampkit_post_backward_ms"] - floor
+    ratio = f"{above_ampkit / above_torch:.3f}" if above_torch > 0 else "-"
+    return f"{floor:.3f} | {above_torch:.3f} -> {above_ampkit:.3f} | {ratio}"
+
+
 def print_tables(rows: list, args: argparse.Namespace) -> None:
     print(f"# ampkit.GradScaler against torch.amp.GradScaler on real models ({'tiny' if args.tiny else 'full'} "
           f"configs)")
@@ -342,10 +359,14 @@ def print_tables(rows: list, args: argparse.Namespace) -> None:
                   "sees the capture), where the uncaptured recipes pass is_causal: the GPT-2 graph column runs "
                   "another attention kernel, so compare its ampkit-graph time with care; ViT is unaffected.")
         print()
+        print("Floor: the same fused AdamW's step() alone after an unscaled backward (no scaler, no clipping); "
+              "above the floor: each recipe's post-backward time minus the floor's.")
+        print()
         graph_head = " ampkit in a CUDA graph, step ms | ratio |" if args.graph else ""
         print("| model | precision | params | torch step ms | ampkit step ms | ratio | torch post-backward ms | "
-              f"ampkit post-backward ms | ratio |{graph_head}")
-        print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.graph else ""))
+              "ampkit post-backward ms | ratio | floor: AdamW alone, ms | above the floor, torch -> ampkit ms | "
+              f"ratio |{graph_head}")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.graph else ""))
         for r in timed:
             graph_cells = ""
             if args.graph and r["ampkit_graph_step_ms"] is not None:
@@ -358,7 +379,7 @@ def print_tables(rows: list, args: argparse.Namespace) -> None:
                   f"{r['torch_step_ms']:.2f} | {r['ampkit_step_ms']:.2f} | "
                   f"{r['ampkit_step_ms'] / r['torch_step_ms']:.3f} | {r['torch_post_backward_ms']:.3f} | "
                   f"{r['ampkit_post_backward_ms']:.3f} | "
-                  f"{r['ampkit_post_backward_ms'] / r['torch_post_backward_ms']:.3f} |{graph_cells}")
+                  f"{r['ampkit_post_backward_ms'] / r['torch_post_backward_ms']:.3f} | {floor_cells(r)} |{graph_cells}")
     checked = [r for r in rows if "compare" in r]
     if checked:
         print()
