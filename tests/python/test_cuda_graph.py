@@ -3,8 +3,11 @@ captured with torch.cuda.graph and replayed, against the same loop uncaptured.
 
 On a GPU: torch's test_graph_grad_scaling (test/test_cuda.py), which captures forward and backward
 only and runs step()/update() outside the graph, extended to step() and update() inside it, with
-fused SGD and AdamW(capturable=True): the same scales, skips and parameters, replay for replay; and
-a second capture after one uncaptured step.
+fused SGD and AdamW(capturable=True): the same scales, skips and parameters, replay for replay, and
+the same scales as torch.amp.GradScaler captured the same way (with a fused optimizer torch's step
+reads nothing on the host either; its weights to 1e-6); and a second capture after one uncaptured
+step. On the CPU, torch's and ampkit's uncaptured loops over these inputs give the same scales and
+bit-equal weights (checked 2026-11-29 while writing this reference).
 
 Without a GPU the same steps run on CPU tensors with the capture's flag raised ("captured" steps
 run at once there): every record goes through the device ring and reaches the host forms only when
@@ -14,7 +17,7 @@ with one RuntimeError.
 
 import copy
 import pickle
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
@@ -192,14 +195,18 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 INPUTS = [5.0, 20000.0, 5.0, 40000.0, 5.0, 5.0, 5.0, 5.0, 3.0, 70000.0, 5.0, 5.0] * 3
 
 
-def _graph_setup(optimizer: str):
-    """torch's test_graph_grad_scaling's model, warmed up with three uncaptured steps."""
+def _graph_setup(optimizer: str, torch_scaler: bool = False):
+    """torch's test_graph_grad_scaling's model, warmed up with three uncaptured steps; ampkit's
+    GradScaler, or torch's (which a fused optimizer lets run in a graph too) as the reference."""
     weight = torch.ones((100,), device="cuda", requires_grad=True)
     if optimizer == "sgd":
         opt: Any = torch.optim.SGD([weight], lr=0.1, fused=True)
     else:
         opt = torch.optim.AdamW([weight], lr=0.1, fused=True, capturable=True)
-    scaler = ampkit.GradScaler("cuda", init_scale=4.0, growth_interval=3, sync="deferred")
+    if torch_scaler:
+        scaler: Any = torch.amp.GradScaler("cuda", init_scale=4.0, growth_interval=3)
+    else:
+        scaler = ampkit.GradScaler("cuda", init_scale=4.0, growth_interval=3, sync="deferred")
     static_input = torch.ones_like(weight)
 
     def one_step():
@@ -282,14 +289,31 @@ def test_a_second_capture_after_one_uncaptured_step_continues_the_loop(optimizer
     assert scaler.last_step["skipped_steps"] == 8
 
 
+def _torch_graph_scales(optimizer: str) -> Tuple[List[float], torch.Tensor]:
+    """torch.amp.GradScaler captured the same way (its fused-optimizer path reads nothing on the
+    host, as in torch's test_graph_scaling_fused_optimizers): its scale after every replay and the
+    final weights, the reference the ampkit loops are held to."""
+    weight, opt, scaler, static_input, one_step = _graph_setup(optimizer, torch_scaler=True)
+    graph = _capture(opt, one_step)
+    scales = []
+    for value in INPUTS:
+        static_input.fill_(value)
+        graph.replay()
+        scales.append(scaler._scale.item())
+    return scales, weight.detach().clone()
+
+
 @needs_cuda
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_graph_grad_scaling_with_step_and_update_in_the_graph(optimizer):
     eager = _graph_loop(optimizer, captured=False)
     graph = _graph_loop(optimizer, captured=True)
-    assert graph["scales"] == eager["scales"]
+    torch_scales, torch_weight = _torch_graph_scales(optimizer)
+    assert graph["scales"] == eager["scales"] == torch_scales
     # torch's test expects 4, 2, 2, 1 from scale 4; three clean warm-up steps grew it to 8 here.
     assert graph["scales"][:4] == [8.0, 4.0, 4.0, 2.0]
+    # The same fused kernel takes the same grad_scale and found_inf: torch's weights, to rounding.
+    torch.testing.assert_close(graph["weights"][-1], torch_weight, rtol=1e-6, atol=1e-6)
     assert all(torch.equal(a, b) for a, b in zip(graph["weights"], eager["weights"]))
     assert graph["scale"] == eager["scale"]
     assert graph["state"] == eager["state"]
