@@ -7,7 +7,7 @@ fused SGD and AdamW(capturable=True): the same scales, skips and parameters, rep
 the same scales as torch.amp.GradScaler captured the same way (with a fused optimizer torch's step
 reads nothing on the host either; its weights to 1e-6); and a second capture after one uncaptured
 step. On the CPU, torch's and ampkit's uncaptured loops over these inputs give the same scales and
-bit-equal weights (checked 2026-11-29 while writing this reference).
+bit-equal weights (test_the_graph_tests_inputs_give_torchs_scales_and_weights_uncaptured_on_the_cpu).
 
 Without a GPU the same steps run on CPU tensors with the capture's flag raised ("captured" steps
 run at once there): every record goes through the device ring and reaches the host forms only when
@@ -256,6 +256,40 @@ def _graph_loop(optimizer: str, captured: bool) -> Dict[str, Any]:
         with pytest.raises(RuntimeError, match="capture the graph again"):
             scaler.get_scale()
     return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_the_graph_tests_inputs_give_torchs_scales_and_weights_uncaptured_on_the_cpu(optimizer):
+    # The GPU tests below expect torch's scales; here the same inputs, uncaptured on CPU tensors
+    # with fused optimizers, against torch.amp.GradScaler("cpu"): scales equal, weights bit-equal.
+    def loop(torch_scaler: bool) -> Tuple[List[float], torch.Tensor]:
+        weight = torch.ones((100,), requires_grad=True)
+        if optimizer == "sgd":
+            opt: Any = torch.optim.SGD([weight], lr=0.1, fused=True)
+        else:
+            opt = torch.optim.AdamW([weight], lr=0.1, fused=True)
+        if torch_scaler:
+            scaler: Any = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=3)
+        else:
+            scaler = ampkit.GradScaler("cpu", init_scale=4.0, growth_interval=3, sync="deferred")
+        x = torch.ones_like(weight)
+        scales = []
+        for i, value in enumerate([1.0] * 3 + INPUTS):  # three clean warm-up steps first
+            x.fill_(value)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale((weight.half() * x).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            if i >= 3:
+                scales.append(scaler.get_scale())
+        return scales, weight.detach()
+
+    ours, our_weight = loop(torch_scaler=False)
+    theirs, their_weight = loop(torch_scaler=True)
+    assert ours == theirs
+    assert ours[:4] == [8.0, 4.0, 4.0, 2.0]
+    assert sum(b < a for a, b in zip([8.0] + ours, ours)) == 8  # 8 overflows, each a backoff
+    assert torch.equal(our_weight, their_weight)
 
 
 @needs_cuda
