@@ -3,42 +3,49 @@
 # and writes a Markdown report (format: docs/benchmarks.md, "What has run on a GPU").
 #
 #   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--data DIR] [--sections LIST]
-#                      [--budget SECONDS] [--dry-run-on-cpu]
+#                      [--budget SECONDS] [--deadline SECONDS] [--dry-run-on-cpu]
 #
 # --sections LIST: which sections run, comma-separated, in the order given (default: all, in the order
 # nccl,training,host-sync,parity,post-backward,throughput,models,scaling). --budget SECONDS: a section
-# that would start after SECONDS of the script's time says "not run" under its heading instead (default:
-# no budget). Each section appends to the report as it ends, so a run cut short keeps what it measured.
-# tools/gpu-pack.sh prepares a build and the datasets for a lent machine and prints the call.
+# that would start after SECONDS of the script's time says "not run" under its heading instead.
+# --deadline SECONDS: every program is stopped by then (its time limit is cut to what is left; a
+# section with under 20 s left is not run), so that the report is written before a caller's own
+# limit. Neither by default. Each section appends to the report as it ends, and the report's last
+# line says the script ended: a report without it was cut short. tools/gpu-pack.sh prepares a build
+# and the datasets for a lent machine and prints the call.
 #
 # --data DIR: a folder holding fashion-mnist/ (the IDX .gz files) and fortunes/ (text), for a machine
 # without tools/setup.sh's datasets (copy them into the checkout and carry them); by default the
 # workloads read /usr/share/datasets/fashion-mnist and /usr/share/games/fortunes.
 #
 # --dry-run-on-cpu runs every check but NCCL on the CPU, with short runs, to test this script on a
-# machine without a GPU (ctest's test_gpu_check_dry_run); its figures mean nothing.
+# machine without a GPU (ctest's test_gpu_check); its figures mean nothing.
 #
 # Without a GPU it prints "no GPU: nothing to check" and exits 0 (CI runs it that way). The build
 # may come from another machine (Release, Boost and yaml-cpp linked statically, carried over):
 # LibTorch's libraries are taken from the python torch found here. Exit status: 0 when every check
 # that ran passed, 1 otherwise.
 set -uo pipefail
+started=$SECONDS
 cd "$(dirname "$0")/.." || exit 2
-build=build report=gpu-report.md steps=100 device=cuda data="" budget=""
+build=build report=gpu-report.md steps=100 device=cuda data="" budget="" deadline=""
 all_sections="nccl training host-sync parity post-backward throughput models scaling"
 sections=$all_sections
 while [ $# -gt 0 ]; do
   case "$1" in
-    --build|--report|--steps|--data|--sections|--budget)
+    --build|--report|--steps|--data|--sections|--budget|--deadline)
       [ $# -ge 2 ] || { echo "gpu-check.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;&
     --build) build=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --sections) sections=${2//,/ }; shift 2 ;;
+    --budget|--deadline)
+      [[ $2 =~ ^[0-9]+$ ]] || { echo "gpu-check.sh: $1 takes whole seconds, not '$2'" >&2; exit 2; } ;;&
     --budget) budget=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     --dry-run-on-cpu) device=cpu; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,10 +59,6 @@ for name in $sections; do
   seen="$seen$name "
 done
 [ -n "${sections// /}" ] || { echo "gpu-check.sh: --sections names no section" >&2; exit 2; }
-if [ -n "$budget" ] && ! [[ $budget =~ ^[0-9]+$ ]]; then
-  echo "gpu-check.sh: --budget takes whole seconds, not '$budget'" >&2
-  exit 2
-fi
 python=${PYTHON:-python3}
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 if [ "${gpus:-0}" = 0 ] && [ "$device" = cuda ]; then
@@ -85,8 +88,33 @@ failed=0
 # An instrumented build (AMPKIT_INSTRUMENT) has a _C.so that loads only into a python started with
 # the sanitizer runtime first: its Python sections say so and run nothing (the Release suite runs them).
 instrumented_build=$(sed -n 's/^AMPKIT_INSTRUMENT:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null)
-started=$SECONDS
 section() { echo "gpu-check.sh: $1 done at $((SECONDS - started)) s"; }
+# limit S: S seconds, or what is left before --deadline when that is less (at least 1).
+limit() {
+  local own=$1 left
+  if [ -n "$deadline" ]; then
+    left=$((deadline - (SECONDS - started)))
+    [ "$left" -lt "$own" ] && own=$left
+    [ "$own" -lt 1 ] && own=1
+  fi
+  echo "$own"
+}
+# bounded S PROGRAM ARGS...: PROGRAM with the time limit `limit S`, killed 15 s after its TERM (ampkit-train
+# takes a first TERM as "stop after this step"); 124 or 137 when it was stopped.
+bounded() {
+  local own=$1
+  shift
+  timeout -k 15 "$(limit "$own")" "$@"
+}
+# too_late: why a section (or a second benchmark run) should not start now; nothing when it may.
+too_late() {
+  local now=$((SECONDS - started))
+  if [ -n "$budget" ] && [ "$now" -ge "$budget" ]; then
+    echo "the --budget of $budget s was spent ($now s)"
+  elif [ -n "$deadline" ] && [ $((deadline - now)) -lt 20 ]; then
+    echo "under 20 s were left before the --deadline of $deadline s ($now s)"
+  fi
+}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -107,12 +135,15 @@ fi
     echo
     echo "Device: $("$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
   fi
-  echo "($gpus GPUs visible); torch $("$python" -c 'import torch; print(torch.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  # A packed build (tools/gpu-pack.sh) names the commit it was packed at: the device's copy has no .git.
+  commit=$(cat "$build/ampkit-commit.txt" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo '?')
+  echo "($gpus GPUs visible); torch $("$python" -c 'import torch; print(torch.__version__)'); commit $commit."
   [ "$sections" = "$all_sections" ] || echo "Sections, in this order: ${sections// /, }."
 } > "$report"
 
 # test_nccl: one rank (two when there are two GPUs), run directly (a carried build needs no CTest files).
 run_nccl() {
+  local code
   {
     echo
     echo "## NCCL"
@@ -123,7 +154,7 @@ run_nccl() {
   if [ "$device" = cpu ]; then
     echo "| test_nccl | not run (dry run on the CPU) |" >> "$report"
   else
-    bash tests/dist/test_nccl.sh "$build/bin" "$out/nccl-test" > "$out/nccl.log" 2>&1
+    bounded 180 bash tests/dist/test_nccl.sh "$build/bin" "$out/nccl-test" > "$out/nccl.log" 2>&1
     code=$?
     if [ $code = 0 ]; then
       echo "| test_nccl | passed: $(grep -m1 -E 'max rel loss diff|passed on' "$out/nccl.log" | cut -c1-120) |" >> "$report"
@@ -139,6 +170,7 @@ run_nccl() {
 }
 
 run_training() {
+  local workload precision scaler summary code fp32_sps data_args
   {
     echo
     echo "## Training on $device ($steps steps, samples/s of the whole run)"
@@ -155,7 +187,7 @@ run_training() {
       data_args=()
       [ -n "$data" ] && [ "$workload" = fashion-mnist ] && data_args=(--data-dir "$data/fashion-mnist")
       [ -n "$data" ] && [ "$workload" = char-gpt ] && data_args=(--text-dir "$data/fortunes")
-      timeout 300 "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" "${data_args[@]}" \
+      bounded 300 "$build/bin/ampkit-train" --device "$device" --workload "$workload" --precision "$precision" --scaler "$scaler" "${data_args[@]}" \
         --steps "$steps" --eval-batches 2 --progress never --summary "$summary" > "$out/run.log" 2>&1
       code=$?
       if [ $code -ne 0 ] || [ ! -f "$summary" ]; then
@@ -179,6 +211,7 @@ PY
 # The deferred step against the synchronous one (ampkit-train --host-sync, issue 42): the same
 # planted faults, metrics and summary compared, host reads and throughput of each.
 run_host-sync() {
+  local sync_steps mode
   sync_steps=200
   [ "$device" = cpu ] && sync_steps=30
   {
@@ -189,7 +222,7 @@ run_host-sync() {
     echo '|---|---|---|---|'
   } >> "$report"
   for mode in step deferred; do
-    timeout 300 "$build/bin/ampkit-train" --device "$device" --workload synthetic --precision fp16 --steps "$sync_steps" --progress never \
+    bounded 300 "$build/bin/ampkit-train" --device "$device" --workload synthetic --precision fp16 --steps "$sync_steps" --progress never \
       --nan-policy backoff --clipper norm --opt clipper.max_norm=0.5 --inject inf@step=5 --inject nan@step=12 --inject spike@step=20 \
       --host-sync "$mode" --metrics "$out/sync-$mode.jsonl" --summary "$out/sync-$mode.json" --nan-report-dir "$out/reports-$mode" \
       > "$out/sync-$mode.log" 2>&1 || echo "exit $?" >> "$out/sync-$mode.log"
@@ -225,6 +258,7 @@ PY
 }
 
 run_parity() {
+  local goldens check name graph_test ran
   {
     echo
     echo "## Parity and host reads on $device tensors (tests/engine/test_on_device.cpp)"
@@ -234,7 +268,7 @@ run_parity() {
   } >> "$report"
   # GradScaler("cuda")'s own sequences, then the checks of test_on_device on the GPU.
   goldens="$out/gradscaler_cuda.json"
-  if ! "$python" tools/golden/gradscaler_sequences.py --device "$device" --output "$goldens" > "$out/golden.log" 2>&1; then
+  if ! bounded 120 "$python" tools/golden/gradscaler_sequences.py --device "$device" --output "$goldens" > "$out/golden.log" 2>&1; then
     echo "| GradScaler(\"$device\") reference sequences | FAILED: $(tail -1 "$out/golden.log" | cut -c1-150) |" >> "$report"
     failed=1
     goldens=""
@@ -248,7 +282,7 @@ run_parity() {
     name=${check%%:*}
     if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
     if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \
-        timeout 300 "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
+        bounded 300 "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
       echo "| ${check#*:} | passed |" >> "$report"
     else
       echo "| ${check#*:} | FAILED (exit $?): $(grep -m1 'error' "$out/$name.log" | cut -c1-150) |" >> "$report"
@@ -260,7 +294,7 @@ run_parity() {
   graph_test=tests/python/test_cuda_graph.py
   if [ "$instrumented_build" = ON ]; then
     echo "| whole step in a CUDA graph ($graph_test) | not run: instrumented build |" >> "$report"
-  elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= timeout 300 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
+  elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= bounded 300 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
       > "$out/graph.log" 2>&1; then
     ran=$(tail -1 "$out/graph.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
     if [ "$device" = cuda ] && grep -q skipped "$out/graph.log"; then
@@ -285,7 +319,7 @@ run_post-backward() {
     echo '```'
   } >> "$report"
   # shellcheck disable=SC2086
-  if ! timeout 300 "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1; then
+  if ! bounded 300 "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1; then
     failed=1
   fi
   echo '```' >> "$report"
@@ -293,13 +327,14 @@ run_post-backward() {
 
 # Throughput against PyTorch's best recipe on the same GPU (AdamW(fused=True), autocast, GradScaler).
 run_throughput() {
+  local code
   {
     echo
     echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
     echo
   } >> "$report"
   # shellcheck disable=SC2086  # $quick is a list of options
-  if timeout 480 "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
+  if bounded 480 "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
       --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
       --csv "${report%.md}-throughput.csv" \
       ${data:+--data "$data"} $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
@@ -310,8 +345,8 @@ run_throughput() {
     sed -n '/^| workload/,$p' "$out/throughput.md" >> "$report"
     echo >> "$report"
     grep 'runs failed' "$out/throughput.log" | sed 's/^/FAILED: /' | cut -c1-250 >> "$report"
-    if [ $code = 124 ]; then
-      echo "FAILED: still running after 480 s" >> "$report"
+    if [ $code = 124 ] || [ $code = 137 ]; then
+      echo "FAILED: stopped at its time limit ($(limit 480) s at most)" >> "$report"
     else
       grep -q 'runs failed' "$out/throughput.log" || echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
     fi
@@ -323,6 +358,7 @@ run_throughput() {
 # and torch's GradScaler + unscale_ + clip_grad_norm_, fp16 and bf16, plus the skip decisions of both
 # in lockstep around a planted overflow (tools/bench/gpu_models.py; about 1-2 minutes on an H200).
 run_models() {
+  local models_args syncs sync extra code why
   models_args=()
   [ "$device" = cpu ] && models_args=(--tiny --threads 1 --rounds 1 --steps 2 --warmup 1 --compare-steps 6 --overflow-step 3)
   # On a GPU twice: the default (sync auto: the deferred step, no host read), with the whole step in a
@@ -339,6 +375,11 @@ run_models() {
     } >> "$report"
   fi
   for sync in "${syncs[@]}"; do
+    why=$(too_late)
+    if [ -n "$why" ]; then
+      printf '\n## Real models, --sync %s\n\nnot run: %s\n' "$sync" "$why" >> "$report"
+      continue
+    fi
     extra=()
     [ "$sync" = step ] && extra=(--rounds 3 --compare-steps 0)
     [ "$sync" = auto ] && [ "$device" = cuda ] && extra=(--graph)
@@ -347,7 +388,7 @@ run_models() {
       echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"
       echo
     } >> "$report"
-    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= timeout 300 "$python" tools/bench/gpu_models.py \
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= bounded 300 "$python" tools/bench/gpu_models.py \
       --device "$device" --sync "$sync" --json "${report%.md}-models-$sync.json" "${extra[@]}" "${models_args[@]}" \
       > "$out/models.md" 2> "$out/models.log"
     code=$?
@@ -359,8 +400,8 @@ run_models() {
     fi
     if [ $code != 0 ]; then
       echo >> "$report"
-      if [ $code = 124 ]; then
-        echo "FAILED: still running after 300 s" >> "$report"
+      if [ $code = 124 ] || [ $code = 137 ]; then
+        echo "FAILED: stopped at its time limit (300 s, or the --deadline)" >> "$report"
       else
         echo "FAILED (exit $code): $(grep -m1 -E 'FAILED|Error' "$out/models.log" || tail -1 "$out/models.log")" | cut -c1-250 >> "$report"
       fi
@@ -372,6 +413,7 @@ run_models() {
 # Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
 # PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
 run_scaling() {
+  local scaling_csv scaling_args ranks r
   scaling_csv="${report%.md}-scaling.csv"
   if [ "$device" = cpu ]; then
     scaling_args=(--repeats 1 --csv "$scaling_csv" -- --ranks 1,2 --steps 5 --iterations 2)
@@ -390,8 +432,8 @@ run_scaling() {
   } >> "$report"
   if [ ${#scaling_args[@]} = 0 ]; then
     echo "Not run: one GPU visible, nothing to scale over." >> "$report"
-  elif "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
-      "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
+  elif bounded 480 "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
+      bounded 60 "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
     cat "$out/scaling.md" >> "$report"
     echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
   else
@@ -400,16 +442,22 @@ run_scaling() {
   fi
 }
 
-# The sections, in the order asked for; with --budget, those that would start late say so instead.
+# The sections, in the order asked for; past --budget or near --deadline, those left say so instead.
+not_run=0
 for part in $sections; do
-  if [ -n "$budget" ] && [ $((SECONDS - started)) -ge "$budget" ]; then
-    printf '\n## %s\n\nnot run: the --budget of %s s was spent (%s s)\n' "$part" "$budget" "$((SECONDS - started))" >> "$report"
-    echo "gpu-check.sh: $part not run (--budget $budget s spent)"
+  why=$(too_late)
+  if [ -n "$why" ]; then
+    printf '\n## %s\n\nnot run: %s\n' "$part" "$why" >> "$report"
+    echo "gpu-check.sh: $part not run: $why"
+    not_run=$((not_run + 1))
     continue
   fi
   "run_$part"
   section "$part"
 done
+# The last line: a report without it was cut short.
+printf '\ngpu-check.sh ended at %s s: %s; %s of the sections asked for not run.\n' "$((SECONDS - started))" \
+  "$([ $failed = 0 ] && echo 'every check that ran passed' || echo 'FAILED')" "$not_run" >> "$report"
 
 cat "$report"
 exit $failed

@@ -52,11 +52,16 @@ else
   grep -q "^| whole step in a CUDA graph (tests/python/test_cuda_graph.py) | passed: [0-9]* passed, 4 skipped[^|]* |" "$report" ||
     fail "the CUDA graph row: $(grep -m1 '^| whole step in a CUDA graph' "$report")"
 fi
-# 3. --sections runs the sections named, in that order; --budget reports those it could not start.
-for bad in "--sections parity,bogus" "--sections nccl,nccl" "--budget soon" "--sections"; do
+# 3. --sections runs the sections named, in that order; --budget and --deadline report those they
+# did not start; the report's last line says the script ended.
+grep -q "^gpu-check.sh ended at [0-9]* s: every check that ran passed; 0 of the sections asked for not run.$" "$build/gpu-check-dry-run.md" ||
+  fail "the dry run's report has no closing line: $(tail -1 "$build/gpu-check-dry-run.md")"
+for bad in "--sections parity,bogus:unknown section 'bogus'" "--sections nccl,nccl:names 'nccl' twice" \
+           "--budget soon:--budget takes whole seconds" "--deadline -1:--deadline takes whole seconds" \
+           "--sections:--sections needs a value"; do
   # shellcheck disable=SC2086  # each case is a list of arguments
-  bash tools/gpu-check.sh --dry-run-on-cpu $bad > /dev/null 2>&1
-  [ $? = 2 ] || fail "gpu-check.sh $bad did not exit 2"
+  out=$(bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu ${bad%%:*} 2>&1 > /dev/null)
+  [ $? = 2 ] && [[ $out == *"${bad#*:}"* ]] || fail "gpu-check.sh ${bad%%:*} said '$out'"
 done
 report="$build/gpu-check-sections.md"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections post-backward,nccl > /dev/null 2>&1 ||
@@ -68,27 +73,47 @@ bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --s
   fail "the dry run with a spent budget exited $?"
 n=$(grep -c "^not run: the --budget of 0 s was spent" "$report")
 [ "$n" = 2 ] && ! grep -q "^| synthetic" "$report" || fail "with --budget 0, $n of 2 sections said they were not run"
+grep -q "2 of the sections asked for not run.$" "$report" || fail "with --budget 0: $(tail -1 "$report")"
+bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections post-backward,training --deadline 19 > /dev/null 2>&1 ||
+  fail "the dry run with a near deadline exited $?"
+n=$(grep -c "^not run: under 20 s were left before the --deadline of 19 s" "$report")
+[ "$n" = 2 ] && ! grep -q "^copy: flat" "$report" || fail "with --deadline 19, $n of 2 sections said they were not run"
 
-# 4. tools/gpu-pack.sh: the folder a lent machine is given holds what gpu-check runs, fits the
-# device tool's 64 MiB, and runs there (here: two sections from the packed build alone).
+# 4. tools/gpu-pack.sh: the folder a lent machine is given holds what gpu-check runs and fits the
+# device tool's 64 MiB; two sections run from the packed build (here the build it was packed from
+# is still in place: the layout without it was rehearsed by hand, docs/benchmarks.md).
 rel=$(realpath --relative-to=. "$build")
 if [[ $rel == ../* ]] || [[ $rel == /* ]]; then
   pack="not checked (the build is outside the checkout, where the device tool carries nothing from)"
 elif grep -q '^AMPKIT_INSTRUMENT:BOOL=ON' "$build/CMakeCache.txt"; then
-  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$rel/gpu-pack" 2>&1)
+  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "build-gpu-pack-test" 2>&1)
   [ $? = 2 ] && [[ $out == *"instrumented build"* ]] || fail "gpu-pack.sh took an instrumented build: $out"
   pack="refuses the instrumented build"
+elif [ ! -f "$build/core/grad_stats_kernel.fatbin" ]; then
+  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "build-gpu-pack-test" 2>&1)
+  [ $? = 2 ] && [[ $out == *"holds no CUDA kernels"* ]] || fail "gpu-pack.sh took a build without the CUDA kernels: $out"
+  pack="refuses a build without the CUDA kernels (no nvcc here)"
 else
-  dest="$rel/gpu-pack"
+  dest="build-gpu-pack-test"  # ignored (/build-*/), outside the build
+  rm -rf "$dest"
   bash tools/gpu-pack.sh --build "$rel" --dest "$dest" --limit-mib 1 > /dev/null 2>&1
   [ $? = 1 ] || fail "gpu-pack.sh did not exit 1 over a 1 MiB limit"
-  bash tools/gpu-pack.sh --build "$rel" --dest docs > /dev/null 2>&1
-  [ $? = 2 ] || fail "gpu-pack.sh filled a folder git does not ignore"
-  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$dest" 2>&1) || fail "gpu-pack.sh exited $?: $out"
-  [[ $out == *"--report \$OUT/gpu-report.md --sections parity,models,"* ]] || fail "gpu-pack.sh printed no call: $out"
+  for bad in "tests/gpu/not-ignored-$$:is not ignored by git" "$rel/gpu-pack:is inside the build folder" \
+             "../elsewhere:inside the checkout"; do
+    out=$(bash tools/gpu-pack.sh --build "$rel" --dest "${bad%%:*}" 2>&1)
+    [ $? = 2 ] && [[ $out == *"${bad#*:}"* ]] && [ ! -e "${bad%%:*}" ] || fail "gpu-pack.sh --dest ${bad%%:*} said '$out'"
+  done
+  rm -rf "$dest" && mkdir -p "$dest" && touch "$dest/not-ours"
+  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$dest" 2>&1)
+  [ $? = 2 ] && [ -f "$dest/not-ours" ] || fail "gpu-pack.sh emptied a folder it had not filled: $out"
+  rm -rf "$dest"
+  bash tools/gpu-pack.sh --build "$rel" --dest "$dest" > /dev/null 2>&1 || fail "gpu-pack.sh exited $?"
+  out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$dest" 2>&1) || fail "gpu-pack.sh did not fill its own folder again: $out"
+  [[ $out == *"ln -s '$dest/build' '$rel' && "*"--report \$OUT/gpu-report.md --sections parity,models,"*"--deadline 530"* ]] ||
+    fail "gpu-pack.sh printed no call: $out"
   for f in bin/ampkit-train bin/ampkit-launch bin/ampkit-bench-post-backward-device bin/ampkit-bench-dist \
            tests/test_on_device lib/ampkit/plugins/libampkit-scaler-dynamic.so python/ampkit/_C.so \
-           python/ampkit/grad_scaler.py CMakeCache.txt; do
+           python/ampkit/grad_scaler.py CMakeCache.txt ampkit-commit.txt; do
     [ -s "$dest/build/$f" ] || fail "the pack has no build/$f"
   done
   [ -n "$(ls "$dest/data/fashion-mnist")" ] && [ -n "$(ls "$dest/data/fortunes")" ] || fail "the pack has no datasets"
@@ -100,8 +125,9 @@ else
     --sections host-sync,post-backward > /dev/null 2>&1 || fail "the dry run from the packed build exited $?"
   grep -q "^| deferred = step | identical metrics and summary | [0-9]*, 0 |" "$report" ||
     fail "the packed build's deferred step: $(grep -m1 '^| deferred = step' "$report")"
+  grep -q "; commit $(cat "$dest/build/ampkit-commit.txt")\.$" "$report" || fail "the report names no packed commit: $(grep -m1 commit "$report")"
   rm -rf "$dest"
   pack="packs $((bytes / 1048576)) MiB that run"
 fi
 echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 6 checks, 3 runs, 2 throughput rows, $models;" \
-  "--sections and --budget hold; gpu-pack.sh $pack"
+  "--sections, --budget and --deadline hold; gpu-pack.sh $pack"

@@ -334,10 +334,10 @@ def describe(model_key: str, args: argparse.Namespace) -> str:
 
 def floor_cells(r: dict) -> str:
     """The floor's post-backward time, each recipe's time above it, and their ratio ("-" where
-    torch's is not above the floor, as noise can make it on a CPU)."""
+    either is not above the floor, as noise can make it on a CPU)."""
     floor = r["adamw_post_backward_ms"]
     above_torch, above_ampkit = r["torch_post_backward_ms"] - floor, r["ampkit_post_backward_ms"] - floor
-    ratio = f"{above_ampkit / above_torch:.3f}" if above_torch > 0 else "-"
+    ratio = f"{above_ampkit / above_torch:.3f}" if above_torch > 0 and above_ampkit > 0 else "-"
     return f"{floor:.3f} | {above_torch:.3f} -> {above_ampkit:.3f} | {ratio}"
 
 
@@ -359,8 +359,9 @@ def print_tables(rows: list, args: argparse.Namespace) -> None:
                   "sees the capture), where the uncaptured recipes pass is_causal: the GPT-2 graph column runs "
                   "another attention kernel, so compare its ampkit-graph time with care; ViT is unaffected.")
         print()
-        print("Floor: the same fused AdamW's step() alone after an unscaled backward (no scaler, no clipping); "
-              "above the floor: each recipe's post-backward time minus the floor's.")
+        print("Floor: the same fused AdamW's step() alone after an unscaled backward (no scaler, no clipping; "
+              "in fp16 its weights may stop being finite, which does not change its time); above the floor: "
+              "each recipe's post-backward time minus the floor's.")
         print()
         graph_head = " ampkit in a CUDA graph, step ms | ratio |" if args.graph else ""
         print("| model | precision | params | torch step ms | ampkit step ms | ratio | torch post-backward ms | "
