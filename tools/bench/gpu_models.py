@@ -37,7 +37,9 @@ The skip-decision check runs both recipes in lockstep for --compare-steps steps 
 of the same weights, with one gradient element set to inf after backward at --overflow-step: a
 step is skipped for torch when update() lowered the scale, for ampkit when step() returned False.
 Exit status: 0, or 1 when a skip decision or a scale differs (or the planted overflow was not
-skipped), so the table is also a check; 2 for bad arguments.
+skipped), so the table is also a check; 2 for bad arguments; 3 when a SIGTERM (a time limit's)
+stopped it: the tables then hold the rows that were done. --json FILE is rewritten after every
+row, with "complete": false until the last.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -445,6 +448,22 @@ def parse_args(argv: list) -> argparse.Namespace:
     return args
 
 
+class Stopped(BaseException):
+    """A SIGTERM: the rows done so far are printed, the row under way is dropped. Not an Exception,
+    so that the graph recipe's handler of failed captures does not take it for one."""
+
+
+def on_sigterm(signum, frame) -> None:
+    raise Stopped()
+
+
+def write_json(args: argparse.Namespace, rows: list, complete: bool) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device_name(args.device), "versions": versions(), "tiny": args.tiny,
+                       "complete": complete, "rows": rows}, f, indent=1)
+
+
 def main(argv: list) -> int:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -457,17 +476,26 @@ def main(argv: list) -> int:
         return 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = [run_row(m, x, args) for m in args.models for x in args.precisions]
+    signal.signal(signal.SIGTERM, on_sigterm)
+    wanted = [(m, x) for m in args.models for x in args.precisions]
+    rows: list = []
+    stopped = False
+    try:
+        for m, x in wanted:
+            rows.append(run_row(m, x, args))
+            write_json(args, rows, complete=len(rows) == len(wanted))
+    except Stopped:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        stopped = True
     print_tables(rows, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device_name(args.device), "versions": versions(), "tiny": args.tiny,
-                       "rows": rows}, f, indent=1)
+    if stopped:
+        print(f"\nstopped by SIGTERM after {len(rows)} of {len(wanted)} rows: the tables hold those",
+              file=sys.stderr)
     failed = [r for r in rows if "compare" in r and not r["compare"]["ok"]]
     if failed:
         print(f"\nFAILED: skip decisions or scales differ from torch's in {len(failed)} of {len(rows)} rows",
               file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed else 3 if stopped else 0
 
 
 if __name__ == "__main__":
