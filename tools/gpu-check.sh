@@ -60,7 +60,7 @@ for name in $sections; do
 done
 [ -n "${sections// /}" ] || { echo "gpu-check.sh: --sections names no section" >&2; exit 2; }
 python=${PYTHON:-python3}
-gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+gpus=$(timeout -k 5 120 "$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 if [ "${gpus:-0}" = 0 ] && [ "$device" = cuda ]; then
   echo "no GPU: nothing to check"
   exit 0
@@ -70,7 +70,7 @@ if [ -n "$data" ] && [ ! -d "$data/fashion-mnist" -o ! -d "$data/fortunes" ]; th
   exit 2
 fi
 [ -x "$build/bin/ampkit-train" ] || { echo "gpu-check.sh: no build in $build (run tools/test.sh or carry one)" >&2; exit 2; }
-torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+torch_lib=$(timeout -k 5 60 "$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # A build carried from another machine has that machine's absolute paths compiled into its tests
 # (plugin folder, golden files) and its CTest files: make them resolve to this checkout.
@@ -100,19 +100,41 @@ limit() {
   echo "$own"
 }
 # bounded S PROGRAM ARGS...: PROGRAM with the time limit `limit S`, killed 15 s after its TERM (ampkit-train
-# takes a first TERM as "stop after this step"); 124 or 137 when it was stopped.
+# takes a first TERM as "stop after this step"), and with it whatever it started: timeout returns when
+# its own child ends, and a grandchild that took the TERM as "stop after this step" would live on. Past
+# the --deadline nothing starts. 124 or 137 when it was stopped (or not started).
 bounded() {
-  local own=$1
+  local own=$1 pid rc
   shift
-  timeout -k 15 "$(limit "$own")" "$@"
+  if [ -n "$deadline" ] && [ $((deadline - (SECONDS - started))) -lt 2 ]; then
+    echo "gpu-check.sh: ${1##*/} not started: the --deadline of $deadline s has passed" >&2
+    return 124
+  fi
+  timeout -k 15 "$(limit "$own")" "$@" &  # in the background to learn timeout's pid, its process group's
+  pid=$!
+  wait "$pid"
+  rc=$?
+  if [ "$rc" = 124 ] && kill -0 -- "-$pid" 2> /dev/null; then
+    for _ in $(seq 15); do
+      kill -0 -- "-$pid" 2> /dev/null || break
+      sleep 1
+    done
+    kill -KILL -- "-$pid" 2> /dev/null
+  fi
+  return "$rc"
 }
-# too_late: why a section (or a second benchmark run) should not start now; nothing when it may.
+# stopped CODE: " (stopped at its time limit)" when CODE says bounded stopped the program.
+stopped() {
+  if [ "$1" = 124 ] || [ "$1" = 137 ]; then echo " (stopped at its time limit)"; fi
+}
+# too_late [S]: why a section (or a second benchmark run) that needs S seconds (default 20) should not
+# start now; nothing when it may.
 too_late() {
-  local now=$((SECONDS - started))
+  local now=$((SECONDS - started)) need=${1:-20}
   if [ -n "$budget" ] && [ "$now" -ge "$budget" ]; then
     echo "the --budget of $budget s was spent ($now s)"
-  elif [ -n "$deadline" ] && [ $((deadline - now)) -lt 20 ]; then
-    echo "under 20 s were left before the --deadline of $deadline s ($now s)"
+  elif [ -n "$deadline" ] && [ $((deadline - now)) -lt "$need" ]; then
+    echo "under $need s were left before the --deadline of $deadline s ($now s)"
   fi
 }
 out=$(mktemp -d)
@@ -133,11 +155,13 @@ fi
   else
     echo "# ampkit on a GPU: $(date -u +%Y-%m-%d)"
     echo
-    echo "Device: $("$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
+    echo "Device: $(timeout -k 5 60 "$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
   fi
-  # A packed build (tools/gpu-pack.sh) names the commit it was packed at: the device's copy has no .git.
-  commit=$(cat "$build/ampkit-commit.txt" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo '?')
-  echo "($gpus GPUs visible); torch $("$python" -c 'import torch; print(torch.__version__)'); commit $commit."
+  # A packed build (tools/gpu-pack.sh) names the commit it was packed at (the device's copy of the
+  # checkout has no .git); the scripts are the checkout's.
+  commit="commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  [ -s "$build/ampkit-commit.txt" ] && commit="build packed at commit $(head -c 40 "$build/ampkit-commit.txt"); scripts at $commit"
+  echo "($gpus GPUs visible); torch $(timeout -k 5 60 "$python" -c 'import torch; print(torch.__version__)'); $commit."
   [ "$sections" = "$all_sections" ] || echo "Sections, in this order: ${sections// /, }."
 } > "$report"
 
@@ -258,7 +282,7 @@ PY
 }
 
 run_parity() {
-  local goldens check name graph_test ran
+  local goldens check name graph_test ran code
   {
     echo
     echo "## Parity and host reads on $device tensors (tests/engine/test_on_device.cpp)"
@@ -282,10 +306,11 @@ run_parity() {
     name=${check%%:*}
     if [ "$name" = gradscaler_sequences_through_the_trainer ] && [ -z "$goldens" ]; then continue; fi
     if AMPKIT_TEST_DEVICE=$device AMPKIT_GRADSCALER_GOLDENS="$goldens" AMPKIT_PLUGIN_PATH= \
-        bounded 300 "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
+        bounded 120 "$build/tests/test_on_device" --run_test="$name" > "$out/$name.log" 2>&1; then
       echo "| ${check#*:} | passed |" >> "$report"
     else
-      echo "| ${check#*:} | FAILED (exit $?): $(grep -m1 'error' "$out/$name.log" | cut -c1-150) |" >> "$report"
+      code=$?
+      echo "| ${check#*:} | FAILED (exit $code$(stopped $code)): $(grep -m1 'error' "$out/$name.log" | cut -c1-150) |" >> "$report"
       failed=1
     fi
   done
@@ -294,7 +319,7 @@ run_parity() {
   graph_test=tests/python/test_cuda_graph.py
   if [ "$instrumented_build" = ON ]; then
     echo "| whole step in a CUDA graph ($graph_test) | not run: instrumented build |" >> "$report"
-  elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= bounded 300 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
+  elif AMPKIT_BUILD_DIR="$build" AMPKIT_PLUGIN_PATH= bounded 180 "$python" -m pytest -q -p no:cacheprovider "$graph_test" \
       > "$out/graph.log" 2>&1; then
     ran=$(tail -1 "$out/graph.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
     if [ "$device" = cuda ] && grep -q skipped "$out/graph.log"; then
@@ -304,7 +329,8 @@ run_parity() {
       echo "| whole step in a CUDA graph ($graph_test) | passed: $ran |" >> "$report"
     fi
   else
-    echo "| whole step in a CUDA graph ($graph_test) | FAILED: $(grep -m1 -E '^(FAILED|ERROR)|Error' "$out/graph.log" | cut -c1-150) |" >> "$report"
+    code=$?
+    echo "| whole step in a CUDA graph ($graph_test) | FAILED$(stopped $code): $(grep -m1 -E '^(FAILED|ERROR)|Error' "$out/graph.log" | cut -c1-150) |" >> "$report"
     cp "$out/graph.log" "${report%.md}-graph.log" 2>/dev/null
     failed=1
   fi
@@ -312,6 +338,7 @@ run_parity() {
 
 # The post-backward pipeline against the device's copy bandwidth.
 run_post-backward() {
+  local code
   {
     echo
     echo "## Post-backward pipeline against the copy bandwidth (ampkit-bench-post-backward-device)"
@@ -319,20 +346,24 @@ run_post-backward() {
     echo '```'
   } >> "$report"
   # shellcheck disable=SC2086
-  if ! bounded 300 "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1; then
+  bounded 300 "$build/bin/ampkit-bench-post-backward-device" --device "$device" ${bench_quick:-} >> "$report" 2>&1
+  code=$?
+  echo '```' >> "$report"
+  if [ $code != 0 ]; then
+    echo "FAILED (exit $code$(stopped $code))" >> "$report"
     failed=1
   fi
-  echo '```' >> "$report"
 }
 
 # Throughput against PyTorch's best recipe on the same GPU (AdamW(fused=True), autocast, GradScaler).
 run_throughput() {
-  local code
+  local code lim
   {
     echo
     echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
     echo
   } >> "$report"
+  lim=$(limit 480)
   # shellcheck disable=SC2086  # $quick is a list of options
   if bounded 480 "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
       --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
@@ -346,7 +377,9 @@ run_throughput() {
     echo >> "$report"
     grep 'runs failed' "$out/throughput.log" | sed 's/^/FAILED: /' | cut -c1-250 >> "$report"
     if [ $code = 124 ] || [ $code = 137 ]; then
-      echo "FAILED: stopped at its time limit ($(limit 480) s at most)" >> "$report"
+      # Its table comes at the end: what the runs that ended printed, then the stop.
+      { echo '```'; grep '^  ' "$out/throughput.log"; echo '```'; } >> "$report"
+      echo "FAILED: stopped at its time limit of $lim s" >> "$report"
     else
       grep -q 'runs failed' "$out/throughput.log" || echo "FAILED: $(tail -1 "$out/throughput.log" | cut -c1-200)" >> "$report"
     fi
@@ -378,6 +411,7 @@ run_models() {
     why=$(too_late)
     if [ -n "$why" ]; then
       printf '\n## Real models, --sync %s\n\nnot run: %s\n' "$sync" "$why" >> "$report"
+      not_run=$((not_run + 1))
       continue
     fi
     extra=()
@@ -442,10 +476,13 @@ run_scaling() {
   fi
 }
 
-# The sections, in the order asked for; past --budget or near --deadline, those left say so instead.
+# The sections, in the order asked for; past --budget or near --deadline, those left say so instead
+# (throughput needs about 260 s on an H200: 249 s on 2026-11-26).
 not_run=0
 for part in $sections; do
-  why=$(too_late)
+  need=20
+  [ "$part" = throughput ] && [ "$device" = cuda ] && need=260
+  why=$(too_late "$need")
   if [ -n "$why" ]; then
     printf '\n## %s\n\nnot run: %s\n' "$part" "$why" >> "$report"
     echo "gpu-check.sh: $part not run: $why"
@@ -456,7 +493,7 @@ for part in $sections; do
   section "$part"
 done
 # The last line: a report without it was cut short.
-printf '\ngpu-check.sh ended at %s s: %s; %s of the sections asked for not run.\n' "$((SECONDS - started))" \
+printf '\ngpu-check.sh ended at %s s: %s; %s of the sections (and benchmark runs) asked for not run.\n' "$((SECONDS - started))" \
   "$([ $failed = 0 ] && echo 'every check that ran passed' || echo 'FAILED')" "$not_run" >> "$report"
 
 cat "$report"

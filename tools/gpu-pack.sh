@@ -46,8 +46,10 @@ name=$(realpath -m --relative-to="$(setting CMAKE_HOME_DIRECTORY)" "$(setting CM
 case "$name" in
   ""|.|..|../*|/*|*/*) die "$build was not made at the top of its source folder ($(setting CMAKE_HOME_DIRECTORY)), where the GPU machine's command links it" ;;
 esac
+[ -n "$dest" ] || die "--dest must name a folder inside the checkout"
+dest=$(realpath -m --relative-to=. -- "$dest")  # ./build/x, a/../b and trailing slashes as they are meant
 case "$dest" in
-  /*|..|../*|*/..|*/../*|.|"") die "--dest must be a folder inside the checkout, not '$dest'" ;;
+  ..|../*|/*|.) die "--dest must be a folder inside the checkout, not '$dest'" ;;
 esac
 case "$dest/" in
   "$name"/*) die "--dest $dest is inside the build folder $name, which the command replaces with a link" ;;
@@ -94,9 +96,10 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 echo "gpu-pack.sh: $dest holds $(mib "$packed") MiB; with the working tree ($(mib "$tree") MiB) $(mib "$total") of $limit MiB travel"
 [ "$total" -le $((limit * 1048576)) ] || die "that is over the $limit MiB the device tool carries" 1
 cat <<EOF
-gpu-pack.sh: the call (device tool, run), sections most wanted first; no section starts after 300 s and
-every program stops by 530 s, so the report comes back whole and the device time left allows a rerun:
+gpu-pack.sh: the call (device tool, run), sections most wanted first; no section starts after 300 s, and
+every program gets its TERM by 530 s and its KILL by 545 s, so the report comes back whole and the
+device time left allows a rerun:
   carry: ["$dest"]
   timeout_s: 560
-  command: rm -rf '$name' && ln -s '$dest/build' '$name' && PYTHONUNBUFFERED=1 bash tools/gpu-check.sh --build '$name' --data '$dest/data' --report \$OUT/gpu-report.md --sections parity,models,post-backward,host-sync,training,nccl,throughput,scaling --budget 300 --deadline 530
+  command: rm -rf $(printf %q "$name") && ln -s $(printf %q "$dest/build") $(printf %q "$name") && PYTHONUNBUFFERED=1 bash tools/gpu-check.sh --build $(printf %q "$name") --data $(printf %q "$dest/data") --report \$OUT/gpu-report.md --sections parity,models,post-backward,host-sync,training,nccl,throughput,scaling --budget 300 --deadline 530
 EOF

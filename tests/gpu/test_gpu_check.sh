@@ -54,7 +54,7 @@ else
 fi
 # 3. --sections runs the sections named, in that order; --budget and --deadline report those they
 # did not start; the report's last line says the script ended.
-grep -q "^gpu-check.sh ended at [0-9]* s: every check that ran passed; 0 of the sections asked for not run.$" "$build/gpu-check-dry-run.md" ||
+grep -q "^gpu-check.sh ended at [0-9]* s: every check that ran passed; 0 of the sections (and benchmark runs) asked for not run.$" "$build/gpu-check-dry-run.md" ||
   fail "the dry run's report has no closing line: $(tail -1 "$build/gpu-check-dry-run.md")"
 for bad in "--sections parity,bogus:unknown section 'bogus'" "--sections nccl,nccl:names 'nccl' twice" \
            "--budget soon:--budget takes whole seconds" "--deadline -1:--deadline takes whole seconds" \
@@ -73,11 +73,31 @@ bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --s
   fail "the dry run with a spent budget exited $?"
 n=$(grep -c "^not run: the --budget of 0 s was spent" "$report")
 [ "$n" = 2 ] && ! grep -q "^| synthetic" "$report" || fail "with --budget 0, $n of 2 sections said they were not run"
-grep -q "2 of the sections asked for not run.$" "$report" || fail "with --budget 0: $(tail -1 "$report")"
+grep -q "2 of the sections (and benchmark runs) asked for not run.$" "$report" || fail "with --budget 0: $(tail -1 "$report")"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections post-backward,training --deadline 19 > /dev/null 2>&1 ||
   fail "the dry run with a near deadline exited $?"
 n=$(grep -c "^not run: under 20 s were left before the --deadline of 19 s" "$report")
 [ "$n" = 2 ] && ! grep -q "^copy: flat" "$report" || fail "with --deadline 19, $n of 2 sections said they were not run"
+# A program that takes TERM as "stop after this step" and never ends (a hung ampkit-train, under a
+# shell that dies at once): killed 15 s after the deadline, with what it started, and nothing else
+# starts after the deadline.
+fake=$(mktemp -d)
+mkdir -p "$fake/bin" && cp "$build/CMakeCache.txt" "$fake/" && sed -i '/^CMAKE_HOME_DIRECTORY/d' "$fake/CMakeCache.txt"
+cat > "$fake/bin/ampkit-train" << 'SH'
+#!/usr/bin/env bash
+bash -c 'trap "" TERM; exec sleep 300' &
+wait
+SH
+chmod +x "$fake/bin/ampkit-train"
+t0=$SECONDS
+bash tools/gpu-check.sh --build "$fake" --dry-run-on-cpu --report "$report" --sections host-sync,training --deadline 45 > /dev/null 2>&1
+took=$((SECONDS - t0))
+left=$(pgrep -f "^sleep 300$" | wc -l)
+pkill -f "^sleep 300$"; rm -rf "$fake"
+[ "$took" -le $((45 + 15 + 10)) ] || fail "with --deadline 45 and a program that ignores TERM, gpu-check took $took s"
+[ "$left" = 0 ] || fail "a program that ignored TERM outlived gpu-check's deadline ($left left)"
+grep -q "^| deferred = step | FAILED" "$report" && grep -q "^## training" "$report" ||
+  fail "the cut host-sync section or the training section that could not start is not in the report"
 
 # 4. tools/gpu-pack.sh: the folder a lent machine is given holds what gpu-check runs and fits the
 # device tool's 64 MiB; two sections run from the packed build (here the build it was packed from
@@ -95,7 +115,7 @@ elif [ ! -f "$build/core/grad_stats_kernel.fatbin" ]; then
   pack="refuses a build without the CUDA kernels (no nvcc here)"
 else
   dest="build-gpu-pack-test"  # ignored (/build-*/), outside the build
-  rm -rf "$dest"
+  rm -rf "$dest" "$rel/gpu-pack"  # the latter: this test's folder until 2026-11-29
   bash tools/gpu-pack.sh --build "$rel" --dest "$dest" --limit-mib 1 > /dev/null 2>&1
   [ $? = 1 ] || fail "gpu-pack.sh did not exit 1 over a 1 MiB limit"
   for bad in "tests/gpu/not-ignored-$$:is not ignored by git" "$rel/gpu-pack:is inside the build folder" \
@@ -109,7 +129,7 @@ else
   rm -rf "$dest"
   bash tools/gpu-pack.sh --build "$rel" --dest "$dest" > /dev/null 2>&1 || fail "gpu-pack.sh exited $?"
   out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$dest" 2>&1) || fail "gpu-pack.sh did not fill its own folder again: $out"
-  [[ $out == *"ln -s '$dest/build' '$rel' && "*"--report \$OUT/gpu-report.md --sections parity,models,"*"--deadline 530"* ]] ||
+  [[ $out == *"ln -s $dest/build $rel && "*"--report \$OUT/gpu-report.md --sections parity,models,"*"--deadline 530"* ]] ||
     fail "gpu-pack.sh printed no call: $out"
   for f in bin/ampkit-train bin/ampkit-launch bin/ampkit-bench-post-backward-device bin/ampkit-bench-dist \
            tests/test_on_device lib/ampkit/plugins/libampkit-scaler-dynamic.so python/ampkit/_C.so \
@@ -125,7 +145,8 @@ else
     --sections host-sync,post-backward > /dev/null 2>&1 || fail "the dry run from the packed build exited $?"
   grep -q "^| deferred = step | identical metrics and summary | [0-9]*, 0 |" "$report" ||
     fail "the packed build's deferred step: $(grep -m1 '^| deferred = step' "$report")"
-  grep -q "; commit $(cat "$dest/build/ampkit-commit.txt")\.$" "$report" || fail "the report names no packed commit: $(grep -m1 commit "$report")"
+  grep -q "; build packed at commit $(cat "$dest/build/ampkit-commit.txt"); scripts at commit [0-9a-f]*\.$" "$report" ||
+    fail "the report names no packed commit: $(grep -m1 commit "$report")"
   rm -rf "$dest"
   pack="packs $((bytes / 1048576)) MiB that run"
 fi

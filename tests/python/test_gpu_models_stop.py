@@ -71,3 +71,26 @@ def test_a_sigterm_prints_the_rows_done_and_exits_3(tmp_path):
     timing = [line for line in stdout.splitlines() if line.startswith(("| GPT-2 |", "| ViT |"))]
     assert len(timing) == 2 * n  # each row done: one timing line, one skip-decision line
     assert all(line.endswith("| ok |") for line in timing[n:])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm (tools/setup.sh installs it)")
+def test_a_sigterm_while_the_tables_print_is_ignored():
+    # Every row is done: the tables are what the run is for, and a late SIGTERM must not cut them.
+    script = f"""
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("gpu_models", {_BENCH!r})
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+real = bench.versions
+def versions_then_term():
+    os.kill(os.getpid(), signal.SIGTERM)  # first called by print_tables (no --json)
+    return real()
+bench.versions = versions_then_term
+sys.exit(bench.main(["--tiny", "--device", "cpu", "--threads", "1", "--models", "vit", "--precisions", "bf16",
+                     "--rounds", "1", "--steps", "1", "--warmup", "0", "--compare-steps", "4", "--overflow-step", "2"]))
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.join(_BUILD, "python"), AMPKIT_PLUGIN_PATH="")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("| ViT |")]
+    assert len(lines) == 2 and lines[1].endswith("| ok |"), done.stdout

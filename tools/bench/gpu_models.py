@@ -45,6 +45,7 @@ row, with "complete": false until the last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -173,7 +174,7 @@ class Recipe:
         torch.cuda.current_stream().wait_stream(side)
         self.opt.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with uninterrupted(), torch.cuda.graph(graph):  # a capture left open would hang the device
             self.backward(self.static)
             self.finish()
         self.graph = graph
@@ -222,6 +223,7 @@ class Recipe:
         clock.sync()
         t0 = time.perf_counter()
         for i in range(steps):
+            stop_if_asked()
             self.train_step(data[(start + warmup + i) % len(data)], clock, i)
         clock.sync()
         wall = (time.perf_counter() - t0) * 1e3 / steps
@@ -244,6 +246,7 @@ def time_recipes(base: torch.nn.Module, loss_fn, data: list, args: argparse.Name
             except Exception as e:  # noqa: BLE001  a capture that fails is a result of the benchmark
                 if r.name != "ampkit-graph":
                     raise
+                stop_if_asked()  # a SIGTERM that the capture's own error replaced
                 r.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
                 torch.cuda.synchronize()
                 continue
@@ -336,12 +339,16 @@ def describe(model_key: str, args: argparse.Namespace) -> str:
 
 
 def floor_cells(r: dict) -> str:
-    """The floor's post-backward time, each recipe's time above it, and their ratio ("-" where
-    either is not above the floor, as noise can make it on a CPU)."""
+    """The floor's post-backward time, each recipe's time above it, and their ratio ("-" for a time
+    below the floor, as noise can make it on a CPU, and for a ratio over such a time or over 0)."""
     floor = r["adamw_post_backward_ms"]
     above_torch, above_ampkit = r["torch_post_backward_ms"] - floor, r["ampkit_post_backward_ms"] - floor
-    ratio = f"{above_ampkit / above_torch:.3f}" if above_torch > 0 and above_ampkit > 0 else "-"
-    return f"{floor:.3f} | {above_torch:.3f} -> {above_ampkit:.3f} | {ratio}"
+    ratio = f"{above_ampkit / above_torch:.3f}" if above_torch > 0 and above_ampkit >= 0 else "-"
+
+    def ms(v: float) -> str:
+        return f"{v:.3f}" if v >= 0 else "-"
+
+    return f"{floor:.3f} | {ms(above_torch)} -> {ms(above_ampkit)} | {ratio}"
 
 
 def print_tables(rows: list, args: argparse.Namespace) -> None:
@@ -453,15 +460,45 @@ class Stopped(BaseException):
     so that the graph recipe's handler of failed captures does not take it for one."""
 
 
+class StopState:
+    """A SIGTERM is raised as Stopped where it lands, except inside uninterrupted() (a capture, the
+    JSON file's write), where it is raised on leaving; `pending` also catches a Stopped that a
+    capture's own error or a finalizer swallowed."""
+
+    pending = False
+    held = 0
+
+
 def on_sigterm(signum, frame) -> None:
-    raise Stopped()
+    StopState.pending = True
+    if StopState.held == 0:
+        raise Stopped()
+
+
+def stop_if_asked() -> None:
+    if StopState.pending:
+        raise Stopped()
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    StopState.held += 1
+    try:
+        yield
+    finally:
+        StopState.held -= 1
+    if StopState.held == 0:
+        stop_if_asked()
 
 
 def write_json(args: argparse.Namespace, rows: list, complete: bool) -> None:
+    """The rows so far, written whole (a new file renamed over the old)."""
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device_name(args.device), "versions": versions(), "tiny": args.tiny,
-                       "complete": complete, "rows": rows}, f, indent=1)
+        with uninterrupted():
+            with open(args.json + ".part", "w") as f:
+                json.dump({"device": device_name(args.device), "versions": versions(), "tiny": args.tiny,
+                           "complete": complete, "rows": rows}, f, indent=1)
+            os.replace(args.json + ".part", args.json)
 
 
 def main(argv: list) -> int:
@@ -482,11 +519,18 @@ def main(argv: list) -> int:
     stopped = False
     try:
         for m, x in wanted:
-            rows.append(run_row(m, x, args))
-            write_json(args, rows, complete=len(rows) == len(wanted))
+            stop_if_asked()
+            row = run_row(m, x, args)
+            with uninterrupted():
+                rows.append(row)
+                write_json(args, rows, complete=len(rows) == len(wanted))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except Stopped:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stopped = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the tables are printed whatever comes now
+    StopState.pending = False  # handled: the stop is `stopped` from here on
+    if stopped:
+        write_json(args, rows, complete=False)
     print_tables(rows, args)
     if stopped:
         print(f"\nstopped by SIGTERM after {len(rows)} of {len(wanted)} rows: the tables hold those",
