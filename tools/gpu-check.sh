@@ -35,6 +35,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --build|--report|--steps|--data|--sections|--budget|--deadline)
       [ $# -ge 2 ] || { echo "gpu-check.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;&
+    --steps)
+      [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check.sh: --steps takes a whole number above 0, not '$2'" >&2; exit 2; } ;;&
     --build) build=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
@@ -186,7 +188,7 @@ run_nccl() {
       echo "| test_nccl | skipped: $(tail -1 "$out/nccl.log" | cut -c1-120) |" >> "$report"
       failed=1
     else
-      echo "| test_nccl | FAILED (exit $code): $(grep -m1 -E 'error|FAIL' "$out/nccl.log" | cut -c1-150) |" >> "$report"
+      echo "| test_nccl | FAILED (exit $code$(stopped $code)): $(grep -m1 -E 'error|FAIL' "$out/nccl.log" | cut -c1-150) |" >> "$report"
       failed=1
     fi
     cp "$out/nccl.log" "${report%.md}-nccl.log" 2>/dev/null
@@ -215,7 +217,7 @@ run_training() {
         --steps "$steps" --eval-batches 2 --progress never --summary "$summary" > "$out/run.log" 2>&1
       code=$?
       if [ $code -ne 0 ] || [ ! -f "$summary" ]; then
-        echo "| $workload | $precision | FAILED (exit $code): $(grep -m1 'ampkit-train: error' "$out/run.log" | cut -c1-120) | | | | |" >> "$report"
+        echo "| $workload | $precision | FAILED (exit $code$(stopped $code)): $(grep -m1 'ampkit-train: error' "$out/run.log" | cut -c1-120) | | | | |" >> "$report"
         failed=1
         continue
       fi

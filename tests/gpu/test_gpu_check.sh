@@ -58,7 +58,7 @@ grep -q "^gpu-check.sh ended at [0-9]* s: every check that ran passed; 0 of the 
   fail "the dry run's report has no closing line: $(tail -1 "$build/gpu-check-dry-run.md")"
 for bad in "--sections parity,bogus:unknown section 'bogus'" "--sections nccl,nccl:names 'nccl' twice" \
            "--budget soon:--budget takes whole seconds" "--deadline -1:--deadline takes whole seconds" \
-           "--sections:--sections needs a value"; do
+           "--sections:--sections needs a value" "--steps 0:--steps takes a whole number above 0"; do
   # shellcheck disable=SC2086  # each case is a list of arguments
   out=$(bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu ${bad%%:*} 2>&1 > /dev/null)
   [ $? = 2 ] && [[ $out == *"${bad#*:}"* ]] || fail "gpu-check.sh ${bad%%:*} said '$out'"
