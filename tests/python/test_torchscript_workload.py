@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 import torch
@@ -147,6 +148,20 @@ def test_each_bad_input_is_one_line_with_its_exit_code(golden, tmp_path):
     run = subprocess.run([TRAIN, "--workload", "torchscript", "--model", str(tmp_path / "text.pt"), "--data",
                           str(folder / "data.pt"), "--steps", "1"], capture_output=True, text=True, env=ENV)
     one_line_error(run, 4, "is not a TorchScript module")
+    # The golden module with its version record deflated from 64 MiB into a few kilobytes:
+    # torch::jit::load would allocate and inflate it before any check; refused from the directory.
+    with zipfile.ZipFile(folder / "model.pt") as src, zipfile.ZipFile(tmp_path / "bomb.pt", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("/version"):
+                bomb = data + b" " * (64 << 20)
+                dst.writestr(info.filename, bomb, compress_type=zipfile.ZIP_DEFLATED)
+            else:
+                dst.writestr(info, data)
+    run = subprocess.run([TRAIN, "--workload", "torchscript", "--model", str(tmp_path / "bomb.pt"), "--data",
+                          str(folder / "data.pt"), "--steps", "1"], capture_output=True, text=True, env=ENV)
+    one_line_error(run, 4, "is not a TorchScript module",
+                   f"version declares {len(bomb)} bytes, more than the file holds")
     # forward(inputs) with --loss returned: exit 2 (usage), with the fix.
     one_line_error(train(folder, "--steps", 1, "--loss", "returned", check=False), 2,
                    "--loss returned calls forward(inputs, targets)", "takes 1 argument")

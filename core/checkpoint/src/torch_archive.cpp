@@ -12,7 +12,9 @@
 #include <cstring>
 
 #include "ampkit/error.h"
+#include "ampkit/pytorch_state.h"
 #include "torch_unpickler.h"
+#include "zip_directory.h"
 
 namespace ampkit::checkpoint_files {
 
@@ -49,8 +51,18 @@ class Source : public caffe2::serialize::ReadAdapterInterface {
   size_t size_;
 };
 
+namespace {
+
+// The reader's constructor already reads records: the directory is checked before it runs.
+size_t checked_size(const Source& source) {
+  check_zip_directory(source);
+  return source.size();
+}
+
+}  // namespace
+
 Archive::Archive(std::shared_ptr<Source> source, std::string where)
-    : budget_(source->size()), reader_(source), where_(std::move(where)) {}
+    : budget_(checked_size(*source)), reader_(source), where_(std::move(where)) {}
 
 std::tuple<at::DataPtr, size_t> Archive::read(const std::string& name) {
   const size_t declared = reader_.getRecordSize(name);
@@ -79,11 +91,9 @@ c10::IValue load(std::shared_ptr<Source> source, const std::string& where) {
   }
 }
 
-}  // namespace
-
-c10::IValue load_torch_file(const std::filesystem::path& file, const std::string& where) {
-  // Regular files only, opened without blocking: a FIFO would block open() and read(), a device
-  // such as /dev/zero never ends.
+// Regular files only, opened without blocking: a FIFO would block open() and read(), a device
+// such as /dev/zero never ends.
+std::shared_ptr<Source> open_regular_file(const std::filesystem::path& file, const std::string& where) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
     throw Error(ErrorCategory::checkpoint,
@@ -93,7 +103,13 @@ c10::IValue load_torch_file(const std::filesystem::path& file, const std::string
     ::close(fd);
     throw Error(ErrorCategory::checkpoint, where + ": " + file.string() + " is not a regular file");
   }
-  return load(std::make_shared<Source>(fd, static_cast<size_t>(st.st_size)), where);
+  return std::make_shared<Source>(fd, static_cast<size_t>(st.st_size));
+}
+
+}  // namespace
+
+c10::IValue load_torch_file(const std::filesystem::path& file, const std::string& where) {
+  return load(open_regular_file(file, where), where);
 }
 
 std::shared_ptr<Source> source_in_memory(const void* data, size_t size) {
@@ -105,3 +121,11 @@ c10::IValue load_torch_bytes(const void* data, size_t size, const std::string& w
 }
 
 }  // namespace ampkit::checkpoint_files
+
+namespace ampkit {
+
+void check_zip_archive(const std::filesystem::path& file) {
+  checkpoint_files::check_zip_directory(*checkpoint_files::open_regular_file(file, "zip archive"));
+}
+
+}  // namespace ampkit

@@ -69,6 +69,14 @@ PyTorchStart read_pytorch_file(const std::filesystem::path& file, const std::str
 // naming `where` for anything else or a damaged file.
 c10::IValue read_torch_file(const std::filesystem::path& file, const std::string& where);
 
+// A zip archive LibTorch is about to open (a TorchScript module for torch::jit::load): throws
+// std::runtime_error with the reason (one line, no file name) when its directory is not one
+// LibTorch's zip reader could open or a record declares more bytes than the file holds. The
+// reader allocates each record's declared size before it inflates it, the version record in its
+// constructor, so a few hundred kilobytes could otherwise take gigabytes. Error(checkpoint) when
+// the file cannot be opened or is not a regular file. read_torch_file does this itself.
+void check_zip_archive(const std::filesystem::path& file);
+
 // Copies `source` into `tensors` by name: every name present on both sides with the same shape
 // (dtypes are converted), or Error(checkpoint) listing missing and unexpected keys and the first
 // shape mismatch, as load_state_dict(strict=True) does.

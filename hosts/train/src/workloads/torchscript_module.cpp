@@ -8,6 +8,8 @@
 #include <regex>
 #include <sstream>
 
+#include "ampkit/pytorch_state.h"
+
 namespace fs = std::filesystem;
 
 namespace ampkit::train {
@@ -32,6 +34,7 @@ torch::jit::Module load_module(const std::string& file, const at::Device& device
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) throw Error(ErrorCategory::data, "--model " + file + " is not a file");
   try {
+    check_zip_archive(file);  // torch::jit::load allocates what its records declare
     return torch::jit::load(file, device);
   } catch (const std::exception& e) {
     const std::string what = e.what();
