@@ -141,6 +141,22 @@ def one_line_error(run, code, *parts):
     return lines[0]
 
 
+def test_a_module_whose_deflated_records_declare_more_than_its_file_trains(golden, tmp_path):
+    """torch.jit.save deflates its code and debug records: a small model's may declare more bytes than
+    the whole file. Only the records LibTorch's reader reads on opening are bounded by the file."""
+    folder, _ = golden
+    torch.manual_seed(0)
+    torch.jit.script(torchscript_parity.ConvAttentionNet(width=8)).save(str(tmp_path / "small.pt"))
+    size = os.path.getsize(tmp_path / "small.pt")
+    with zipfile.ZipFile(tmp_path / "small.pt") as z:
+        largest = max(z.infolist(), key=lambda i: i.file_size)
+    assert largest.file_size > size and largest.compress_type == zipfile.ZIP_DEFLATED, (largest, size)
+    train(folder, "--steps", 2, "--batch-size", 8, "--model", tmp_path / "small.pt",
+          "--summary", tmp_path / "s.json")
+    with open(tmp_path / "s.json") as f:
+        assert json.load(f)["steps"] == 2
+
+
 def test_each_bad_input_is_one_line_with_its_exit_code(golden, tmp_path):
     folder, _ = golden
     # Not TorchScript: exit 4 (data).
@@ -162,6 +178,17 @@ def test_each_bad_input_is_one_line_with_its_exit_code(golden, tmp_path):
                           str(folder / "data.pt"), "--steps", "1"], capture_output=True, text=True, env=ENV)
     one_line_error(run, 4, "is not a TorchScript module",
                    f"version declares {len(bomb)} bytes, more than the file holds")
+    # A 16 MiB record deflated beside the module's own: all records together over 64 times the file
+    # (torch::jit::load allocates each record it reads at its declared size).
+    with zipfile.ZipFile(folder / "model.pt") as src, zipfile.ZipFile(tmp_path / "bomb2.pt", "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        dst.writestr("model/extra/zeros", bytes(16 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    run = subprocess.run([TRAIN, "--workload", "torchscript", "--model", str(tmp_path / "bomb2.pt"), "--data",
+                          str(folder / "data.pt"), "--steps", "1"], capture_output=True, text=True, env=ENV)
+    size = os.path.getsize(tmp_path / "bomb2.pt")
+    one_line_error(run, 4, "is not a TorchScript module",
+                   f"its records declare more than 64 times the file's {size} bytes")
     # forward(inputs) with --loss returned: exit 2 (usage), with the fix.
     one_line_error(train(folder, "--steps", 1, "--loss", "returned", check=False), 2,
                    "--loss returned calls forward(inputs, targets)", "takes 1 argument")

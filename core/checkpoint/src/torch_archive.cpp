@@ -93,15 +93,14 @@ c10::IValue load(std::shared_ptr<Source> source, const std::string& where) {
 
 // Regular files only, opened without blocking: a FIFO would block open() and read(), a device
 // such as /dev/zero never ends.
-std::shared_ptr<Source> open_regular_file(const std::filesystem::path& file, const std::string& where) {
+std::shared_ptr<Source> open_regular_file(const std::filesystem::path& file, ErrorCategory category,
+                                          const std::string& where) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0)
-    throw Error(ErrorCategory::checkpoint,
-                where + ": cannot open " + file.string() + ": " + std::strerror(errno));
+  if (fd < 0) throw Error(category, where + ": cannot open " + file.string() + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(ErrorCategory::checkpoint, where + ": " + file.string() + " is not a regular file");
+    throw Error(category, where + ": " + file.string() + " is not a regular file");
   }
   return std::make_shared<Source>(fd, static_cast<size_t>(st.st_size));
 }
@@ -109,7 +108,7 @@ std::shared_ptr<Source> open_regular_file(const std::filesystem::path& file, con
 }  // namespace
 
 c10::IValue load_torch_file(const std::filesystem::path& file, const std::string& where) {
-  return load(open_regular_file(file, where), where);
+  return load(open_regular_file(file, ErrorCategory::checkpoint, where), where);
 }
 
 std::shared_ptr<Source> source_in_memory(const void* data, size_t size) {
@@ -124,8 +123,12 @@ c10::IValue load_torch_bytes(const void* data, size_t size, const std::string& w
 
 namespace ampkit {
 
-void check_zip_archive(const std::filesystem::path& file) {
-  checkpoint_files::check_zip_directory(*checkpoint_files::open_regular_file(file, "zip archive"));
+std::shared_ptr<caffe2::serialize::ReadAdapterInterface> open_module_archive(
+    const std::filesystem::path& file, ErrorCategory category, const std::string& where) {
+  constexpr uint64_t kModuleExpansion = 64;
+  auto archive = checkpoint_files::open_regular_file(file, category, where);
+  checkpoint_files::check_zip_directory(*archive, kModuleExpansion);
+  return archive;
 }
 
 }  // namespace ampkit

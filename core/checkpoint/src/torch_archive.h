@@ -30,7 +30,7 @@ class Archive {
   std::tuple<at::DataPtr, size_t> read(const std::string& name);
 
  private:
-  size_t budget_;
+  size_t budget_;  // set first, from the checked directory: declared before reader_, whose constructor reads
   caffe2::serialize::PyTorchStreamReader reader_;
   std::string where_;
 };

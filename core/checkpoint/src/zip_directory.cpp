@@ -1,12 +1,13 @@
-// Checking a zip archive's central directory the way miniz finds it (zip_directory.h). miniz.c
-// (LibTorch's third_party/miniz) is the reference: mz_zip_reader_locate_header_sig,
-// mz_zip_reader_read_central_dir and mz_zip_file_stat_internal. Only its refusals that guard an
+// Checking a zip archive's central directory before LibTorch's reader opens it (zip_directory.h).
+// miniz.c (LibTorch's third_party/miniz) is the reference: mz_zip_reader_locate_header_sig,
+// mz_zip_reader_read_central_dir and mz_zip_file_stat_internal. Only the refusals that guard an
 // allocation are repeated here; miniz still makes all of its own checks afterwards.
 #include "zip_directory.h"
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -34,23 +35,52 @@ std::string shown(const uint8_t* name, size_t n) {
   return n > 200 ? out + "..." : out;
 }
 
+// miniz looks names up ignoring ASCII case (MZ_TOLOWER).
+bool same_name(const uint8_t* name, size_t n, const std::string& wanted) {
+  const auto lower = [](unsigned char c) { return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; };
+  if (n != wanted.size()) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (lower(name[i]) != lower(static_cast<unsigned char>(wanted[i]))) return false;
+  return true;
+}
+
 class Directory {
  public:
   explicit Directory(const caffe2::serialize::ReadAdapterInterface& in) : in_(in), size_(in.size()) {}
 
-  void check() const {
+  void check(std::optional<uint64_t> max_expansion) const {
     const Layout dir = end_record(find_end());
     if (dir.entries != dir.entries_on_disk ||
         ((dir.disk | dir.directory_disk) != 0 && (dir.disk != 1 || dir.directory_disk != 1)))
       bad("spans several disks");
-    // miniz allocates 4 (or 8) bytes per entry by this count before it walks the entries.
+    // miniz allocates 4 bytes per entry, twice, by this count before it walks the entries; it
+    // refuses a count the directory cannot hold as well, refused here first for a clear message.
     if (dir.entries * kEntrySize > dir.size || dir.offset > size_ || dir.size > size_ - dir.offset)
       bad("does not fit the file: " + std::to_string(dir.entries) + " entries in " +
           std::to_string(dir.size) + " bytes at offset " + std::to_string(dir.offset) + " of a " +
           std::to_string(size_) + "-byte file");
-    // Entry by entry, so that a forged directory size allocates nothing.
-    for (uint64_t i = 0, pos = dir.offset; i < dir.entries; ++i)
-      pos += entry(pos, dir.offset + dir.size - pos, i);
+    std::vector<uint8_t> directory(dir.size);  // at most the file; miniz reads it whole too
+    if (!directory.empty()) read(dir.offset, directory.data(), directory.size());
+    const uint64_t max_total = max_expansion && *max_expansion < UINT64_MAX / std::max<uint64_t>(size_, 1)
+                                   ? *max_expansion * size_
+                                   : UINT64_MAX;
+    std::vector<std::string> opening;  // the records the reader's constructor reads
+    uint64_t total = 0;
+    for (size_t i = 0, pos = 0; i < dir.entries; ++i) {
+      const Entry e = entry(directory.data() + pos, directory.size() - pos, i);
+      if (i == 0) opening = records_read_on_opening(e);
+      const bool read_on_opening = std::any_of(opening.begin(), opening.end(), [&](const std::string& name) {
+        return same_name(e.name, e.name_size, name);
+      });
+      if (read_on_opening && e.uncompressed > size_)
+        throw std::runtime_error("record " + shown(e.name, e.name_size) + " declares " +
+                                 std::to_string(e.uncompressed) + " bytes, more than the file holds");
+      if (max_expansion && e.uncompressed > max_total - total)
+        throw std::runtime_error("its records declare more than " + std::to_string(*max_expansion) +
+                                 " times the file's " + std::to_string(size_) + " bytes");
+      total += max_expansion ? e.uncompressed : 0;
+      pos += e.length;
+    }
   }
 
  private:
@@ -106,40 +136,40 @@ class Directory {
     return l;
   }
 
-  // One central directory entry: its length. Throws when its uncompressed size (the zip64 extra
-  // field's where the header's is all ones) is more than the whole file.
-  uint64_t entry(uint64_t at, uint64_t left, uint64_t index) const {
-    uint8_t header[kEntrySize];
-    if (left < kEntrySize) bad("has a damaged entry (number " + std::to_string(index) + ")");
-    read(at, header, kEntrySize);
-    if (little(header, 4) != kEntrySignature)
+  struct Entry {
+    const uint8_t* name;
+    size_t name_size;
+    uint64_t uncompressed, length;
+  };
+
+  // One central directory entry; its uncompressed size is the zip64 extra field's where the
+  // header's is all ones, as mz_zip_file_stat_internal reads it.
+  static Entry entry(const uint8_t* p, size_t left, uint64_t index) {
+    if (left < kEntrySize || little(p, 4) != kEntrySignature)
       bad("has a damaged entry (number " + std::to_string(index) + ")");
-    const size_t name = little(header + 28, 2), extra = little(header + 30, 2),
-                 comment = little(header + 32, 2);
-    const uint64_t length = kEntrySize + name + extra + comment;
-    if (length > left) bad("has an entry longer than the directory (number " + std::to_string(index) + ")");
-    std::vector<uint8_t> bytes(name + extra);  // at most 128 KiB
-    if (!bytes.empty()) read(at + kEntrySize, bytes.data(), bytes.size());
-    const uint8_t* names = bytes.data();
-    uint64_t uncompressed = little(header + 24, 4);
-    if (uncompressed == kAllOnes32) {
-      const uint8_t* field = names + name;
-      for (size_t rest = extra; rest > 0;) {
-        const size_t data = rest >= 4 ? little(field + 2, 2) : rest;
-        if (rest < 4 || data + 4 > rest) bad("has a damaged extra field in " + shown(names, name));
-        if (little(field, 2) == kZip64ExtraField) {
-          if (data < 8) bad("has a damaged zip64 field in " + shown(names, name));
-          uncompressed = little(field + 4, 8);
-          break;
-        }
-        field += 4 + data;
-        rest -= 4 + data;
+    const size_t name = little(p + 28, 2), extra = little(p + 30, 2), comment = little(p + 32, 2);
+    const Entry e{p + kEntrySize, name, little(p + 24, 4), kEntrySize + name + extra + comment};
+    if (e.length > left) bad("has an entry longer than the directory (number " + std::to_string(index) + ")");
+    if (e.uncompressed != kAllOnes32) return e;
+    const uint8_t* field = e.name + name;
+    for (size_t rest = extra; rest > 0;) {
+      const size_t data = rest >= 4 ? little(field + 2, 2) : rest;
+      if (rest < 4 || data + 4 > rest) bad("has a damaged extra field in " + shown(e.name, name));
+      if (little(field, 2) == kZip64ExtraField) {
+        if (data < 8) bad("has a damaged zip64 field in " + shown(e.name, name));
+        return Entry{e.name, name, little(field + 4, 8), e.length};
       }
+      field += 4 + data;
+      rest -= 4 + data;
     }
-    if (uncompressed > size_)
-      throw std::runtime_error("record " + shown(names, name) + " declares " + std::to_string(uncompressed) +
-                               " bytes, more than the file holds");
-    return length;
+    return e;
+  }
+
+  // PyTorchStreamReader's constructor takes the folder from entry 0's name and reads these.
+  static std::vector<std::string> records_read_on_opening(const Entry& first) {
+    const std::string name(reinterpret_cast<const char*>(first.name), first.name_size);
+    const std::string folder = name.substr(0, name.find('/'));
+    return {folder + "/version", folder + "/.data/version", folder + "/.data/serialization_id"};
   }
 
   const caffe2::serialize::ReadAdapterInterface& in_;
@@ -148,8 +178,9 @@ class Directory {
 
 }  // namespace
 
-void check_zip_directory(const caffe2::serialize::ReadAdapterInterface& archive) {
-  Directory(archive).check();
+void check_zip_directory(const caffe2::serialize::ReadAdapterInterface& archive,
+                         std::optional<uint64_t> max_expansion) {
+  Directory(archive).check(max_expansion);
 }
 
 }  // namespace ampkit::checkpoint_files

@@ -8,10 +8,17 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "ampkit/error.h"
+
+namespace caffe2::serialize {
+class ReadAdapterInterface;
+}
 
 namespace torch::optim {
 class Optimizer;
@@ -69,13 +76,16 @@ PyTorchStart read_pytorch_file(const std::filesystem::path& file, const std::str
 // naming `where` for anything else or a damaged file.
 c10::IValue read_torch_file(const std::filesystem::path& file, const std::string& where);
 
-// A zip archive LibTorch is about to open (a TorchScript module for torch::jit::load): throws
-// std::runtime_error with the reason (one line, no file name) when its directory is not one
-// LibTorch's zip reader could open or a record declares more bytes than the file holds. The
-// reader allocates each record's declared size before it inflates it, the version record in its
-// constructor, so a few hundred kilobytes could otherwise take gigabytes. Error(checkpoint) when
-// the file cannot be opened or is not a regular file. read_torch_file does this itself.
-void check_zip_archive(const std::filesystem::path& file);
+// A TorchScript module's file, opened once for torch::jit::load(archive, device): a regular file,
+// read without blocking, whose zip directory is checked first. LibTorch's reader allocates each
+// record's declared size before it inflates it (the version record in its constructor), so a few
+// hundred kilobytes could otherwise take gigabytes: a record the constructor reads may declare at
+// most the file's size, and all records together at most 64 times it (torch.jit.save's deflated
+// code and debug records measure 0.6 to 2.9 times). Error(category) "<where>: cannot open FILE:
+// ..." when it cannot be opened or is not a regular file; std::runtime_error with the reason (one
+// line, no file name) for the directory.
+std::shared_ptr<caffe2::serialize::ReadAdapterInterface> open_module_archive(
+    const std::filesystem::path& file, ErrorCategory category, const std::string& where);
 
 // Copies `source` into `tensors` by name: every name present on both sides with the same shape
 // (dtypes are converted), or Error(checkpoint) listing missing and unexpected keys and the first

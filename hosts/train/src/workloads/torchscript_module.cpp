@@ -34,8 +34,10 @@ torch::jit::Module load_module(const std::string& file, const at::Device& device
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) throw Error(ErrorCategory::data, "--model " + file + " is not a file");
   try {
-    check_zip_archive(file);  // torch::jit::load allocates what its records declare
-    return torch::jit::load(file, device);
+    // Opened once and its zip directory checked: torch::jit::load allocates what records declare.
+    return torch::jit::load(open_module_archive(file, ErrorCategory::data, "--model"), device);
+  } catch (const Error&) {
+    throw;  // it could not be opened
   } catch (const std::exception& e) {
     const std::string what = e.what();
     throw Error(ErrorCategory::data, "--model " + file +
