@@ -11,7 +11,9 @@
 #     lr_scheduler) are named in a note and not loaded.
 #  4. Hostile files (issue 33), to --init-from and as a checkpoint's model.pt or optimizer.pt under
 #     a consistent manifest: deep nesting, memo PUTs, a version record past 64 bits, a zero-stride view, a
-#     compressed storage, a FIFO, /dev/zero: exit 6 and one line, each in under 5 s, and none
+#     compressed storage, a FIFO, /dev/zero, and optimizer.pt files LibTorch's loader would crash on
+#     (nested code, a DATA.PKL, a hostile debug pickle, a state key that is not a number): exit 6
+#     and one line, each in under 5 s, and none
 #     allocates more than the file's bytes back (peak RSS within 150 MB of a run that fails at once;
 #     600 MB under AddressSanitizer).
 # Usage: test_pytorch_interop.sh BIN_DIR PYTHON SOURCE_DIR
@@ -99,7 +101,7 @@ expect_error "$tmp/missing.pt" "not a readable file"
 echo "4. hostile files"
 "${train[@]}" --steps 2 --checkpoint-dir "$tmp/hck" > "$tmp/hck.log" 2>&1 || fail "training: $(tail -3 "$tmp/hck.log")"
 "$python" - "$tmp" "${train[@]}" <<'PY' || fail "hostile files"
-import hashlib, json, os, resource, shutil, subprocess, sys, time, zipfile
+import hashlib, json, os, re, resource, shutil, subprocess, sys, time, zipfile
 d, train = sys.argv[1], sys.argv[2:]
 
 def archive(path, pickle, version=b"3\n", records=(), version_method=zipfile.ZIP_STORED):
@@ -145,6 +147,35 @@ files["fifo"] = (None, "fifo.pt is not a regular file")
 os.symlink("/dev/zero", f"{d}/zero.pt")
 files["zero"] = (None, "zero.pt is not a regular file")
 
+# optimizer.pt files that LibTorch's own reader (torch::jit::load, whose TorchScript frontend
+# compiles the archive's code records) would crash on or misread, made from a real one.
+def optimizer_variant(name, change):
+    source = zipfile.ZipFile(f"{d}/hck/step-2/optimizer.pt")
+    with zipfile.ZipFile(f"{d}/{name}.pt", "w") as z:
+        for info in source.infolist():
+            z.writestr(*change(info.filename, source.read(info.filename)))
+code = "archive/code/__torch__.py"
+shallow_list = b"\x80\x02" + b"]" * 2000 + b"a" * 1999 + b"."
+# 100,000 nested List[...] (or unary minus) in a code record: the frontend's parser recurses per
+# level and overflows the stack (torch.jit.load segfaults on both).
+optimizer_variant("nested_type", lambda n, b: (n, b.replace(b": str", b": " + b"List[" * 100000 + b"str" + b"]" * 100000)
+                                             if n == code else b))
+optimizer_variant("unary", lambda n, b: (n, b.replace(b"__buffers__ = []", b"__buffers__ = " + b"-" * 200000 + b"1")
+                                       if n == code else b))
+# LibTorch's zip library finds records ignoring case: DATA.PKL is read as data.pkl.
+optimizer_variant("upper_case_pkl", lambda n, b: ("archive/DATA.PKL", shallow_list) if n == "archive/data.pkl" else (n, b))
+optimizer_variant("debug_pkl", lambda n, b: (n, shallow_list if n == code + ".debug_pkl" else b))
+# A state key that is not a number (LibTorch's loader calls std::stoull on it), the same length
+# in the code and the pickle so that both stay well formed.
+key = re.search(rb'__annotations__\["(\d+)"\]', zipfile.ZipFile(f"{d}/hck/step-2/optimizer.pt").read(
+    "archive/code/__torch__/___torch_mangle_0.py")).group(1)
+optimizer_variant("state_key", lambda n, b: (n, b.replace(key, b"k" * len(key))))
+optimizer_files = {"nested_type": "(code/__torch__.py: line 4 is not one torch::serialize::OutputArchive writes)",
+                   "unary": "(code/__torch__.py: line 3 is not one torch::serialize::OutputArchive writes)",
+                   "upper_case_pkl": "optimizer.pt (DATA.PKL): not a file LibTorch wrote (nested deeper than 1000)",
+                   "debug_pkl": "(code/__torch__.py.debug_pkl): not a file LibTorch wrote (nested deeper than 1000)",
+                   "state_key": "optimizer.pt is not an optimizer state LibTorch can read: stoull"}
+
 def peak_rss_mb(cmd):
     """Runs cmd; returns (exit code, output, seconds, its peak RSS in MB)."""
     r, w = os.pipe()
@@ -185,7 +216,7 @@ checkpoint_errors = {("model.pt", "memo"): "does not hold a dict of tensors",
 for target, names in (("model.pt", ("deep_tuple", "deep_dict", "deep_dict_shallow", "memo", "zero_stride",
                                     "compressed", "version_bomb")),
                       ("optimizer.pt", ("deep_tuple", "deep_list", "deep_dict_shallow", "cycle", "memo",
-                                        "compressed", "version_bomb"))):
+                                        "compressed", "version_bomb", *optimizer_files))):
     for name in names:
         ck = f"{d}/hck_{target}_{name}"
         shutil.copytree(f"{d}/hck", ck)
@@ -198,7 +229,7 @@ for target, names in (("model.pt", ("deep_tuple", "deep_dict", "deep_dict_shallo
         open(f"{step}/manifest.json", "w").write(text)
         open(f"{step}/manifest.sha256", "w").write(hashlib.sha256(text.encode()).hexdigest() + "  manifest.json\n")
         check(f"--resume {target} {name}", train + ["--steps", "3", "--resume", step],
-              checkpoint_errors.get((target, name), files[name][1]))
+              checkpoint_errors.get((target, name)) or optimizer_files.get(name) or files[name][1])
 sys.exit(f"failed: {failures}" if failures else 0)
 PY
 echo "PASS"

@@ -7,6 +7,7 @@
 #include <torch/serialize/input-archive.h>
 
 #include <algorithm>
+#include <string>
 
 #include "ampkit/error.h"
 #include "checkpoint_files.h"
@@ -51,6 +52,11 @@ void check_same_model(const std::string& where, const std::vector<TensorRecord>&
   }
 }
 
+// LibTorch's messages may quote the source they stopped at on the lines after the first.
+std::string first_line(const std::string& message) {
+  return message.substr(0, message.find('\n'));
+}
+
 }  // namespace
 
 void restore_tensors(const LoadedCheckpoint& checkpoint,
@@ -91,7 +97,10 @@ void restore_optimizer(const LoadedCheckpoint& checkpoint, torch::optim::Optimiz
     optimizer.load(archive);
   } catch (const c10::Error& e) {
     fail("checkpoint " + checkpoint.folder.string() + ": the optimizer state in " + kOptimizerFile +
-         " does not fit this optimizer (another --optimizer?): " + e.what_without_backtrace());
+         " does not fit this optimizer (another --optimizer?): " + first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {  // the TorchScript frontend's errors, std::stoull's on a state key
+    fail("checkpoint " + checkpoint.folder.string() + ": " + kOptimizerFile +
+         " is not an optimizer state LibTorch can read: " + first_line(e.what()));
   }
 }
 

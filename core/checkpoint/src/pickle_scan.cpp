@@ -1,17 +1,21 @@
 // Checking an archive LibTorch's own reader will load (a checkpoint's optimizer.pt, read by
 // torch::serialize::InputArchive): its pickles are scanned, not built, against the bounds of
-// pickle_bounds.h, and its records against the archive's size, before LibTorch sees them.
+// pickle_bounds.h, its code held to what OutputArchive writes (module_code.h), and its records
+// against the archive's size, before LibTorch sees them.
 #include "pickle_scan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "ampkit/error.h"
+#include "module_code.h"
 #include "pickle_bounds.h"
 #include "pickle_stream.h"
 #include "torch_archive.h"
@@ -266,18 +270,30 @@ void Scanner::step(uint8_t op) {
   }
 }
 
+bool ends_with_ignoring_case(const std::string& name, std::string_view suffix) {
+  if (name.size() < suffix.size()) return false;
+  return std::equal(suffix.begin(), suffix.end(), name.end() - static_cast<std::ptrdiff_t>(suffix.size()),
+                    [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+}
+
 }  // namespace
 
 void check_torch_archive(const void* data, size_t size, const std::string& where) {
   try {
-    Archive archive(source_in_memory(data, size), where);
-    size_t declared = 0;
+    // LibTorch's reader reads every record afterwards: together they may declare at most the file.
+    Archive archive(source_in_memory(data, size), where, 1);
     for (const std::string& name : archive.records()) {
-      declared += archive.declared_size(name);
-      if (declared > size) bad_archive(where, "its records declare more bytes than the file holds");
-      if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".pkl") == 0) {
-        auto [bytes, n] = archive.read(name);
-        Scanner(static_cast<const char*>(bytes.get()), n, where + " (" + name + ")").run();
+      // miniz finds records ignoring case: data.PKL is read as data.pkl.
+      const bool pickle = ends_with_ignoring_case(name, "pkl");  // .pkl and .debug_pkl
+      const bool code = ends_with_ignoring_case(name, ".py");
+      if (!pickle && !code) continue;
+      auto [bytes, n] = archive.read(name);
+      const char* text = static_cast<const char*>(bytes.get());
+      if (pickle) Scanner(text, n, where + " (" + name + ")").run();
+      try {
+        if (code) check_module_code({text, n});
+      } catch (const std::runtime_error& e) {
+        bad_archive(where, name + ": " + e.what());
       }
     }
   } catch (const Error&) {

@@ -54,15 +54,15 @@ class Source : public caffe2::serialize::ReadAdapterInterface {
 namespace {
 
 // The reader's constructor already reads records: the directory is checked before it runs.
-size_t checked_size(const Source& source) {
-  check_zip_directory(source);
+size_t checked_size(const Source& source, std::optional<uint64_t> max_expansion) {
+  check_zip_directory(source, max_expansion);
   return source.size();
 }
 
 }  // namespace
 
-Archive::Archive(std::shared_ptr<Source> source, std::string where)
-    : budget_(checked_size(*source)), reader_(source), where_(std::move(where)) {}
+Archive::Archive(std::shared_ptr<Source> source, std::string where, std::optional<uint64_t> max_expansion)
+    : budget_(checked_size(*source, max_expansion)), reader_(source), where_(std::move(where)) {}
 
 std::tuple<at::DataPtr, size_t> Archive::read(const std::string& name) {
   const size_t declared = reader_.getRecordSize(name);

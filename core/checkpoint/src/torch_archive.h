@@ -7,8 +7,10 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,7 +25,9 @@ class Source;
 // uncompressed). Error(checkpoint) naming `where` otherwise.
 class Archive {
  public:
-  Archive(std::shared_ptr<Source> source, std::string where);
+  // max_expansion: as check_zip_directory's, for callers that read every record afterwards.
+  Archive(std::shared_ptr<Source> source, std::string where,
+          std::optional<uint64_t> max_expansion = std::nullopt);
   bool has(const std::string& name) { return reader_.hasRecord(name); }
   size_t declared_size(const std::string& name) { return reader_.getRecordSize(name); }
   std::vector<std::string> records() { return reader_.getAllRecords(); }

@@ -76,8 +76,10 @@ class Directory {
         throw std::runtime_error("record " + shown(e.name, e.name_size) + " declares " +
                                  std::to_string(e.uncompressed) + " bytes, more than the file holds");
       if (max_expansion && e.uncompressed > max_total - total)
-        throw std::runtime_error("its records declare more than " + std::to_string(*max_expansion) +
-                                 " times the file's " + std::to_string(size_) + " bytes");
+        throw std::runtime_error(*max_expansion == 1
+                                     ? std::string("its records declare more bytes than the file holds")
+                                     : "its records declare more than " + std::to_string(*max_expansion) +
+                                           " times the file's " + std::to_string(size_) + " bytes");
       total += max_expansion ? e.uncompressed : 0;
       pos += e.length;
     }

@@ -19,7 +19,8 @@ namespace ampkit::checkpoint_files {
 //  - a record the constructor reads declares more bytes than the whole archive;
 //  - with max_expansion, all records together declare more than max_expansion times the archive
 //    (for readers that then read every record, as torch::jit::load does; entries may share bytes,
-//    so this is the bound, not the file's size).
+//    so this is the bound, not the file's size; 1 for a reader that must find every byte in the
+//    file, as torch.save's uncompressed records are).
 // Other records are left to the caller, which bounds each before it reads it (Archive::read).
 // What torch.save, torch.jit.save and Python's zipfile write passes: torch.jit.save deflates its
 // code and debug records, which may declare more than the file, but not its version record.
