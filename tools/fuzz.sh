@@ -6,7 +6,7 @@
 #   tools/fuzz.sh [--seconds N] [--replay-only] [TARGET...]
 #
 # TARGET: plugin_file plugin_options train_config launcher_env checkpoint_manifest inject
-# metrics_resume torch_file optimizer_file (default: all). --seconds: fuzzing time per target (default 30).
+# metrics_resume torch_file optimizer_file model_file (default: all). --seconds: fuzzing time per target (default 30).
 # A crash, a sanitizer finding, an exception other than ampkit::Error, a timeout (10 s per input)
 # or an out-of-memory (2 GB in all, or 512 MB in one allocation: a parser that allocates what the
 # input's bytes do not back) fails the run; the input is kept as build-fuzz/crashes/<target>-*.
@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(plugin_file plugin_options train_config launcher_env checkpoint_manifest inject metrics_resume torch_file optimizer_file)
+all=(plugin_file plugin_options train_config launcher_env checkpoint_manifest inject metrics_resume torch_file optimizer_file model_file)
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (${all[*]})" >&2; exit 2; }

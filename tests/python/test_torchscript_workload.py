@@ -157,6 +157,45 @@ def test_a_module_whose_deflated_records_declare_more_than_its_file_trains(golde
         assert json.load(f)["steps"] == 2
 
 
+def with_statement(source, target, statement):
+    """The module at `source` with `statement` added to its forward, saved at `target`."""
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w") as dst:
+        done = False
+        for info in src.infolist():
+            data = src.read(info)
+            if not done and info.filename.endswith(".py") and b"def forward(" in data:
+                head, tail = data.split(b"def forward(", 1)
+                data = head + b"def forward(" + tail.replace(b"\n    return ", b"\n    _x = " + statement +
+                                                             b"\n    return ", 1)
+                done = True
+            dst.writestr(info, data)
+    assert done
+
+
+@pytest.mark.parametrize("kind, expression", [
+    ("parentheses", b"(" * 20000 + b"1" + b")" * 20000),
+    ("lists", b"[" * 5000 + b"1" + b"]" * 5000),
+    ("unary minus", b"- " * 20000 + b"1"),
+    ("not", b"not " * 20000 + b"True"),
+    ("power", b"**".join([b"2"] * 20000)),
+])
+def test_code_nested_past_the_parsers_stack_is_one_line_and_exit_4(golden, tmp_path, kind, expression):
+    """torch::jit::load compiles a module's code with a parser that recurses per nesting level:
+    torch.jit.load segfaults on each of these (5,000 lists, 20,000 of the others)."""
+    folder, _ = golden
+    with_statement(folder / "model.pt", tmp_path / "deep.pt", expression)
+    run = train(folder, "--steps", 1, "--model", tmp_path / "deep.pt", check=False)
+    one_line_error(run, 4, "is not a TorchScript module", "nests deeper than 1000 (brackets and prefix operators)")
+
+
+def test_code_nested_a_thousand_deep_trains(golden, tmp_path):
+    folder, _ = golden
+    with_statement(folder / "model.pt", tmp_path / "nested.pt", b"(" * 500 + b"not " * 499 + b"True" + b")" * 500)
+    train(folder, "--steps", 1, "--batch-size", 8, "--model", tmp_path / "nested.pt", "--summary", tmp_path / "s.json")
+    with open(tmp_path / "s.json") as f:
+        assert json.load(f)["steps"] == 1
+
+
 def test_each_bad_input_is_one_line_with_its_exit_code(golden, tmp_path):
     folder, _ = golden
     # Not TorchScript: exit 4 (data).

@@ -1,7 +1,9 @@
-// What the TorchScript frontend may see of a checkpoint's optimizer.pt: the few line forms
-// torch::serialize::OutputArchive writes, checked by hand before LibTorch compiles them.
+// What the TorchScript frontend may see: of a checkpoint's optimizer.pt, the few line forms
+// torch::serialize::OutputArchive writes; of any module, code no deeper than its parser's stack.
 #include "module_code.h"
 
+#include <algorithm>
+#include <cctype>
 #include <stdexcept>
 #include <string>
 
@@ -86,7 +88,137 @@ bool member_line(std::string_view text) {
   return line.identifier() && line.take(" : ") && line.type() && line.done();
 }
 
+bool ends_with_ignoring_case(const std::string& name, std::string_view suffix) {
+  if (name.size() < suffix.size()) return false;
+  return std::equal(suffix.begin(), suffix.end(), name.end() - static_cast<std::ptrdiff_t>(suffix.size()),
+                    [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+}
+
+// Python's tokens, as far as nesting goes: strings and comments skipped, words read whole.
+class NestingScan {
+ public:
+  explicit NestingScan(std::string_view code) : code_(code) {}
+
+  void run() {
+    indentation();
+    while (pos_ < code_.size()) {
+      const char c = code_[pos_];
+      if (c == '\n') {
+        ++pos_;
+        ++line_;
+        if (brackets_ == 0) end_statement();
+      } else if (c == '#') {
+        while (pos_ < code_.size() && code_[pos_] != '\n') ++pos_;
+      } else if (c == '"' || c == '\'') {
+        string();
+      } else if (c == '\\') {
+        pos_ += 2;  // a line continuation (or a stray escape): the statement goes on
+      } else if (is_word(c)) {
+        word();
+      } else {
+        symbol(c);
+      }
+    }
+  }
+
+ private:
+  static bool is_word(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+  void end_statement() {
+    prefixes_ = 0;
+    operand_ = false;
+    indentation();
+  }
+  void indentation() {
+    size_t n = 0;
+    while (pos_ + n < code_.size() && (code_[pos_ + n] == ' ' || code_[pos_ + n] == '\t')) ++n;
+    if (n > kMaxIndent)
+      fail("is indented " + std::to_string(n) + " columns, more than " + std::to_string(kMaxIndent));
+    pos_ += n;
+  }
+  void deeper(int& counter) {
+    ++counter;
+    if (brackets_ + prefixes_ > kMaxCodeDepth)
+      fail("nests deeper than " + std::to_string(kMaxCodeDepth) + " (brackets and prefix operators)");
+  }
+  void string() {
+    const char quote = code_[pos_];
+    const bool triple = code_.substr(pos_, 3) == std::string(3, quote);
+    pos_ += triple ? 3 : 1;
+    while (pos_ < code_.size()) {
+      const char c = code_[pos_];
+      if (c == '\\') {
+        pos_ += 2;
+        continue;
+      }
+      if (c == '\n') ++line_;
+      if (c == quote && (!triple || code_.substr(pos_, 3) == std::string(3, quote))) {
+        pos_ += triple ? 3 : 1;
+        break;
+      }
+      ++pos_;
+    }
+    operand_ = true;
+  }
+  void word() {
+    const size_t start = pos_;
+    const bool number = std::isdigit(static_cast<unsigned char>(code_[pos_]));
+    while (pos_ < code_.size() && (is_word(code_[pos_]) || (number && code_[pos_] == '.'))) {
+      const char c = code_[pos_++];
+      if (number && (c == 'e' || c == 'E') && pos_ < code_.size() &&
+          (code_[pos_] == '-' || code_[pos_] == '+'))
+        ++pos_;  // 1e-05
+    }
+    const std::string_view w = code_.substr(start, pos_ - start);
+    if (w == "not" || w == "lambda") {
+      deeper(prefixes_);
+      operand_ = false;
+    } else {
+      static constexpr std::string_view kKeywords[] = {"and", "or",     "if",     "else",  "elif",  "in",
+                                                       "is",  "return", "assert", "raise", "yield", "await"};
+      operand_ = std::find(std::begin(kKeywords), std::end(kKeywords), w) == std::end(kKeywords);
+    }
+  }
+  void symbol(char c) {
+    ++pos_;
+    if (c == '(' || c == '[' || c == '{') {
+      deeper(brackets_);
+      operand_ = false;
+    } else if (c == ')' || c == ']' || c == '}') {
+      brackets_ = std::max(0, brackets_ - 1);
+      operand_ = true;
+    } else if (c == '*' && pos_ < code_.size() && code_[pos_] == '*') {
+      ++pos_;
+      deeper(prefixes_);  // right-associative: each ** is one level more
+      operand_ = false;
+    } else if ((c == '-' || c == '+' || c == '~') && !operand_) {
+      deeper(prefixes_);
+    } else if (c != ' ' && c != '\t' && c != '\r') {
+      operand_ = false;
+    }
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("line " + std::to_string(line_) + " " + what);
+  }
+
+  std::string_view code_;
+  size_t pos_ = 0, line_ = 1;
+  int brackets_ = 0, prefixes_ = 0;
+  bool operand_ = false;
+};
+
 }  // namespace
+
+bool is_pickle_record(const std::string& name) {
+  return ends_with_ignoring_case(name, "pkl");
+}
+bool is_code_record(const std::string& name) {
+  return ends_with_ignoring_case(name, ".py");
+}
+
+void check_code_nesting(std::string_view code) {
+  NestingScan(code).run();
+}
 
 void check_module_code(std::string_view code) {
   bool in_class = false;

@@ -1,7 +1,9 @@
-// The code records of an archive LibTorch's own reader will load (torch::serialize::InputArchive
-// compiles them with the TorchScript frontend): held to the form OutputArchive writes first.
+// The code records of archives LibTorch's TorchScript frontend compiles (torch::jit::load, under
+// torch::serialize::InputArchive too), checked first: its parser recurses per nested expression
+// and overflows the stack on deep nesting (a segfault, not an exception).
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace ampkit::checkpoint_files {
@@ -15,5 +17,19 @@ namespace ampkit::checkpoint_files {
 // digits and `_ / . -`. Nothing else reaches the frontend, whose parser recurses per nested
 // expression.
 void check_module_code(std::string_view code);
+
+// For any TorchScript code (a --model file's): throws std::runtime_error (one line) when a
+// statement nests deeper than kMaxCodeDepth, counting the brackets open and every prefix operator
+// (unary - + ~, not, lambda) and ** so far in the statement, or a line is indented more than
+// kMaxIndent columns. The frontend overflows an 8 MiB stack at about 5,000 nested lists, 20,000
+// parentheses; torch.jit.save's own code nests tens deep.
+constexpr int kMaxCodeDepth = 1000;
+constexpr int kMaxIndent = 400;
+void check_code_nesting(std::string_view code);
+
+// Which records of an archive LibTorch reads as pickles (.pkl, .debug_pkl) or compiles as code
+// (.py), matched ignoring case as its zip library (miniz) finds them.
+bool is_pickle_record(const std::string& name);
+bool is_code_record(const std::string& name);
 
 }  // namespace ampkit::checkpoint_files

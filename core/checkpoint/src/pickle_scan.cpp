@@ -5,12 +5,10 @@
 #include "pickle_scan.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -270,12 +268,6 @@ void Scanner::step(uint8_t op) {
   }
 }
 
-bool ends_with_ignoring_case(const std::string& name, std::string_view suffix) {
-  if (name.size() < suffix.size()) return false;
-  return std::equal(suffix.begin(), suffix.end(), name.end() - static_cast<std::ptrdiff_t>(suffix.size()),
-                    [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
-}
-
 }  // namespace
 
 void check_torch_archive(const void* data, size_t size, const std::string& where) {
@@ -284,8 +276,8 @@ void check_torch_archive(const void* data, size_t size, const std::string& where
     Archive archive(source_in_memory(data, size), where, 1);
     for (const std::string& name : archive.records()) {
       // miniz finds records ignoring case: data.PKL is read as data.pkl.
-      const bool pickle = ends_with_ignoring_case(name, "pkl");  // .pkl and .debug_pkl
-      const bool code = ends_with_ignoring_case(name, ".py");
+      const bool pickle = is_pickle_record(name);
+      const bool code = is_code_record(name);
       if (!pickle && !code) continue;
       auto [bytes, n] = archive.read(name);
       const char* text = static_cast<const char*>(bytes.get());

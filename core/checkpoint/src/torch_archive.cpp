@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "ampkit/error.h"
 #include "ampkit/pytorch_state.h"
+#include "module_code.h"
 #include "torch_unpickler.h"
 #include "zip_directory.h"
 
@@ -56,7 +58,8 @@ namespace {
 // The reader's constructor already reads records: the directory is checked before it runs.
 size_t checked_size(const Source& source, std::optional<uint64_t> max_expansion) {
   check_zip_directory(source, max_expansion);
-  return source.size();
+  const uint64_t times = max_expansion.value_or(1);
+  return source.size() > SIZE_MAX / times ? SIZE_MAX : source.size() * times;
 }
 
 }  // namespace
@@ -127,7 +130,16 @@ std::shared_ptr<caffe2::serialize::ReadAdapterInterface> open_module_archive(
     const std::filesystem::path& file, ErrorCategory category, const std::string& where) {
   constexpr uint64_t kModuleExpansion = 64;
   auto archive = checkpoint_files::open_regular_file(file, category, where);
-  checkpoint_files::check_zip_directory(*archive, kModuleExpansion);
+  checkpoint_files::Archive records(archive, where, kModuleExpansion);
+  for (const std::string& name : records.records()) {
+    if (!checkpoint_files::is_code_record(name)) continue;
+    auto [code, n] = records.read(name);
+    try {
+      checkpoint_files::check_code_nesting({static_cast<const char*>(code.get()), n});
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(name + ": " + e.what());
+    }
+  }
   return archive;
 }
 

@@ -81,9 +81,11 @@ c10::IValue read_torch_file(const std::filesystem::path& file, const std::string
 // record's declared size before it inflates it (the version record in its constructor), so a few
 // hundred kilobytes could otherwise take gigabytes: a record the constructor reads may declare at
 // most the file's size, and all records together at most 64 times it (torch.jit.save's deflated
-// code and debug records measure 0.6 to 2.9 times). Error(category) "<where>: cannot open FILE:
-// ..." when it cannot be opened or is not a regular file; std::runtime_error with the reason (one
-// line, no file name) for the directory.
+// code and debug records measure 0.6 to 2.9 times). Its code records, which torch::jit::load
+// compiles with a parser that recurses per nested expression, may nest at most 1000 deep (a
+// deeper one overflows the stack: a segfault). Error(category) "<where>: cannot open FILE: ..."
+// when it cannot be opened or is not a regular file; std::runtime_error with the reason (one line,
+// no file name) for the directory or the code.
 std::shared_ptr<caffe2::serialize::ReadAdapterInterface> open_module_archive(
     const std::filesystem::path& file, ErrorCategory category, const std::string& where);
 
