@@ -379,7 +379,8 @@ run_throughput() {
     echo >> "$report"
     grep 'runs failed' "$out/throughput.log" | sed 's/^/FAILED: /' | cut -c1-250 >> "$report"
     if [ $code = 124 ] || [ $code = 137 ]; then
-      # Its table comes at the end: what the runs that ended printed, then the stop.
+      # On the SIGTERM it printed the table of the rows whose runs had all ended (above); each
+      # run's own line shows what else ran.
       { echo '```'; grep '^  ' "$out/throughput.log"; echo '```'; } >> "$report"
       echo "FAILED: stopped at its time limit of $lim s" >> "$report"
     else

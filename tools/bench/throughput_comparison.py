@@ -30,12 +30,17 @@ ampkit/pytorch as the throughput ratio (target >= 1).
     tools/bench/throughput_comparison.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
         [--precisions fp32,bf16,fp16] [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0]
         [--repeats 1] [--ranks 1] [--device cpu] [--pytorch-adamw fused] [--csv throughput.csv] [--data DIR]
+
+Exit status: 0; 1 when a run failed; 2 for bad arguments; 3 when a SIGTERM (a time limit's) stopped
+it: the run under way is stopped and the table (and --csv) holds the workload x precision rows
+whose runs had all ended.
 """
 import argparse
 import csv
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -105,6 +110,25 @@ def last_line(text):
 AMPKIT_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
 
 
+class Stopped(Exception):
+    """A SIGTERM, raised where it lands in the measuring loop."""
+
+
+def on_sigterm(signum, frame):
+    raise Stopped()
+
+
+def stop_child(p):
+    """A SIGTERM stopped this script: the child too (torchrun passes it on to its ranks), then SIGKILL."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def launch(cmd, tmp, timeout, env=None):
     """Runs cmd (with env added to this process's environment); returns (exit code, stdout, stderr, peak RSS of the child in MB, wall seconds)."""
     out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
@@ -113,18 +137,27 @@ def launch(cmd, tmp, timeout, env=None):
         p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                              env=None if not env else {**os.environ, **env})
         deadline = None if timeout <= 0 else t0 + timeout
-        while True:  # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would be the max of all)
-            pid, status, usage = os.wait4(p.pid, 0 if deadline is None else os.WNOHANG)
-            if pid == p.pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                _, status, usage = os.wait4(p.pid, 0)
-                p.returncode = -9
-                return None, open(out_path).read(), f"timed out after {timeout:.0f} s", usage.ru_maxrss / 1024.0, \
-                    time.perf_counter() - t0
-            time.sleep(0.05)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        try:
+            return wait_for(p, t0, deadline, timeout, out_path, err_path)
+        except Stopped:
+            stop_child(p)
+            raise
+
+
+def wait_for(p, t0, deadline, timeout, out_path, err_path):
+    """launch()'s wait: the child's result, or its kill at the deadline."""
+    while True:  # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would be the max of all)
+        pid, status, usage = os.wait4(p.pid, 0 if deadline is None else os.WNOHANG)
+        if pid == p.pid:
+            break
+        if time.perf_counter() > deadline:
+            p.kill()
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = -9
+            return None, open(out_path).read(), f"timed out after {timeout:.0f} s", usage.ru_maxrss / 1024.0, \
+                time.perf_counter() - t0
+        time.sleep(0.05)
+    p.returncode = os.waitstatus_to_exitcode(status)
     return p.returncode, open(out_path).read(), open(err_path).read(), usage.ru_maxrss / 1024.0, time.perf_counter() - t0
 
 
@@ -307,44 +340,41 @@ def main():
         print(f"{PROG}: note: 1-minute load average {load_before:.2f} on {os.cpu_count()} cores; with LibTorch's "
               f"default thread count the ways contend with that load (consider --threads 1)", file=sys.stderr)
     results = {}  # (preset, precision, way) -> list of run results
-    with tempfile.TemporaryDirectory(prefix="ampkit-throughput-") as tmp:
-        for preset in workloads:
-            for precision in precisions:
-                for rep in range(args.repeats):
-                    order = ways[rep % len(ways):] + ways[:rep % len(ways)]
-                    for way in order:
-                        r = run_way(way, args, preset, precision, tmp)
-                        results.setdefault((preset, precision, way), []).append(r)
-                        what = r["error"] if "error" in r else \
-                            f"{r['samples_per_second']:.1f} samples/s, {r['step_ms']:.2f} ms/step, " \
-                            f"peak RSS {fmt(r['peak_rss_mb'], '.0f')} MB"
-                        print(f"  {preset:8s} {precision} {way:8s} #{rep + 1}: {what}", file=sys.stderr, flush=True)
+    stopped = False
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        measure(args, workloads, precisions, ways, results)
+    except Stopped:
+        stopped = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the table is printed whatever comes now
+    # The rows whose runs all ended (all of them unless a SIGTERM stopped the loop).
+    done = [(preset, precision) for preset in workloads for precision in precisions
+            if all(len(results.get((preset, precision, w), [])) == args.repeats for w in ways)]
 
     rows = []
-    for preset in workloads:
-        for precision in precisions:
-            for way in ways:
-                rs = results[(preset, precision, way)]
-                ok = [r for r in rs if "error" not in r]
-                reported = {r["parameters"] for r in ok if r.get("parameters") is not None}
-                if reported and reported != {PRESETS[preset]["parameters"]}:
-                    print(f"{PROG}: warning: {way} reports {sorted(reported)} parameters for {preset}, "
-                          f"expected {PRESETS[preset]['parameters']}", file=sys.stderr)
-                rows.append({
-                    "workload": preset, "precision": precision, "way": way,
-                    "parameters": PRESETS[preset]["parameters"], "batch_size": args.batch_size,
-                    "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
-                    "runs": len(rs), "failed": len(rs) - len(ok),
-                    "samples_per_second": median_or_none([r["samples_per_second"] for r in ok]),
-                    "samples_per_second_min": min((r["samples_per_second"] for r in ok), default=None),
-                    "samples_per_second_max": max((r["samples_per_second"] for r in ok), default=None),
-                    "step_ms": median_or_none([r["step_ms"] for r in ok]),
-                    "total_step_ms": median_or_none([r["total_step_ms"] for r in ok]),
-                    "statistic": args.statistic,
-                    "peak_rss_mb": max((r["peak_rss_mb"] for r in ok if r["peak_rss_mb"] is not None), default=None),
-                    "skipped_steps": median_or_none([r.get("skipped_steps") for r in ok]),
-                    "error": "; ".join(sorted({r["error"] for r in rs if "error" in r})),
-                })
+    for preset, precision in done:
+        for way in ways:
+            rs = results[(preset, precision, way)]
+            ok = [r for r in rs if "error" not in r]
+            reported = {r["parameters"] for r in ok if r.get("parameters") is not None}
+            if reported and reported != {PRESETS[preset]["parameters"]}:
+                print(f"{PROG}: warning: {way} reports {sorted(reported)} parameters for {preset}, "
+                      f"expected {PRESETS[preset]['parameters']}", file=sys.stderr)
+            rows.append({
+                "workload": preset, "precision": precision, "way": way,
+                "parameters": PRESETS[preset]["parameters"], "batch_size": args.batch_size,
+                "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                "runs": len(rs), "failed": len(rs) - len(ok),
+                "samples_per_second": median_or_none([r["samples_per_second"] for r in ok]),
+                "samples_per_second_min": min((r["samples_per_second"] for r in ok), default=None),
+                "samples_per_second_max": max((r["samples_per_second"] for r in ok), default=None),
+                "step_ms": median_or_none([r["step_ms"] for r in ok]),
+                "total_step_ms": median_or_none([r["total_step_ms"] for r in ok]),
+                "statistic": args.statistic,
+                "peak_rss_mb": max((r["peak_rss_mb"] for r in ok if r["peak_rss_mb"] is not None), default=None),
+                "skipped_steps": median_or_none([r.get("skipped_steps") for r in ok]),
+                "error": "; ".join(sorted({r["error"] for r in rs if "error" in r})),
+            })
 
     get = lambda preset, precision, way, key: next(
         (r[key] for r in rows if (r["workload"], r["precision"], r["way"]) == (preset, precision, way)), None)
@@ -374,32 +404,31 @@ def main():
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     met = {"libtorch": [0, 0], "pytorch": [0, 0]}
-    for preset in workloads:
-        for precision in precisions:
-            cells = [preset, precision, f"{PRESETS[preset]['parameters']:,}"]
-            cells += [fmt(get(preset, precision, w, "samples_per_second"), ".1f") for w in ways]
-            cells += [fmt(get(preset, precision, w, "peak_rss_mb"), ".0f") for w in ways]
-            a_ms, a_sps = get(preset, precision, "ampkit", "step_ms"), get(preset, precision, "ampkit", "samples_per_second")
-            if "ampkit" in ways and "libtorch" in ways:
-                l_ms = get(preset, precision, "libtorch", "step_ms")
-                ratio = a_ms / l_ms if a_ms and l_ms else None
-                if ratio is not None:
-                    met["libtorch"][0] += ratio <= 1.02
-                    met["libtorch"][1] += 1
-                cells.append(fmt(ratio, ".3f"))
-            if "ampkit" in ways and "pytorch" in ways:
-                p_sps = get(preset, precision, "pytorch", "samples_per_second")
-                ratio = a_sps / p_sps if a_sps and p_sps else None
-                if ratio is not None:
-                    met["pytorch"][0] += ratio >= 1.0
-                    met["pytorch"][1] += 1
-                cells.append(fmt(ratio, ".3f"))
-                if args.repeats > 1:
-                    reps = per_repetition(preset, precision)
-                    cells.append(f"{min(reps):.3f}-{max(reps):.3f}" if reps else "-")
-                    if ratio is not None and ratio < 1.0 and reps and max(reps) >= 1.0:
-                        inside_spread += 1
-            print("| " + " | ".join(cells) + " |")
+    for preset, precision in done:
+        cells = [preset, precision, f"{PRESETS[preset]['parameters']:,}"]
+        cells += [fmt(get(preset, precision, w, "samples_per_second"), ".1f") for w in ways]
+        cells += [fmt(get(preset, precision, w, "peak_rss_mb"), ".0f") for w in ways]
+        a_ms, a_sps = get(preset, precision, "ampkit", "step_ms"), get(preset, precision, "ampkit", "samples_per_second")
+        if "ampkit" in ways and "libtorch" in ways:
+            l_ms = get(preset, precision, "libtorch", "step_ms")
+            ratio = a_ms / l_ms if a_ms and l_ms else None
+            if ratio is not None:
+                met["libtorch"][0] += ratio <= 1.02
+                met["libtorch"][1] += 1
+            cells.append(fmt(ratio, ".3f"))
+        if "ampkit" in ways and "pytorch" in ways:
+            p_sps = get(preset, precision, "pytorch", "samples_per_second")
+            ratio = a_sps / p_sps if a_sps and p_sps else None
+            if ratio is not None:
+                met["pytorch"][0] += ratio >= 1.0
+                met["pytorch"][1] += 1
+            cells.append(fmt(ratio, ".3f"))
+            if args.repeats > 1:
+                reps = per_repetition(preset, precision)
+                cells.append(f"{min(reps):.3f}-{max(reps):.3f}" if reps else "-")
+                if ratio is not None and ratio < 1.0 and reps and max(reps) >= 1.0:
+                    inside_spread += 1
+        print("| " + " | ".join(cells) + " |")
     print()
     if met["libtorch"][1]:
         print(f"ampkit within 2% of the hand-written LibTorch loop: {met['libtorch'][0]}/{met['libtorch'][1]} rows")
@@ -422,7 +451,27 @@ def main():
             for r in rows:
                 w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
         print(f"wrote {args.csv}", file=sys.stderr)
+    if stopped:
+        print(f"{PROG}: stopped by SIGTERM after {len(done)} of {len(workloads) * len(precisions)} rows: "
+              f"the table holds those", file=sys.stderr)
+        return 3
     return 1 if failed else 0
+
+
+def measure(args, workloads, precisions, ways, results):
+    """Every run, the ways' order rotating between repetitions; each run's line as it ends."""
+    with tempfile.TemporaryDirectory(prefix="ampkit-throughput-") as tmp:
+        for preset in workloads:
+            for precision in precisions:
+                for rep in range(args.repeats):
+                    order = ways[rep % len(ways):] + ways[:rep % len(ways)]
+                    for way in order:
+                        r = run_way(way, args, preset, precision, tmp)
+                        results.setdefault((preset, precision, way), []).append(r)
+                        what = r["error"] if "error" in r else \
+                            f"{r['samples_per_second']:.1f} samples/s, {r['step_ms']:.2f} ms/step, " \
+                            f"peak RSS {fmt(r['peak_rss_mb'], '.0f')} MB"
+                        print(f"  {preset:8s} {precision} {way:8s} #{rep + 1}: {what}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
