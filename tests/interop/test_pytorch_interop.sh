@@ -170,7 +170,20 @@ optimizer_variant("debug_pkl", lambda n, b: (n, shallow_list if n == code + ".de
 key = re.search(rb'__annotations__\["(\d+)"\]', zipfile.ZipFile(f"{d}/hck/step-2/optimizer.pt").read(
     "archive/code/__torch__/___torch_mangle_0.py")).group(1)
 optimizer_variant("state_key", lambda n, b: (n, b.replace(key, b"k" * len(key))))
-optimizer_files = {"nested_type": "(code/__torch__.py: line 4 is not one torch::serialize::OutputArchive writes)",
+# A global LibTorch's unpickler would act on: restore_type_tag parses its type string with the
+# TorchScript frontend (200,000 nested List[ crash it, two containers deep in the pickle).
+optimizer_variant("type_tag", lambda n, b: (n, b"\x80\x02ctorch.jit._pickle\nrestore_type_tag\n]X\x03\x00\x00\x00int\x86R."
+                                          if n == "archive/data.pkl" else b))
+# A class name of 1000 dotted parts (the frontend resolves each part, recursively).
+optimizer_variant("dotted_type", lambda n, b: (n, b.replace(b": str", b": __torch__." + b"a." * 1000 + b"Module")
+                                             if n == code else b))
+# A record name past the 511 bytes LibTorch lists them by: listed cut short, it would escape a
+# check that picks records by their ending.
+optimizer_variant("long_name", lambda n, b: ("archive/code/" + "a" * 600 + ".py" if n == code else n, b))
+optimizer_files = {"type_tag": "not a file LibTorch wrote (global torch.jit._pickle.restore_type_tag)",
+                   "dotted_type": "(code/__torch__.py: line 4 is not one torch::serialize::OutputArchive writes)",
+                   "long_name": "is longer than 511 bytes or holds a NUL",
+                   "nested_type": "(code/__torch__.py: line 4 is not one torch::serialize::OutputArchive writes)",
                    "unary": "(code/__torch__.py: line 3 is not one torch::serialize::OutputArchive writes)",
                    "upper_case_pkl": "optimizer.pt (DATA.PKL): not a file LibTorch wrote (nested deeper than 1000)",
                    "debug_pkl": "(code/__torch__.py.debug_pkl): not a file LibTorch wrote (nested deeper than 1000)",

@@ -188,6 +188,24 @@ def test_code_nested_past_the_parsers_stack_is_one_line_and_exit_4(golden, tmp_p
     one_line_error(run, 4, "is not a TorchScript module", "nests deeper than 1000 (brackets and prefix operators)")
 
 
+def test_code_the_nesting_check_does_not_count_loads_on_its_deep_stack_and_trains(golden, tmp_path):
+    """20,000 terms of one sum: the parser loops, but the tree it builds is as deep, and compiling it
+    overflows an 8 MiB stack (torch.jit.load segfaults); ampkit-train loads on a 1 GiB one."""
+    folder, _ = golden
+    with_statement(folder / "model.pt", tmp_path / "long.pt", b" + ".join([b"1"] * 20000))
+    train(folder, "--steps", 2, "--batch-size", 8, "--model", tmp_path / "long.pt", "--summary", tmp_path / "s.json")
+    with open(tmp_path / "s.json") as f:
+        assert json.load(f)["steps"] == 2
+
+
+def test_more_than_4_mib_of_code_is_one_line_and_exit_4(golden, tmp_path):
+    folder, _ = golden
+    padding = b"".join(b"    # " + os.urandom(24).hex().encode() + b"\n" for _ in range(80000))  # 4.6 MB
+    with_statement(folder / "model.pt", tmp_path / "big.pt", b"1\n" + padding + b"    _y = 1")
+    one_line_error(train(folder, "--steps", 1, "--model", tmp_path / "big.pt", check=False), 4,
+                   "is not a TorchScript module", "its code records hold more than 4194304 bytes")
+
+
 def test_code_nested_a_thousand_deep_trains(golden, tmp_path):
     folder, _ = golden
     with_statement(folder / "model.pt", tmp_path / "nested.pt", b"(" * 500 + b"not " * 499 + b"True" + b")" * 500)

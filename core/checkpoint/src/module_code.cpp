@@ -30,6 +30,14 @@ class Line {
     rest_.remove_prefix(n);
     return n > 0;
   }
+  // 1 to 9 digits.
+  bool number() {
+    size_t n = 0;
+    while (n < rest_.size() && n < 10 && is_digit(rest_[n])) ++n;
+    if (n == 0 || n > 9) return false;
+    rest_.remove_prefix(n);
+    return true;
+  }
   // "..." of name characters, without escapes.
   bool quoted() {
     size_t n = 1;
@@ -50,10 +58,9 @@ class Line {
     if (depth > kMaxTypeDepth) return false;
     for (std::string_view plain : {"Tensor", "str", "int", "float", "bool"})
       if (take(plain) && !continues_identifier()) return true;
-    if (take("__torch__")) {  // __torch__.a.b.Module
-      while (take("."))
-        if (!identifier()) return false;
-      return true;
+    if (take("__torch__")) {  // __torch__.Module or __torch__.___torch_mangle_<n>.Module
+      if (take(".___torch_mangle_") && !number()) return false;
+      return take(".Module") && !continues_identifier();
     }
     for (std::string_view generic : {"Tuple[", "List[", "Optional["}) {
       if (!take(generic)) continue;
@@ -100,7 +107,6 @@ class NestingScan {
   explicit NestingScan(std::string_view code) : code_(code) {}
 
   void run() {
-    indentation();
     while (pos_ < code_.size()) {
       const char c = code_[pos_];
       if (c == '\n') {
@@ -127,15 +133,8 @@ class NestingScan {
   void end_statement() {
     prefixes_ = 0;
     operand_ = false;
-    indentation();
   }
-  void indentation() {
-    size_t n = 0;
-    while (pos_ + n < code_.size() && (code_[pos_ + n] == ' ' || code_[pos_ + n] == '\t')) ++n;
-    if (n > kMaxIndent)
-      fail("is indented " + std::to_string(n) + " columns, more than " + std::to_string(kMaxIndent));
-    pos_ += n;
-  }
+
   void deeper(int& counter) {
     ++counter;
     if (brackets_ + prefixes_ > kMaxCodeDepth)

@@ -5,10 +5,12 @@
 #include "pickle_scan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -90,6 +92,7 @@ class Scanner : PickleStream<Item> {
   bool leaf(uint8_t op);
   bool memo_or_stack(uint8_t op);
   void step(uint8_t op);
+  void global(const std::string& module, const std::string& name);
 
   struct Shape {
     uint32_t depth;
@@ -100,6 +103,28 @@ class Scanner : PickleStream<Item> {
   size_t containers_ = 0;
   uint64_t puts_ = 0;
 };
+
+// Only what OutputArchive's pickles name: the module classes of its code records, tensors, and
+// the debug pickles' int lists. Anything else (torch.jit._pickle.restore_type_tag, say, whose type
+// string LibTorch parses with the TorchScript frontend) is refused.
+void Scanner::global(const std::string& module, const std::string& name) {
+  static constexpr std::string_view kMangled = "__torch__.___torch_mangle_";
+  const bool module_class =
+      name == "Module" &&
+      (module == "__torch__" || (module.size() > kMangled.size() && module.size() <= kMangled.size() + 9 &&
+                                 module.compare(0, kMangled.size(), kMangled) == 0 &&
+                                 std::all_of(module.begin() + kMangled.size(), module.end(),
+                                             [](char c) { return c >= '0' && c <= '9'; })));
+  const bool storage = module == "torch" && name.size() > 7 && name.size() <= 20 &&
+                       name.compare(name.size() - 7, 7, "Storage") == 0 &&
+                       std::all_of(name.begin(), name.end(),
+                                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+  if (module_class || storage || (module == "torch._utils" && name == "_rebuild_tensor_v2") ||
+      (module == "collections" && name == "OrderedDict") ||
+      (module == "torch.jit._pickle" && name == "build_intlist"))
+    return;
+  bad("global " + module.substr(0, 64) + "." + name.substr(0, 64));
+}
 
 // Framing, marks, numbers, strings and globals. False: none of these.
 bool Scanner::leaf(uint8_t op) {
@@ -158,16 +183,12 @@ bool Scanner::leaf(uint8_t op) {
       skip(little(1));
       stack_.push_back({});
       return true;  // SHORT_BINBYTES
-    case 'c':
-      line();
-      line();
+    case 'c': {
+      const std::string module = line();  // first: the order of a call's arguments is unspecified
+      global(module, line());
+    }
       stack_.push_back({});
-      return true;  // GLOBAL
-    case 0x93:
-      pop();
-      pop();
-      stack_.push_back({});
-      return true;  // STACK_GLOBAL
+      return true;  // GLOBAL (LibTorch's pickler writes no STACK_GLOBAL)
     default:
       return false;
   }

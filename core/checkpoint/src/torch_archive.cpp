@@ -130,9 +130,14 @@ std::shared_ptr<caffe2::serialize::ReadAdapterInterface> open_module_archive(
     const std::filesystem::path& file, ErrorCategory category, const std::string& where) {
   constexpr uint64_t kModuleExpansion = 64;
   auto archive = checkpoint_files::open_regular_file(file, category, where);
+  constexpr size_t kMaxCode = size_t{4} << 20;  // what ampkit-train's loading stack is sized for
   checkpoint_files::Archive records(archive, where, kModuleExpansion);
+  size_t total = 0;
   for (const std::string& name : records.records()) {
     if (!checkpoint_files::is_code_record(name)) continue;
+    total += records.declared_size(name);
+    if (total > kMaxCode)
+      throw std::runtime_error("its code records hold more than " + std::to_string(kMaxCode) + " bytes");
     auto [code, n] = records.read(name);
     try {
       checkpoint_files::check_code_nesting({static_cast<const char*>(code.get()), n});

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -19,6 +20,7 @@ constexpr uint32_t kEndSignature = 0x06054b50, kZip64LocatorSignature = 0x07064b
                    kZip64EndSignature = 0x06064b50, kEntrySignature = 0x02014b50;
 constexpr size_t kEndSize = 22, kZip64LocatorSize = 20, kZip64EndSize = 56, kEntrySize = 46;
 constexpr uint64_t kAllOnes32 = 0xFFFFFFFF;
+constexpr size_t kMaxName = 511;  // PyTorchStreamReader::getAllRecords' buffer holds 511 bytes and a NUL
 constexpr uint16_t kZip64ExtraField = 0x0001;
 
 uint64_t little(const uint8_t* p, int bytes) {
@@ -68,6 +70,11 @@ class Directory {
     uint64_t total = 0;
     for (size_t i = 0, pos = 0; i < dir.entries; ++i) {
       const Entry e = entry(directory.data() + pos, directory.size() - pos, i);
+      // LibTorch lists records (getAllRecords) through a 512-byte buffer: a longer name would come
+      // back cut, and a check that picks records by name would miss it; a NUL cuts it the same way.
+      if (e.name_size > kMaxName || std::memchr(e.name, 0, e.name_size) != nullptr)
+        throw std::runtime_error("record name " + shown(e.name, e.name_size) + " is longer than " +
+                                 std::to_string(kMaxName) + " bytes or holds a NUL");
       if (i == 0) opening = records_read_on_opening(e);
       const bool read_on_opening = std::any_of(opening.begin(), opening.end(), [&](const std::string& name) {
         return same_name(e.name, e.name_size, name);

@@ -82,10 +82,10 @@ c10::IValue read_torch_file(const std::filesystem::path& file, const std::string
 // hundred kilobytes could otherwise take gigabytes: a record the constructor reads may declare at
 // most the file's size, and all records together at most 64 times it (torch.jit.save's deflated
 // code and debug records measure 0.6 to 2.9 times). Its code records, which torch::jit::load
-// compiles with a parser that recurses per nested expression, may nest at most 1000 deep (a
-// deeper one overflows the stack: a segfault). Error(category) "<where>: cannot open FILE: ..."
-// when it cannot be opened or is not a regular file; std::runtime_error with the reason (one line,
-// no file name) for the directory or the code.
+// compiles with a parser that recurses per nested expression, may hold at most 4 MiB in all (what
+// ampkit-train's 1 GiB loading stack is sized for) and nest at most 1000 deep (check_code_nesting).
+// Error(category) "<where>: cannot open FILE: ..." when it cannot be opened or is not a regular file;
+// std::runtime_error with the reason (one line, no file name) for the directory or the code.
 std::shared_ptr<caffe2::serialize::ReadAdapterInterface> open_module_archive(
     const std::filesystem::path& file, ErrorCategory category, const std::string& where);
 

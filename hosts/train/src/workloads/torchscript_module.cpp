@@ -1,10 +1,14 @@
 // The torchscript workload's model: loading, checks and failures (torchscript_module.h).
 #include "workloads/torchscript_module.h"
 
+#include <pthread.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <exception>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -30,20 +34,61 @@ std::string model_message(const std::exception& e) {
   return first.empty() ? "(no message)" : first;
 }
 
+namespace {
+
+// torch::jit::load compiles the module's code with a parser and an IR emitter that recurse per
+// nesting level (long operator chains, elif chains, nested brackets...): a few tens of thousands of
+// levels overflow an 8 MiB stack. It runs on a thread of its own with a 1 GiB stack, reserved and
+// touched only as deep as it goes; open_module_archive caps the code at 4 MiB, and the deepest
+// form measured needs about 170 bytes of stack per byte of code.
+constexpr size_t kLoadStack = size_t{1} << 30;
+
+torch::jit::Module load_on_a_deep_stack(std::shared_ptr<caffe2::serialize::ReadAdapterInterface> archive,
+                                        const at::Device& device) {
+  struct Job {
+    std::shared_ptr<caffe2::serialize::ReadAdapterInterface> archive;
+    at::Device device;
+    std::optional<torch::jit::Module> module;
+    std::exception_ptr error;
+  } job{std::move(archive), device, std::nullopt, nullptr};
+  void* (*run)(void*) = [](void* p) -> void* {
+    auto& j = *static_cast<Job*>(p);
+    try {
+      j.module = torch::jit::load(j.archive, j.device);
+    } catch (...) {
+      j.error = std::current_exception();
+    }
+    return nullptr;
+  };
+  pthread_attr_t attr;
+  pthread_t thread;
+  bool started = pthread_attr_init(&attr) == 0;
+  started = started && pthread_attr_setstacksize(&attr, kLoadStack) == 0 &&
+            pthread_create(&thread, &attr, run, &job) == 0;
+  pthread_attr_destroy(&attr);
+  if (!started) return torch::jit::load(job.archive, job.device);  // no room for that stack: here
+  pthread_join(thread, nullptr);
+  if (job.error) std::rethrow_exception(job.error);
+  return std::move(*job.module);
+}
+
+}  // namespace
+
 torch::jit::Module load_module(const std::string& file, const at::Device& device) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) throw Error(ErrorCategory::data, "--model " + file + " is not a file");
   try {
     // Opened once and its zip directory checked: torch::jit::load allocates what records declare.
-    return torch::jit::load(open_module_archive(file, ErrorCategory::data, "--model"), device);
+    return load_on_a_deep_stack(open_module_archive(file, ErrorCategory::data, "--model"), device);
   } catch (const Error&) {
     throw;  // it could not be opened
   } catch (const std::exception& e) {
-    const std::string what = e.what();
+    const std::string what = e.what();  // the frontend's reports may start with a blank line
+    const size_t start = std::min(what.find_first_not_of("\n "), what.size());
     throw Error(ErrorCategory::data, "--model " + file +
                                          " is not a TorchScript module (save one with "
                                          "torch.jit.script(model).save(FILE)): " +
-                                         what.substr(0, what.find('\n')));
+                                         what.substr(start, what.find('\n', start) - start));
   }
 }
 
