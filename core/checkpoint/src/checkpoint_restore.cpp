@@ -52,9 +52,11 @@ void check_same_model(const std::string& where, const std::vector<TensorRecord>&
   }
 }
 
-// LibTorch's messages may quote the source they stopped at on the lines after the first.
+// LibTorch's messages may quote the source they stopped at on the lines after the first, and the
+// frontend's may start with a blank line: the first line with text.
 std::string first_line(const std::string& message) {
-  return message.substr(0, message.find('\n'));
+  const size_t start = std::min(message.find_first_not_of("\n "), message.size());
+  return message.substr(start, message.find('\n', start) - start);
 }
 
 }  // namespace

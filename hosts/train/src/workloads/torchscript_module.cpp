@@ -39,8 +39,9 @@ namespace {
 // torch::jit::load compiles the module's code with a parser and an IR emitter that recurse per
 // nesting level (long operator chains, elif chains, nested brackets...): a few tens of thousands of
 // levels overflow an 8 MiB stack. It runs on a thread of its own with a 1 GiB stack, reserved and
-// touched only as deep as it goes; open_module_archive caps the code at 4 MiB, and the deepest
-// form measured needs about 170 bytes of stack per byte of code.
+// touched only as deep as it goes. open_module_archive caps the code at 4 MiB and nested brackets
+// and prefix operators at 1000 per statement (at about 800 bytes of stack per byte of code, the
+// costliest forms); of the forms it does not count, the costliest measured needs about 170.
 constexpr size_t kLoadStack = size_t{1} << 30;
 
 torch::jit::Module load_on_a_deep_stack(std::shared_ptr<caffe2::serialize::ReadAdapterInterface> archive,
@@ -62,9 +63,9 @@ torch::jit::Module load_on_a_deep_stack(std::shared_ptr<caffe2::serialize::ReadA
   };
   pthread_attr_t attr;
   pthread_t thread;
-  bool started = pthread_attr_init(&attr) == 0;
-  started = started && pthread_attr_setstacksize(&attr, kLoadStack) == 0 &&
-            pthread_create(&thread, &attr, run, &job) == 0;
+  if (pthread_attr_init(&attr) != 0) return torch::jit::load(job.archive, job.device);
+  const bool started =
+      pthread_attr_setstacksize(&attr, kLoadStack) == 0 && pthread_create(&thread, &attr, run, &job) == 0;
   pthread_attr_destroy(&attr);
   if (!started) return torch::jit::load(job.archive, job.device);  // no room for that stack: here
   pthread_join(thread, nullptr);
