@@ -354,6 +354,66 @@ BOOST_AUTO_TEST_CASE(captured_steps_wait_in_the_ring_until_the_host_reads_them) 
   BOOST_CHECK_THROW(deferred->after_backward(table, loss, /*capturing=*/true), Error);
 }
 
+// Records that arrive late (as a GPU's may: set_late_arrivals runs that order on a CPU): those
+// after_backward delivers on its own come out of the next deliver(), in order, none lost or twice.
+// Inside an iteration (between its step and its update) a waited-for deliver can hold the newest
+// record back (the host forms then hold the state before the iteration's update, as torch's
+// GradScaler shows it), or open it: the host forms take the iteration over and finish it as the
+// synchronous step does.
+BOOST_AUTO_TEST_CASE(late_records_come_in_order_and_an_open_iteration_can_be_held_or_taken_over) {
+  Plugins plugins;
+  SyncAndDeferred both(plugins, 5000, DeviceStatsRecipe::fused_scan);
+  AmpStep &sync = both.sync, &host = both.host;
+  std::string kind, why;
+  auto deferred = DeferredStep::make(host, both.table, kind, why);
+  BOOST_REQUIRE_MESSAGE(deferred, why);
+  deferred->set_late_arrivals(true);
+  const at::Tensor loss = at::full({1}, 2.0, at::kFloat);
+  const std::vector<Planted> steps = schedule(3);
+  std::vector<int64_t> order;
+  auto take = [&](std::vector<StepOutcome> outcomes) {
+    for (const StepOutcome& o : outcomes) order.push_back(o.stats.step);
+  };
+  for (size_t i = 0; i < 30; ++i) {
+    const at::Tensor g = at::full({5000}, steps[i].grad / 300.0, at::kFloat) * at::rand({5000});
+    const double scale_used = sync.scale();
+    StepOutcome out = sync.begin_iteration();
+    both.w.mutable_grad() = g * static_cast<float>(out.stats.scale);
+    both.sync_table.read_gradients();
+    sync.after_backward({both.sync_table, true, SkippedGradients::keep, loss, nullptr}, out);
+    both.v.mutable_grad() = g * deferred->scale();
+    both.table.read_gradients();
+    deferred->after_backward(both.table, loss);
+    BOOST_TEST(deferred->pending() <= 2u);
+    if (i == 12) {  // a host read inside the iteration: everything but this step's own record
+      take(deferred->deliver(/*wait=*/true, DeferredStep::Newest::hold));
+      BOOST_TEST(deferred->pending() == 1u);
+      BOOST_TEST(host.scale() == scale_used);
+      BOOST_TEST(host.counters().attempted == static_cast<int64_t>(i));
+    }
+    if (i == 25) {  // a state change inside the iteration: the host forms finish it
+      take(deferred->deliver(/*wait=*/true, DeferredStep::Newest::open));
+      BOOST_TEST(deferred->pending() == 0u);
+      BOOST_TEST(host.iteration_size() == 1u);
+      BOOST_TEST(host.counters().attempted == static_cast<int64_t>(i));  // the open one is not counted yet
+      const StepOutcome want = sync.finish_iteration();
+      const StepOutcome got = host.finish_iteration();
+      BOOST_TEST(got.stepped == want.stepped);
+      BOOST_TEST(got.scale_next == want.scale_next);
+      BOOST_TEST(host.counters().taken == sync.counters().taken);
+      break;
+    }
+    sync.finish_iteration();
+    const size_t before = order.size();
+    take(deferred->deliver(/*wait=*/false));  // late: only what after_backward delivered
+    BOOST_TEST(order.size() - before <= 1u);
+  }
+  BOOST_TEST(order.size() == 25u);  // steps 0-24 delivered; 25 taken over
+  for (size_t i = 0; i < order.size(); ++i) BOOST_TEST(order[i] == static_cast<int64_t>(i));
+  BOOST_TEST(host.counters().attempted == sync.counters().attempted);
+  BOOST_TEST(host.scale() == sync.scale());
+}
+
 namespace {
 
 // Linear(8 -> 4) under FusedAdamW with built-in strategies: the Trainer both ways (issue 42).

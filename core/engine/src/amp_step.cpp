@@ -106,6 +106,11 @@ double AmpStep::after_backward(const Gradients& gradients, StepOutcome& out) {
 }
 
 StepOutcome AmpStep::deliver(StepOutcome out) {
+  deliver_open(std::move(out));
+  return finish_iteration();
+}
+
+StepOutcome AmpStep::deliver_open(StepOutcome out) {
   if (!iteration_.empty()) throw Error(ErrorCategory::internal, "AmpStep::deliver inside an iteration");
   out.stats.step = counters_.attempted;
   out.stats.consecutive_skips = counters_.consecutive_skips;
@@ -113,7 +118,7 @@ StepOutcome AmpStep::deliver(StepOutcome out) {
   if (out.stepped) clip_coefficient(out);
   iteration_.push_back(out);
   last_ = out;
-  return finish_iteration();
+  return out;
 }
 
 // 6. The clipper's coefficient from the unscaled statistics, capped by a clip decision's norm.
@@ -217,11 +222,13 @@ void AmpStep::finish_iteration_with_scale(double scale) {
     throw Error(ErrorCategory::usage, "the loss scaler keeps no scale in its state, so it cannot be set");
   state.set("scale", static_cast<double>(static_cast<float>(scale)));
   strategies_.scaler->load(state);
-  StepOutcome merged;
-  merged.stepped = !iteration_.empty() && std::all_of(iteration_.begin(), iteration_.end(),
-                                                      [](const StepOutcome& o) { return o.stepped; });
-  iteration_.clear();
-  count(merged);
+  if (!iteration_.empty()) {  // update(new_scale) with no step since the last update counts none
+    StepOutcome merged;
+    merged.stepped =
+        std::all_of(iteration_.begin(), iteration_.end(), [](const StepOutcome& o) { return o.stepped; });
+    iteration_.clear();
+    count(merged);
+  }
   last_.scale_next = scale;
 }
 

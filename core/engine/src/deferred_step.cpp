@@ -100,13 +100,12 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
     throw Error(ErrorCategory::internal, "per-gradient norms do not ride a CUDA graph's records");
   begun_ = true;
   in_graph_ = in_graph_ || capturing;
-  if (!in_graph_) {
-    deliver(false);
+  if (!in_graph_) {  // kept for the next deliver(), which returns them first
+    for (StepOutcome& o : deliver(false)) held_.push_back(std::move(o));
     while (pending_.size() > 1) {  // the step before last: waited for, so nothing lags more than one step
       std::unique_ptr<Pending> oldest = std::move(pending_.front());
       pending_.pop_front();
-      std::vector<StepOutcome> ignored;
-      deliver_into(*oldest, ignored);
+      deliver_into(*oldest, held_);
     }
   }
   std::vector<at::Tensor> scalars;
@@ -199,26 +198,35 @@ DeferredGradients DeferredStep::step_operators(const DeviceTotals& t, const at::
   return out;
 }
 
-std::vector<StepOutcome> DeferredStep::deliver(bool wait) {
+std::vector<StepOutcome> DeferredStep::deliver(bool wait, Newest newest) {
   if (!broken_.empty()) throw Error(ErrorCategory::usage, broken_);
-  std::vector<StepOutcome> delivered;
+  if (!wait && newest != Newest::deliver)
+    throw Error(ErrorCategory::internal, "DeferredStep::deliver: the newest record is known only with wait");
+  std::vector<StepOutcome> delivered = std::move(held_);
+  held_.clear();
+  // The ring's rows come after the queue (its steps ran first): the count, one host read.
+  const int64_t written = wait && in_graph_ ? static_cast<int64_t>(read_scalar(ring_written_)) : ring_read_;
   while (!pending_.empty()) {
-    if (!wait && pending_.front()->ready && !pending_.front()->ready->query()) break;
+    const Pending& front = *pending_.front();
+    if (!wait && (front.ready ? !front.ready->query() : late_arrivals_)) break;
+    const bool last = pending_.size() == 1 && written == ring_read_;
+    if (last && newest == Newest::hold) break;
     std::unique_ptr<Pending> p = std::move(pending_.front());
     pending_.pop_front();
-    deliver_into(*p, delivered);
+    deliver_into(*p, delivered, last && newest == Newest::open);
   }
-  if (wait && in_graph_) deliver_ring(delivered);  // after the queue: its steps ran first
+  if (written != ring_read_) deliver_ring(delivered, written, newest);
   return delivered;
 }
 
 // After an abort the device applies no step (its rules refuse them) and the host forms stop at the
 // aborting one: later records are read and dropped.
-void DeferredStep::deliver_into(Pending& p, std::vector<StepOutcome>& delivered) {
+void DeferredStep::deliver_into(Pending& p, std::vector<StepOutcome>& delivered, bool open) {
   if (aborted_) return;
   if (p.ready) p.ready->synchronize();
   aborted_ = p.host.data_ptr<double>()[AMPKIT_RECORD_ABORT] > 0;
-  delivered.push_back(deliver_one(p));
+  StepOutcome done = deliver_one(p, open);
+  if (!open) delivered.push_back(std::move(done));  // opened: its iteration is the caller's to finish
 }
 
 // Every ring row is read as one shape (the elements, a reduction, a loss): the captured step's.
@@ -251,9 +259,9 @@ int64_t DeferredStep::unread_rows() const {
   return ring_.defined() ? static_cast<int64_t>(read_scalar(ring_written_)) - ring_read_ : 0;
 }
 
-// The rows written since the last read, in order: the count, then the rows (two host reads).
-void DeferredStep::deliver_ring(std::vector<StepOutcome>& delivered) {
-  const auto written = static_cast<int64_t>(read_scalar(ring_written_));
+// The rows written since the last read (`written`: the count deliver() read), in order, the newest
+// as `newest` says: one more host read.
+void DeferredStep::deliver_ring(std::vector<StepOutcome>& delivered, int64_t written, Newest newest) {
   const int64_t unread = written - ring_read_;
   if (unread > ring_rows_) {
     broken_ = std::to_string(unread) +
@@ -265,23 +273,24 @@ void DeferredStep::deliver_ring(std::vector<StepOutcome>& delivered) {
               std::to_string(ring_rows_) + " replays)";
     throw Error(ErrorCategory::usage, broken_);
   }
-  if (unread == 0) return;
+  const int64_t take = newest == Newest::hold ? unread - 1 : unread;
+  if (take <= 0) return;
   const at::Tensor index =
-      at::remainder(at::arange(ring_read_, written, ring_written_.options()), ring_rows_);
+      at::remainder(at::arange(ring_read_, ring_read_ + take, ring_written_.options()), ring_rows_);
   const at::Tensor rows = read_to_host(ring_.index_select(0, index)).contiguous();
-  for (int64_t i = 0; i < unread; ++i) {
+  for (int64_t i = 0; i < take; ++i) {
     Pending p;
     p.host = rows.select(0, i);
     p.elements = ring_shape_->elements;
     p.reduced = ring_shape_->reduced;
     p.has_loss = ring_shape_->has_loss;
     ++ring_read_;
-    deliver_into(p, delivered);
+    deliver_into(p, delivered, i + 1 == take && newest == Newest::open);
   }
 }
 
 // The record given to the host forms (AmpStep::deliver), whose decisions must be the device's.
-StepOutcome DeferredStep::deliver_one(Pending& p) {  // deliver_into has waited for its copy
+StepOutcome DeferredStep::deliver_one(Pending& p, bool open) {  // deliver_into has waited for its copy
   const double* v = p.host.data_ptr<double>();
   StepOutcome out;
   StepStats& st = out.stats;
@@ -303,13 +312,17 @@ StepOutcome DeferredStep::deliver_one(Pending& p) {  // deliver_into has waited 
       st.tensor_norms.push_back(std::sqrt(s) / st.scale);
   }
   const double host_scale = step_.scale();
-  const StepOutcome done = step_.deliver(out);
+  const StepOutcome done = open ? step_.deliver_open(out) : step_.deliver(out);
+  // Opened, the iteration has no scaler update yet: a scaler's own abort (at its minimum scale)
+  // comes with the caller's finish, and the next scale is the host forms' from then on.
+  const bool abort_agrees = open ? done.decision.action != NanAction::abort || v[AMPKIT_RECORD_ABORT] > 0
+                                 : (done.decision.action == NanAction::abort) == (v[AMPKIT_RECORD_ABORT] > 0);
   const bool agree = host_scale == v[AMPKIT_RECORD_SCALE] && done.stepped == (v[AMPKIT_RECORD_STEPPED] > 0) &&
-                     (done.decision.action == NanAction::abort) == (v[AMPKIT_RECORD_ABORT] > 0) &&
-                     (done.aborted_by_scaler ||
+                     abort_agrees &&
+                     (done.aborted_by_scaler || (open && v[AMPKIT_RECORD_ABORT] > 0) ||
                       (done.decision.action == NanAction::skip_backoff) == (v[AMPKIT_RECORD_BACKOFF] > 0)) &&
                      same_bits(done.clip_coefficient, v[AMPKIT_RECORD_COEFFICIENT]) &&
-                     done.scale_next == v[AMPKIT_RECORD_SCALE_NEXT];
+                     (open || done.scale_next == v[AMPKIT_RECORD_SCALE_NEXT]);
   if (!agree) {
     char text[512];
     std::snprintf(

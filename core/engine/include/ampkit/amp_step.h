@@ -111,6 +111,10 @@ class AmpStep {
   // holds the delivered statistics): the policy's decision, the clip coefficient, the counters and
   // the scaler's update, as after_backward and finish_iteration make them, with no gradient pass.
   StepOutcome deliver(StepOutcome out);
+  // The same, but the iteration stays open (not counted, the scaler not updated): the host forms
+  // take over an iteration the device began (a state change between step() and update(),
+  // update(new_scale), a second optimizer), and the caller finishes it. Returns the outcome.
+  StepOutcome deliver_open(StepOutcome out);
 
   // A rollback decision that the caller carried out: the snapshot it restored had taken
   // `restored_taken` steps; the steps taken since count as discarded.
@@ -123,8 +127,8 @@ class AmpStep {
   // step into an abort, with its reason, as a NaN policy's abort. Returns the merged outcome (one
   // optimizer: its own).
   StepOutcome finish_iteration();
-  // update(new_scale) of torch's GradScaler: the iteration is counted and the scaler's state
-  // "scale" set, its other counters kept; a scaler without one refuses (Error usage).
+  // update(new_scale) of torch's GradScaler: the iteration (if one is open) is counted and the
+  // scaler's state "scale" set, its other counters kept; a scaler without one refuses (Error usage).
   void finish_iteration_with_scale(double scale);
   // The optimizers after_backward saw in this iteration.
   size_t iteration_size() const { return iteration_.size(); }

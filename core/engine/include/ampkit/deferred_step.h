@@ -73,11 +73,23 @@ class DeferredStep {
   DeferredGradients after_backward(GradientTable& table, const at::Tensor& loss, bool capturing = false);
 
   // Delivers the records that have arrived (every one with `wait`) to the host forms, in order;
-  // with `wait`, also every row the ring holds (two host reads: the count, then the rows).
+  // with `wait`, also every row the ring holds (two host reads: the count, then the rows). The
+  // records after_backward delivered come first (it delivers what has arrived, and waits for the
+  // step before last): none is lost, an abort among them included.
   // More rows written since the last read than the ring holds is a usage error, raised now and by
   // every later call: their steps ran on the device, the host forms cannot follow them.
-  std::vector<StepOutcome> deliver(bool wait);
+  // With `wait`, `newest` says what becomes of the newest record, whose iteration may still be open
+  // (between the caller's step and its update): delivered like the others; held back (a host read
+  // inside the iteration sees the state before the iteration's update, as torch's GradScaler shows
+  // it); or opened (AmpStep::deliver_open: its decision is checked against the device's and the
+  // host forms take the iteration over, for the caller to finish; it is not among those returned;
+  // this object's device state is then stale, and the caller drops it).
+  enum class Newest { deliver, hold, open };
+  std::vector<StepOutcome> deliver(bool wait, Newest newest = Newest::deliver);
   size_t pending() const { return pending_.size(); }
+  // A CPU record arrives only when waited for, or when the step after next begins, as a GPU's may
+  // (its copy still under way): tests run the order of delivery a GPU can give on a CPU.
+  void set_late_arrivals(bool on) { late_arrivals_ = on; }
 
   // Whether a step has been captured (its records go through the ring from then on).
   bool in_graph() const { return in_graph_; }
@@ -92,12 +104,12 @@ class DeferredStep {
  private:
   struct Pending;
   DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, bool fused);
-  StepOutcome deliver_one(Pending& p);
-  void deliver_into(Pending& p, std::vector<StepOutcome>& delivered);
+  StepOutcome deliver_one(Pending& p, bool open);
+  void deliver_into(Pending& p, std::vector<StepOutcome>& delivered, bool open = false);
   DeferredGradients step_operators(const DeviceTotals& t, const at::Tensor& loss, at::Tensor& record);
   void check_ring_shape(const Pending& shape);
   void write_ring(const at::Tensor& record);
-  void deliver_ring(std::vector<StepOutcome>& delivered);
+  void deliver_ring(std::vector<StepOutcome>& delivered, int64_t written, Newest newest);
 
   AmpStep& step_;
   std::unique_ptr<DeviceStepRules> rules_;
@@ -115,7 +127,9 @@ class DeferredStep {
   std::unique_ptr<Pending> ring_shape_;  // what every ring row's step was measured over
   bool in_graph_ = false;
   bool aborted_ = false;  // a delivered record aborted: the later ones are dropped
-  std::string broken_;    // why no later call can run (rows lost)
+  bool late_arrivals_ = false;
+  std::vector<StepOutcome> held_;  // delivered by after_backward, returned by the next deliver()
+  std::string broken_;             // why no later call can run (rows lost)
 };
 
 }  // namespace ampkit
