@@ -1,6 +1,6 @@
 """The step that never waits for the GPU (issue 42), for :class:`ampkit.GradScaler`.
 
-With a fused optimizer (torch's ``_step_supports_amp_scaling``: fused Adam, AdamW, SGD, Adagrad) and
+With a fused optimizer (torch's ``_step_supports_amp_scaling``: fused Adam, AdamW, SGD) and
 strategies that all have a device form, ``step()`` hands the optimizer ``grad_scale`` and
 ``found_inf`` as device tensors that the engine computed on the device
 (core/engine/include/ampkit/deferred_step.h): no host read. Each step's figures reach the plugins'
@@ -14,12 +14,14 @@ step in a CUDA graph").
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any, Dict, Optional
 
 import torch
 
-from ._errors import cpp
+from ._errors import TrainingAborted, cpp
 
 __all__ = ["SYNC_MODES", "DeferredMode", "capturing"]
 
@@ -50,8 +52,11 @@ class DeferredMode:
         self.single_optimizer: Optional[bool] = None  # learnt from the first synchronous iteration
         self.slot: Optional[int] = None  # the optimizer's table the deferred step serves
         self.scale: Optional[torch.Tensor] = None  # the device scale the next backward uses
-        self.refused: Dict[int, str] = {}  # slot -> why it stays synchronous (said once)
-        self.in_iteration = False
+        self.refused: Dict[int, str] = {}  # slot -> why it stays synchronous
+        self.said: set = set()  # the reasons warned about (each once)
+        self.in_iteration = False  # a deferred step ran in this iteration, its update() has not
+        self.steps_in_iteration = 0  # optimizers stepped (or unscaled) since the last update()
+        self.momentum_ready: set = set()  # slots of a fused SGD whose momentum buffers exist
         self.why = "the first iteration is synchronous, to see how many optimizers it steps" if sync == "auto" else ""
         self.last = "step"  # how the last step ran (last_step's host_sync), and why (host_sync_reason)
         self.last_reason = "no step yet"
@@ -59,11 +64,25 @@ class DeferredMode:
     def reset(self, core: Any) -> None:
         """A new C++ side (a new scaler, or after unpickling)."""
         self.core, self.slot, self.scale, self.refused, self.in_iteration = core, None, None, {}, False
+        self.steps_in_iteration = 0
 
     def forget(self) -> None:
-        """After the strategies' state changed from outside the step (the C++ side dropped its
-        deferred step): the next step makes it again from that state."""
-        self.slot, self.scale = None, None
+        """After the strategies' state changed from outside the step, or a synchronous step ran (the
+        C++ side dropped its deferred step): the next step makes it again from that state, and asks
+        again whether the strategies have device forms."""
+        self.slot, self.scale, self.refused = None, None, {}
+
+    def _warn(self, why: str) -> None:
+        if why not in self.said:
+            self.said.add(why)
+            warnings.warn(f"ampkit.GradScaler: the step stays synchronous: {why}", stacklevel=_caller_level())
+
+    def ran_synchronously(self, why: str) -> None:
+        """A step that went the synchronous way outside :meth:`applies` (``unscale_()`` first):
+        ``last_step`` says so; with ``sync='deferred'`` one warning says why."""
+        self.last, self.last_reason = "step", f"sync={self.sync!r}: {why}"
+        if self.sync == "deferred":
+            self._warn(why)
 
     def applies(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
         """Whether this step of ``optimizer`` (bound as ``slot``) runs deferred; says why in
@@ -77,16 +96,29 @@ class DeferredMode:
         if self.sync == "step":
             self.why = ""
             return False
+        if self.steps_in_iteration > 0 or self.single_optimizer is False:
+            # A second optimizer: the deferred step serves one per iteration. One that already ran
+            # deferred in this iteration is taken over by the host forms (the C++ side's settle()),
+            # and this one's synchronous step joins the iteration; later iterations stay synchronous.
+            if self.single_optimizer is not False:
+                self.single_optimizer = False
+                self._warn_if_asked("several optimizers per iteration (the deferred step serves one)")
+            self.why = "several optimizers per iteration (the deferred step serves one)"
+            return False
         if not getattr(optimizer, "_step_supports_amp_scaling", False):
             self.why = f"{type(optimizer).__name__} takes no grad_scale and found_inf (a fused optimizer does)"
+            self._warn_if_asked(self.why)
             return False
-        if self.in_iteration and self.slot != slot:
-            raise RuntimeError(
-                "ampkit.GradScaler: a second optimizer in a deferred iteration; the deferred step serves one "
-                "optimizer per iteration (create the scaler with sync='step' for several)"
-            )
         if self.sync == "auto" and self.single_optimizer is not True:
             return False
+        if slot not in self.momentum_ready:
+            if _momentum_unmade(optimizer):
+                self.why = (
+                    "a fused SGD's momentum buffers are made by its first step, which a step skipped on the "
+                    "device would leave unset (torch's fused SGD): the steps stay synchronous until then"
+                )
+                return False
+            self.momentum_ready.add(slot)
         if slot in self.refused:
             self.why = self.refused[slot]
             return False
@@ -95,11 +127,15 @@ class DeferredMode:
             if why:
                 self.refused[slot] = why
                 self.why = why
-                warnings.warn(f"ampkit.GradScaler: the step stays synchronous: {why}", stacklevel=4)
+                self._warn(why)
                 return False
             self.slot, self.scale = slot, cpp(self.core.device_scale)()
         self.why = "every strategy has a device form and the optimizer is fused"
         return True
+
+    def _warn_if_asked(self, why: str) -> None:
+        if self.sync == "deferred":
+            self._warn(why)
 
     def check_capture(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
         """Whether the step is being captured in a CUDA graph. There it must be the deferred step,
@@ -123,39 +159,49 @@ class DeferredMode:
             )
         return True
 
-    def step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        slot: int,
-        loss: Optional[torch.Tensor],
-        args: Any,
-        kwargs: Any,
-        graph: bool = False,
-    ) -> torch.Tensor:
-        """The deferred step: the device's grad_scale and found_inf to the fused optimizer; returns
-        whether it stepped, as a bool tensor on the device (reading it waits for the device).
-        ``graph``: the step is being captured in a CUDA graph."""
+    def unscale(self, slot: int, loss: Optional[torch.Tensor], graph: bool = False) -> Any:
+        """The deferred step's decision on the device: (grad_scale, found_inf, stepped) for the fused
+        optimizer, ``stepped`` a bool tensor (reading it waits for the device). ``graph``: the step
+        is being captured in a CUDA graph."""
         with torch.no_grad():
-            grad_scale, found_inf, stepped = cpp(self.core.unscale_deferred)(slot, loss, graph)
+            decided = cpp(self.core.unscale_deferred)(slot, loss, graph)
+        self.in_iteration = True  # recorded on the device: update() delivers it, whatever the optimizer does
+        self.steps_in_iteration += 1
+        return decided
+
+    @staticmethod
+    def step(optimizer: torch.optim.Optimizer, decided: Any, args: Any, kwargs: Any) -> torch.Tensor:
+        """``optimizer.step`` with the device's grad_scale and found_inf (again, for a step() retried
+        after the optimizer raised); returns whether it stepped, as :meth:`unscale`'s tensor."""
+        grad_scale, found_inf, stepped = decided
         optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
         try:
             optimizer.step(*args, **kwargs)
         finally:
             del optimizer.grad_scale  # type: ignore[attr-defined]
             del optimizer.found_inf  # type: ignore[attr-defined]
-        self.in_iteration = True
         return stepped
 
     def finish_iteration(self, graph: bool = False) -> bool:
         """update() of a deferred iteration: the records that have arrived are delivered (an abort
         among them raises TrainingAborted); in a capture, none (nothing has run). False when the
         iteration was not deferred."""
+        self.steps_in_iteration = 0
         if not self.in_iteration:
             return False
         self.in_iteration = False
         if not graph:
-            cpp(self.core.deliver)(False)
+            self._delivering(self.core.end_deferred_iteration)
         return True
+
+    def _delivering(self, call: Any, *args: Any) -> Any:
+        """A C++ call that delivers records: an abort among them drops the C++ side's deferred
+        step (the next step makes it again from the host forms), and so this side's."""
+        try:
+            return cpp(call)(*args)
+        except TrainingAborted:
+            self.forget()
+            raise
 
     def learn(self, optimizers: int) -> None:
         """After a synchronous iteration: auto goes deferred from the next one with one optimizer."""
@@ -180,6 +226,31 @@ class DeferredMode:
             raise _not_in_capture("the host state (get_scale(), last_step, state_dict(), ...) cannot be read")
         if self.core is not None:
             try:
-                cpp(self.core.deliver)(True)
+                self._delivering(self.core.deliver, True)
             except ValueError as e:  # a CUDA graph's misuse: its ring overrun, or a replay after a state change
                 raise RuntimeError(f"ampkit.GradScaler: {e}") from None
+
+
+def _momentum_unmade(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is an SGD with momentum whose buffers its first step has yet to make."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return False
+    for group in optimizer.param_groups:
+        if group.get("momentum", 0) == 0:
+            continue
+        for p in group["params"]:
+            if p.grad is not None and optimizer.state.get(p, {}).get("momentum_buffer") is None:
+                return True
+    return False
+
+
+_INSIDE = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel, seen from its caller, of the first frame outside ampkit and torch
+    (torch.compiler.disable's wrappers stand between a GradScaler method and its caller)."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -5,7 +5,8 @@ parameters (issue 41)."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Optional
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 import torch
 from torch.amp.grad_scaler import OptState
@@ -17,7 +18,15 @@ __all__ = ["OptimizerTables"]
 
 def _refresh_per_optimizer_state() -> Dict[str, Any]:
     # torch's keys (stage: torch's OptState; found_inf_per_device: _check_inf_per_device's), then ours.
-    return {"stage": OptState.READY, "found_inf_per_device": {}, "step": None, "factor": 1.0, "folded": False}
+    # deferred: the device's (grad_scale, found_inf, stepped) of a deferred step.
+    return {
+        "stage": OptState.READY,
+        "found_inf_per_device": {},
+        "step": None,
+        "factor": 1.0,
+        "folded": False,
+        "deferred": None,
+    }
 
 
 class OptimizerTables:
@@ -26,13 +35,24 @@ class OptimizerTables:
     _core: Any
     _device: str
     _names: Dict[int, str]
-    _bound: Dict[int, Any]
+    _bound: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]"
+    _next_slot: int
     _fused_args: Dict[torch.device, Any]
     _fallback_said: bool
     _loss_sum: Optional[torch.Tensor]
     _loss_count: int
     _pass_loss: bool
     _group: Any  # StatisticsGroup
+    _deferred: Any  # DeferredMode
+    _per_optimizer_states: Dict[int, Dict[str, Any]]
+    _core_world: int  # the world size the C++ side was made for
+    _last_taken: "weakref.WeakKeyDictionary[Any, Any]"
+
+    if TYPE_CHECKING:  # GradScaler's and the other mixins', which this one calls
+
+        def _make_core(self) -> Any: ...
+        def state_dict(self) -> Dict[str, Any]: ...
+        def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
 
     def _grads_device(self, optimizer: torch.optim.Optimizer) -> torch.device:
         for group in optimizer.param_groups:
@@ -53,16 +73,43 @@ class OptimizerTables:
             self._fused_args[device] = args
         return args
 
+    def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
+        self._deferred.refuse_in_capture("stepped() (it reads the device)")
+        return bool(self._last_taken.get(optimizer, True))  # deferred: a device tensor, read here
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[Any, Any]:
+        """torch's: after unscale_() (or step()), {device: 1.0 where the step is skipped, else 0.0},
+        float32. Made when asked, so a step that nobody asks does not make it."""
+        state = self._per_optimizer_states[id(optimizer)]
+        found = state["found_inf_per_device"]  # what torch's _check_inf_per_device filled, if it ran
+        if found or state["step"] is None:
+            return found
+        if state["deferred"] is not None:
+            found[state["deferred"][1].device] = state["deferred"][1]
+        else:
+            device = self._grads_device(optimizer)
+            found[device] = torch.full((), 0.0 if state["step"] else 1.0, dtype=torch.float32, device=device)
+        return found
+
     def _slot(self, optimizer: torch.optim.Optimizer) -> int:
         """The C++ side's table of ``optimizer``'s parameters, bound on its first step and again
-        when its param_groups change (a group added, a params list replaced or resized). DTensor
-        parameters (FSDP2) are bound as their local shards."""
+        when its parameters change (a group added, a parameter added, removed or replaced: their
+        ids are compared, one C-level pass). DTensor parameters (FSDP2) are bound as their local
+        shards. The binding lives as long as the optimizer: a garbage-collected optimizer's table
+        is released, and a new one never takes it over (an id() can be reused, a weak key cannot)."""
         groups = optimizer.param_groups
-        key = tuple((id(group["params"]), len(group["params"])) for group in groups)
-        bound = self._bound.get(id(optimizer))
+        key = tuple(tuple(map(id, group["params"])) for group in groups)
+        bound = self._bound.get(optimizer)
         if bound is not None and bound[1] == key:
             return bound[0]
-        slot = bound[0] if bound is not None else len(self._bound)
+        if bound is None:
+            if self._next_slot == 0:
+                self._follow_world()
+            slot, self._next_slot = self._next_slot, self._next_slot + 1
+            weakref.finalize(optimizer, _unbind, weakref.ref(self), self._core, slot)
+        else:
+            slot = bound[0]
         params = [p for group in groups for p in group["params"]]
         names = [
             self._names.get(id(p), f"param_groups[{g}][{i}]")
@@ -78,8 +125,22 @@ class OptimizerTables:
             self._fallback_said = True
         if group_name:
             cpp(self._core.reduce_across)(slot, group_name, sharded)
-        self._bound[id(optimizer)] = (slot, key, params if dtensors else None)
+        self._bound[optimizer] = (slot, key, params if dtensors else None)
         return slot
+
+    def _follow_world(self) -> None:
+        """Before the first step: a process group started after the scaler was made (Lightning
+        makes its precision plugin before its strategy starts the group) is the one the step serves:
+        the C++ side is made again for it, with the scaler's state, so that under DDP the NaN policy
+        reads the gradients every rank shares, not its own loss."""
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        world = torch.distributed.get_world_size() if distributed else 1
+        if world == self._core_world:
+            return
+        saved = self.state_dict()
+        self._core = self._make_core()
+        self._deferred.reset(self._core)
+        self.load_state_dict(saved)
 
     def _iteration_loss(self) -> Optional[torch.Tensor]:
         """The mean of this iteration's losses given to scale() (None under DDP: each rank's own)."""
@@ -90,15 +151,29 @@ class OptimizerTables:
     def _give_local_gradients(self, optimizer: torch.optim.Optimizer, slot: int) -> None:
         """DTensor parameters: this step's local gradient shards to the C++ side, which measures them
         (new tensors each step, a list per step). Plain parameters: their .grad is read there."""
-        dtensors = self._bound[id(optimizer)][2]
+        dtensors = self._bound[optimizer][2]
         if dtensors is not None:
             cpp(self._core.set_gradients)(slot, self._group.local_gradients(dtensors))
 
     def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
         slot = self._slot(optimizer)
         self._give_local_gradients(optimizer, slot)
-        with torch.no_grad():
-            recorded, step, factor = cpp(self._core.unscale)(slot, fold, self._iteration_loss())
+        with torch.no_grad():  # a deferred step of this iteration or before is settled first (C++)
+            recorded, step, factor = self._deferred._delivering(self._core.unscale, slot, fold, self._iteration_loss())
+        if self._deferred.slot is not None:  # the C++ side dropped its deferred step
+            self._deferred.forget()
+        self._deferred.steps_in_iteration += 1
         state["step"] = bool(step) if recorded else None
         state["factor"] = float(factor)
         state["folded"] = fold
+
+
+def _unbind(scaler: "weakref.ref[Any]", core: Any, slot: int) -> None:
+    """An optimizer is gone: its table's tensors are released (where its scaler's C++ side still is
+    the one it was bound on)."""
+    owner = scaler()
+    if owner is not None and owner._core is core and core is not None:
+        try:
+            core.unbind(slot)
+        except Exception:  # noqa: BLE001 (interpreter shutdown: nothing left to release)
+            pass

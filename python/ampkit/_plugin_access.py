@@ -4,6 +4,7 @@ over them."""
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 
@@ -21,13 +22,18 @@ _TORCH_OPTIONS = ("growth_factor", "backoff_factor", "growth_interval")
 
 
 def option_text(value: Any, name: str = "") -> str:
-    """The --opt text of a Python value (bool before int: True is an int); ``name`` says whose."""
+    """The --opt text of a Python value (bool before int: True is an int), a NumPy number or a
+    one-element tensor (as torch takes them); ``name`` says whose."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
         return repr(float(value))  # numpy's float64 is a float whose repr is "np.float64(...)"
-    if isinstance(value, (int, str)):
-        return str(int(value)) if isinstance(value, int) else str(value)
+    if isinstance(value, str):
+        return value
     whose = f"option {name}: " if name else "option "
     raise ValueError(f"{whose}value {value!r} ({type(value).__name__}) must be a bool, int, float or str")
 
@@ -57,6 +63,7 @@ class PluginAccess:
     _deferred: Any
     _enabled: bool
     _torch_args: Dict[str, Any]
+    _config: Dict[str, Any]
     _per_optimizer_states: Dict[int, Dict[str, Any]]
 
     if TYPE_CHECKING:  # GradScaler's and the other mixins', which this one calls
@@ -91,7 +98,12 @@ class PluginAccess:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
-        for name in ("scale", "_growth_tracker", *_TORCH_OPTIONS):  # torch's entries: numbers
+        numeric = ("scale", "_growth_tracker", *_TORCH_OPTIONS)
+        state_dict = {  # torch's entries: numbers (a one-element tensor is one, as torch reads it)
+            k: v.item() if k in numeric and isinstance(v, torch.Tensor) and v.numel() == 1 else v
+            for k, v in state_dict.items()
+        }
+        for name in numeric:
             value = state_dict.get(name, 0)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"state_dict[{name!r}] must be a number, got {type(value).__name__} {value!r}")
@@ -173,7 +185,9 @@ class PluginAccess:
         if not self._enabled:
             return
         self._deferred.refuse_in_capture("changing an option (set it before capturing)")
-        cpp(self._core.set_option)(kind, name, option_text(value, str(key)))
+        text = option_text(value, str(key))
+        cpp(self._core.set_option)(kind, name, text)
+        self._config["opt"][f"{kind}.{name}"] = text  # a C++ side made again (unpickling) has it too
         self._deferred.forget()
 
     def plugin_options(self, kind: str) -> List[tuple]:
@@ -235,13 +249,16 @@ class PluginAccess:
         state["_scale_per_device"] = {}
         state["_per_optimizer_states"] = {}
         state["_loss_sum"], state["_loss_count"] = None, 0
-        state["_bound"], state["_fused_args"] = {}, {}
+        state["_bound"], state["_fused_args"] = None, {}  # a WeakKeyDictionary does not pickle
+        state["_last_taken"] = None
         state["_deferred"] = DeferredMode(self._deferred.sync, cuda=self._deferred.cuda)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         saved = state.pop("_saved_state_dict", None)
         self.__dict__.update(state)
+        self._bound: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
+        self._last_taken: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         if self._enabled:
             self._core = self._make_core()

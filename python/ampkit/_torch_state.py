@@ -119,12 +119,11 @@ class TorchPrivateState:
         plugin refuses is one ValueError naming new_scale, in either sync mode."""
         if not math.isfinite(value) or value <= 0.0:
             raise ValueError(f"ampkit.GradScaler: new_scale must be a finite number > 0, got {value!r}")
+        # A deferred iteration is taken over by the host forms and finished with this scale, its
+        # decision kept and the scaler's update not made (the C++ side's set_scale).
+        self._deferred.in_iteration, self._deferred.steps_in_iteration = False, 0
         try:
-            if self._deferred.finish_iteration():  # counted on delivery: set the scale only
-                self._deferred.drain()
-                self._load_plugin_state("scaler", dict(self._plugin_state("scaler"), scale=value))
-            else:
-                cpp(self._core.set_scale)(value)
+            self._deferred._delivering(self._core.set_scale, value)
         except (PluginError, ValueError) as e:
             raise ValueError(f"ampkit.GradScaler: new_scale {value!r} refused: {e}") from None
         self._deferred.forget()

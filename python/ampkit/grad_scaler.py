@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Union
 
@@ -62,8 +63,8 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         scaler: the loss scaler plugin, by name or path (``dynamic`` is torch's, exactly).
         clipper: the gradient clipper plugin; it clips inside :meth:`unscale_`/:meth:`step`,
             always on unscaled gradients (``none``: no clipping).
-        nan_policy: what a step with a non-finite or spiking gradient does (``skip``, as torch;
-            ``backoff``, ``abort``; ``rollback`` needs a model snapshot and is refused here).
+        nan_policy: what a step with a non-finite gradient or loss (or a spike) does (``skip``: torch's,
+            but a non-finite loss skips too; ``backoff``, ``abort``; ``rollback`` is refused here).
         precision: "fp16", "bf16" or "fp32"; picks per-precision option defaults. None: fp16.
         opt: plugin options as ``{"KIND.OPTION": value}``, the names and checks of
             ampkit-train's ``--opt`` (values also come from ``AMPKIT_<KIND>_<OPTION>``).
@@ -74,13 +75,12 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             fp32 CPU parameters, ``chunk_kernel`` on a GPU where this build holds ampkit's kernel,
             ``foreach_ops`` otherwise; docs/architecture.md). Chosen once per optimizer, on its
             first step; :attr:`last_step` says which ran.
-        sync: ``"auto"`` (default): with a fused optimizer (``fused=True``) whose scaler, clipper
-            and NaN policy all have a device form, from the second iteration on (when the first had
-            one optimizer) the step makes no host read: statistics, decisions and the scale's update
-            stay on the device, :meth:`step` returns a bool tensor, and the plugins' host state
-            (:attr:`last_step`, :meth:`state_dict`) follows at most one step later.
-            ``"deferred"``: the same from the first step; ``"step"``: one host read per step, as
-            torch's. Where the deferred step cannot run, one warning says why.
+        sync: ``"auto"`` (default): with one fused optimizer (``fused=True``) whose scaler, clipper
+            and NaN policy all have a device form, from the second iteration on the step makes no
+            host read: statistics, decisions and the scale's update stay on the device, :meth:`step`
+            returns a bool tensor; the host state read between step() and update() is the one before
+            the update, as torch's. ``"deferred"``: the same from the first step (where it cannot
+            run, one warning says why); ``"step"``: one host read per step, as torch's.
         process_group: the ``torch.distributed`` group the gradient statistics are reduced over, before
             the one host read, so every rank decides on the same numbers. None (default): FSDP2's
             DTensor gradients (``fully_shard``) are reduced over their device mesh's group (squares,
@@ -159,13 +159,14 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._scale: Optional[torch.Tensor] = None  # torch's: None until the first scale()
         self._scale_per_device: Dict[torch.device, torch.Tensor] = {}
         self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
-        self._last_taken: Dict[int, Any] = {}  # bool, or a bool tensor on the device (deferred)
+        self._last_taken: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # bool or device tensor
         self._loss_sum: Optional[torch.Tensor] = None  # this iteration's losses given to scale()
         self._loss_count = 0
         self._pass_loss = True
-        # id(optimizer) -> (slot, the param lists it was bound with): its parameters are handed to
-        # the C++ side once, and again only when its param_groups change.
-        self._bound: Dict[int, Any] = {}
+        # optimizer (a weak key) -> (slot, its parameters' ids when bound, DTensor parameters): its
+        # parameters are handed to the C++ side once, and again only when they change.
+        self._bound: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]" = weakref.WeakKeyDictionary()
+        self._next_slot = 0
         self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
         self._fallback_said = False
         self._deferred = DeferredMode(str(sync), cuda=self._device.startswith("cuda"))
@@ -186,7 +187,8 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         # read the loss could differ between ranks, so the policy sees the gradients only, unless
         # the loss is averaged over the ranks (average_loss).
         self._pass_loss = self._group.passes_loss(world)
-        self._bound = {}
+        self._core_world = world
+        self._bound = weakref.WeakKeyDictionary()
         make = cpp(
             lambda: torch.classes.ampkit.ScalerCore(
                 c["plugins"],
@@ -258,6 +260,9 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._deferred.refuse_in_capture("unscale_() (it reads the step's decision on the host: clip with clipper=)")
         self._unscale(optimizer, state, fold=False)
         state["stage"] = OptState.UNSCALED
+        self._deferred.ran_synchronously(
+            "unscale_() was called before step() (clip with clipper= to stay on the device)"
+        )
 
     @torch.compiler.disable
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -291,11 +296,16 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             graph = self._deferred.check_capture(optimizer, slot)
             if self._deferred.applies(optimizer, slot):  # no host read: docs/python.md
                 self._give_local_gradients(optimizer, slot)
-                stepped_on_device = self._deferred.step(optimizer, slot, self._iteration_loss(), args, kwargs, graph)
-                state["stage"], state["step"] = OptState.STEPPED, True
-                self._last_taken[id(optimizer)] = stepped_on_device
-                return stepped_on_device
-            self._unscale(optimizer, state, fold=bool(getattr(optimizer, "_step_supports_amp_scaling", False)))
+                state["deferred"] = self._deferred.unscale(slot, self._iteration_loss(), graph)
+                state["step"] = True
+            else:
+                self._unscale(optimizer, state, fold=bool(getattr(optimizer, "_step_supports_amp_scaling", False)))
+            state["stage"] = OptState.UNSCALED  # a step() retried after optimizer.step raised does not unscale again
+        if state["deferred"] is not None:
+            stepped_on_device = self._deferred.step(optimizer, state["deferred"], args, kwargs)
+            state["stage"] = OptState.STEPPED
+            self._last_taken[optimizer] = stepped_on_device
+            return stepped_on_device
         if state["step"] is None:
             raise AssertionError("No inf checks were recorded for this optimizer.")
         stepped = bool(state["step"])
@@ -313,7 +323,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             else:
                 optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
-        self._last_taken[id(optimizer)] = stepped
+        self._last_taken[optimizer] = stepped
         return stepped
 
     @torch.compiler.disable
@@ -381,18 +391,10 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         return record
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
-        """After a skipped step: re-runs it (``closure`` is its forward under its autocast, returning
-        the loss) with every submodule of ``model`` observed, backward at the step's scale, and
-        returns ampkit-train's NaN report: ``step``, ``rank``, ``detection``, ``action``,
-        ``loss_scale``, ``precision``, ``located``, ``module``, ``module_type``, ``phase``,
-        ``finding``, ``observation``, ``forward``, ``backward`` (:class:`ampkit.NanLocator`)."""
+        """After a skipped step: re-runs it (``closure``: its forward under its autocast, returning
+        the loss) with every submodule of ``model`` observed, backward at the step's scale; returns
+        ampkit-train's NaN report (step, rank, detection, action, loss_scale, precision, located,
+        module, module_type, phase, finding, observation, forward, backward; ampkit.NanLocator)."""
         if self._model is None:
             raise ValueError("locate() needs the model: create the GradScaler with model=...")
         return nan_report(self._model, closure, self.last_step, self._config["precision"])
-
-    def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
-        self._deferred.refuse_in_capture("stepped() (it reads the device)")
-        return bool(self._last_taken.get(id(optimizer), True))  # deferred: a device tensor, read here
-
-    # --- internals ------------------------------------------------------------------------------

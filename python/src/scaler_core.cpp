@@ -142,76 +142,20 @@ GradientTable& ScalerCore::table(int64_t slot) {
   return *found->second;
 }
 
-void ScalerCore::settle() {
-  if (!deferred_) return;
-  deferred_->deliver(/*wait=*/true);
-  // A CUDA graph holds the addresses of its step's tensors: they stay allocated, and a replay after
-  // this is caught by the next deliver(true).
-  if (deferred_->in_graph()) retired_graph_steps_.push_back(std::move(deferred_));
-  deferred_.reset();
-  deferred_slot_ = -1;
-}
-
-std::string ScalerCore::prepare_deferred(int64_t slot) {
-  return locked([&] {
-    if (deferred_ && deferred_slot_ == slot) return std::string();
-    settle();
-    GradientTable& t = table(slot);
-    if (!step_->started()) step_->start(run_info(t));
-    std::string kind, why;
-    deferred_ = DeferredStep::make(*step_, t, kind, why);
-    if (!deferred_) return kind.empty() ? why : kind + " '" + plugin(kind).at(0) + "' " + why;
-    deferred_->allow_graphs();  // torch.cuda.graph may capture a GradScaler's step
-    deferred_slot_ = slot;
-    return std::string();
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int64_t slot,
-                                                                            std::optional<at::Tensor> loss,
-                                                                            bool capturing) {
-  return locked([&] {
-    if (!deferred_ || deferred_slot_ != slot)
-      throw Error(ErrorCategory::internal, "unscale_deferred before prepare_deferred for this optimizer");
-    GradientTable& t = table(slot);
-    for (const at::Tensor& g : read_gradients(slot)) {
-      if (!g.defined()) continue;
-      if (g.scalar_type() == at::kHalf)
-        throw Error(ErrorCategory::usage, "Attempting to unscale FP16 gradients.");
-      if (g.is_sparse())
-        throw Error(ErrorCategory::usage,
-                    "the deferred step takes no sparse gradients: create the GradScaler with sync='step'");
-    }
-    const DeferredGradients g = deferred_->after_backward(t, loss ? *loss : at::Tensor(), capturing);
-    last_table_ = tables_.at(slot);
-    return std::make_tuple(g.grad_scale, g.found_inf, g.stepped);
-  });
-}
-
-at::Tensor ScalerCore::device_scale() const {
-  return locked([&] { return deferred_ ? deferred_->scale() : at::Tensor(); });
-}
-
-int64_t ScalerCore::deliver(bool wait) {
-  return locked([&] {
-    if (wait)
-      for (const auto& retired : retired_graph_steps_)
-        if (retired->unread_rows() > 0)
-          throw Error(ErrorCategory::usage,
-                      "a CUDA graph captured before the scaler's state was replaced (load_state_dict, "
-                      "update(new_scale), an option set) was replayed after it, and stepped the old state: "
-                      "capture the graph again after such a change");
-    if (!deferred_) return int64_t{0};
-    const std::vector<StepOutcome> delivered = deferred_->deliver(wait);
-    for (const StepOutcome& o : delivered)
-      if (o.decision.action == NanAction::abort) throw TrainingAborted(o.decision.reason);
-    return static_cast<int64_t>(delivered.size());
+void ScalerCore::unbind(int64_t slot) {
+  locked([&] {
+    if (slot == deferred_slot_) settle();
+    const auto found = tables_.find(slot);
+    if (found == tables_.end()) return;
+    if (last_table_ == found->second) last_table_.reset();  // last_step names no gradients then
+    tables_.erase(found);
+    given_gradients_.erase(slot);
   });
 }
 
 std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std::optional<at::Tensor> loss) {
   return locked([&] {
-    settle();  // a synchronous step after deferred ones: their records first
+    settle();  // deferred steps' records first (this iteration's one joins it: a second optimizer)
     const auto found = tables_.find(slot);
     if (found == tables_.end())
       throw Error(ErrorCategory::internal, "unscale: no parameters bound to this optimizer");
@@ -219,12 +163,15 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
     const std::vector<at::Tensor>& grads = read_gradients(slot);
     // torch.amp.GradScaler's checks on what it unscales: no fp16 gradients; a sparse gradient is
     // coalesced (duplicates summed before the finite check) and its values unscaled in place.
+    // A fused optimizer unscales fp16 gradients itself (torch's GradScaler lets it), unless an
+    // element-wise clipper needs them unscaled here.
+    const bool in_place = !fold || set_->clipper().clips_elementwise();
     bool any = false;
     for (size_t i = 0; i < grads.size(); ++i) {
       const at::Tensor& g = grads[i];
       if (!g.defined()) continue;
       any = true;
-      if (g.scalar_type() == at::kHalf)
+      if (in_place && g.scalar_type() == at::kHalf)
         throw Error(ErrorCategory::usage, "Attempting to unscale FP16 gradients.");
       if (g.is_sparse()) {
         const at::Tensor coalesced = g.coalesce();
@@ -257,7 +204,6 @@ double ScalerCore::update() {
 
 void ScalerCore::set_scale(double scale) {
   locked([&] {
-    settle();
     if (!(scale > 0.0) || !std::isfinite(scale))
       throw Error(ErrorCategory::usage,
                   "new_scale must be a positive finite number, got " + format_number(scale));
@@ -265,6 +211,7 @@ void ScalerCore::set_scale(double scale) {
       throw Error(ErrorCategory::usage,
                   "scaler '" + plugin("scaler").at(0) +
                       "' keeps no scale in its state, so update(new_scale) cannot set it");
+    settle();  // a deferred iteration is finished here, with the scale given (no scaler update)
     step_->finish_iteration_with_scale(scale);
   });
 }

@@ -83,8 +83,19 @@ class ScalerCore : public torch::CustomClassHolder {
   // updated in place; undefined before prepare_deferred succeeded).
   at::Tensor device_scale() const;
   // Delivers the deferred records that have arrived (every one with `wait`) to the strategies;
-  // returns how many. A delivered step that aborted raises, as update() does.
+  // returns how many. Between a deferred step and its update() the step's own record stays
+  // undelivered, so the state read is the one before the iteration's update (torch's GradScaler
+  // shows that). A delivered step that aborted raises, as update() does, and drops the deferred step
+  // (the next one is made from the host forms, which go on as the synchronous step does).
   int64_t deliver(bool wait);
+  // update() of an iteration whose step was deferred: the records that have arrived are delivered;
+  // an iteration the host forms took over (a state change or a second optimizer between the step and
+  // update(): settle()) is finished as update() finishes one. An abort raises, as deliver's.
+  int64_t end_deferred_iteration();
+  // Tests: CPU records arrive as late as a GPU's may (DeferredStep::set_late_arrivals).
+  void set_late_arrivals(bool on);
+  // Forgets table `slot` (its optimizer is gone): its tensors are released.
+  void unbind(int64_t slot);
 
   // The resolved value of a plugin option ("" when unset), and setting one: the plugin is made
   // again with it (StrategySet::reconfigure: guarded, started, given its saved state).
@@ -120,9 +131,14 @@ class ScalerCore : public torch::CustomClassHolder {
   GradientTable& table(int64_t slot);
   // table(slot).read_gradients(), with the gradients set_gradients gave in their place.
   const std::vector<at::Tensor>& read_gradients(int64_t slot);
-  // Before the strategies' state changes from outside the step: every record delivered, the
-  // deferred step dropped (made again from the new state on its next prepare_deferred).
+  // Before the strategies' state changes from outside the step (or a synchronous step joins the
+  // iteration): every record delivered, the deferred step dropped (made again from the new state on
+  // its next prepare_deferred). A deferred iteration still open is taken over by the host forms
+  // (DeferredStep::Newest::open), for update() to finish with the changed state, as torch's does.
   void settle();
+  void drop_deferred();
+  // Raises TrainingAborted for an aborted record among `delivered`, after dropping the deferred step.
+  void raise_if_aborted(const std::vector<StepOutcome>& delivered);
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<StrategySet> set_;
   std::unique_ptr<AmpStep> step_;
@@ -133,6 +149,8 @@ class ScalerCore : public torch::CustomClassHolder {
   std::shared_ptr<const GradientTable> last_table_;                            // the last unscale()'s
   std::unique_ptr<DeferredStep> deferred_;
   int64_t deferred_slot_ = -1;
+  bool deferred_open_ = false;  // a deferred step ran, its update() has not
+  bool late_arrivals_ = false;
   std::vector<std::unique_ptr<DeferredStep>> retired_graph_steps_;  // settled after a capture (settle())
 };
 
