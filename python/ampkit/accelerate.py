@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import types
 import warnings
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 import torch
 from accelerate import Accelerator
@@ -73,19 +73,58 @@ def prepare_scaler(accelerator: Accelerator, **gradscaler_kwargs: Any) -> Option
             f"{accelerator.distributed_type} brings a loss scaler of its own"
         )
     device = accelerator.device.type
-    if accelerator.scaler is None:
+    handler = accelerator.scaler_handler
+    kwargs = dict(handler.to_kwargs() if handler is not None else {}, **gradscaler_kwargs)
+    if accelerator.scaler is None:  # Accelerate runs fp16 on the CPU as fp32
+        if not kwargs.get("enabled", True):
+            warnings.warn(
+                "ampkit.accelerate.prepare_scaler: enabled=False on the CPU, where Accelerate runs "
+                "mixed_precision='fp16' as fp32: ampkit is not installed",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
         warn_fp16_on_cpu(
             "ampkit.accelerate.prepare_scaler",
             "Accelerate alone would have run mixed_precision='fp16' as fp32, without a scaler",
         )
-    handler = accelerator.scaler_handler
-    kwargs = dict(handler.to_kwargs() if handler is not None else {}, **gradscaler_kwargs)
     scaler, clipping = make_scaler(device, kwargs)
     accelerator.scaler = scaler
     accelerator.native_amp = True
     if clipping.active:
         _install_clipping(accelerator, clipping)
+    _install_skip_reading(accelerator, scaler)
     return scaler
+
+
+def _install_skip_reading(accelerator: Accelerator, scaler: GradScaler) -> None:
+    """Makes each optimizer this accelerator prepares answer ``step_was_skipped`` (and so
+    ``optimizer_step_was_skipped`` and a prepared scheduler) from the scaler's decision. Accelerate
+    infers a skip from ``optimizer.step`` not being called, which a fused optimizer's step on the
+    device always is (torch's scaler too): the decision is read when asked, one host read."""
+    prepare_optimizer = accelerator.prepare_optimizer
+
+    def prepare(optimizer: torch.optim.Optimizer, device_placement: Optional[bool] = None) -> Any:
+        prepared = prepare_optimizer(optimizer, device_placement=device_placement)
+        prepared.__class__ = _reading_skips(type(prepared))
+        prepared._ampkit_scaler = scaler
+        return prepared
+
+    accelerator.prepare_optimizer = prepare
+
+
+_READING: Dict[type, type] = {}
+
+
+def _reading_skips(cls: type) -> type:
+    """``cls`` (an ``AcceleratedOptimizer``) whose ``step_was_skipped`` asks the ampkit scaler."""
+    if cls not in _READING:
+
+        def step_was_skipped(self: Any) -> bool:
+            return not self._ampkit_scaler.stepped(self.optimizer)
+
+        _READING[cls] = type(cls.__name__, (cls,), {"step_was_skipped": property(step_was_skipped)})
+    return _READING[cls]
 
 
 def _install_clipping(accelerator: Accelerator, clipping: TrainerClipping) -> None:
@@ -128,14 +167,16 @@ def _install_clipping(accelerator: Accelerator, clipping: TrainerClipping) -> No
 
 
 def _check_same_parameters(parameters: Union[torch.Tensor, Iterable[torch.Tensor]], optimizer: Any) -> None:
-    """ampkit's norm is over the optimizer's gradients: the clipped parameters must be those
-    (checked once, on the first call)."""
+    """ampkit's norm is over the optimizer's gradients: the clipped parameters must hold all of those
+    (checked once, on the first call). More is fine, as the HF Trainer's model.parameters() where
+    the optimizer steps some of them: gradients no optimizer steps change nothing, and are left out
+    of the norm."""
     given = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     with_grads = {id(p) for p in given if p.grad is not None}
     owned = {id(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None}
-    if with_grads != owned:
+    if not owned <= with_grads:
         raise ValueError(
-            "accelerator.clip_grad_norm_ with ampkit: the parameters given are not the "
+            "accelerator.clip_grad_norm_ with ampkit: the parameters given leave out some of the "
             "optimizer's (ampkit's clipper clips the optimizer's gradients by their total "
             "norm); pass model.parameters() of the prepared model"
         )

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.fabric.plugins.precision.amp import MixedPrecision as FabricMixedPrecision
+from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.optim import Optimizer
@@ -46,8 +47,10 @@ class AmpkitPrecision(MixedPrecision):
 
     ``Trainer(gradient_clip_val=v)`` (algorithm ``"norm"``) sets ampkit's ``norm`` clipper to
     ``max_norm=v``: the gradients are clipped inside ``unscale_``, in the unscale's multiply, so
-    ``on_before_optimizer_step`` sees them unscaled *and* clipped; the unclipped norm is
-    ``scaler.last_step["grad_norm"]``. Lightning's own clipping then clips nothing.
+    ``on_before_optimizer_step`` sees them unscaled *and* clipped (a fused optimizer's: still
+    scaled, it unscales and clips in its step); the unclipped norm is
+    ``scaler.last_step["grad_norm"]``. Lightning's own clipping then clips nothing. A module that
+    overrides ``configure_gradient_clipping`` decides itself: Lightning clips then, as without ampkit.
 
     :param device: the autocast and scaler device ("cuda", "cpu").
     :param gradscaler_kwargs: :class:`ampkit.GradScaler`'s keyword arguments (``init_scale``,
@@ -58,9 +61,19 @@ class AmpkitPrecision(MixedPrecision):
 
     def __init__(self, device: str = "cuda", **gradscaler_kwargs: Any) -> None:
         scaler, self._clipping = make_scaler(device, gradscaler_kwargs)
+        self._hook_clips = False  # the module's configure_gradient_clipping clips (optimizer_step)
         super().__init__("16-mixed", device, scaler=scaler)
         if device == "cpu" and scaler.is_enabled():
             warn_fp16_on_cpu("ampkit.lightning.AmpkitPrecision", _LIGHTNING_ON_CPU)
+
+    def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        """A checkpoint of a run with Lightning's own ``MixedPrecision`` holds torch's scaler
+        state under its name: the scale and counters go on from it (under ``"AmpkitPrecision"``,
+        Lightning loads ours after this)."""
+        super().on_load_checkpoint(checkpoint)
+        stock = checkpoint.get(MixedPrecision.__qualname__)
+        if type(self).__qualname__ not in checkpoint and stock:
+            self.load_state_dict(stock)
 
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
@@ -68,7 +81,10 @@ class AmpkitPrecision(MixedPrecision):
         """Lightning's AMP step, with the Trainer's ``gradient_clip_val`` handed to ampkit's
         clipper before the unscale."""
         trainer = getattr(model, "_trainer", None)
-        if trainer is not None and self._clipping.active:
+        # A configure_gradient_clipping of the module's own decides per step whether to clip, after
+        # the unscale: Lightning's clipping (on the unscaled gradients) runs then, not ampkit's.
+        self._hook_clips = type(model).configure_gradient_clipping is not LightningModule.configure_gradient_clipping
+        if trainer is not None and self._clipping.active and not self._hook_clips:
             value = trainer.gradient_clip_val or 0.0
             algorithm = GradClipAlgorithmType(trainer.gradient_clip_algorithm or GradClipAlgorithmType.NORM)
             if algorithm is not GradClipAlgorithmType.NORM and value:
@@ -89,7 +105,7 @@ class AmpkitPrecision(MixedPrecision):
     ) -> None:
         """Nothing to do: ampkit's clipper clipped inside ``unscale_``. A value other than the
         Trainer's (``configure_gradient_clipping``) is refused: this step was clipped already."""
-        if not self._clipping.active:
+        if not self._clipping.active or self._hook_clips:
             return super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
         if not clip_val or clip_val <= 0:
             return None
@@ -103,9 +119,10 @@ class AmpkitPrecision(MixedPrecision):
         if float(clip_val) != self._clipping.max_norm:
             raise ValueError(
                 f"clip_gradients(clip_val={clip_val}) differs from the threshold this step was "
-                f"clipped at ({_threshold(self._clipping.max_norm)}): ampkit clips inside unscale_, before "
-                "configure_gradient_clipping runs, so a per-step threshold is not supported with "
-                "AmpkitPrecision (set Trainer(gradient_clip_val=...))"
+                f"clipped at ({_threshold(self._clipping.max_norm)}): ampkit clips inside unscale_, so a "
+                "threshold given here is not supported with AmpkitPrecision: set Trainer(gradient_clip_val=...) "
+                "in automatic optimization, or name the clipper in manual optimization "
+                "(AmpkitPrecision(clipper='norm', opt={'clipper.max_norm': v}))"
             )
         return None
 

@@ -42,7 +42,8 @@ class AmpkitTrainerMixin:
         """The Trainer's accelerator, then ampkit's scaler in it (before ``prepare``)."""
         super().create_accelerator_and_postprocess()  # type: ignore[misc]
         max_grad_norm = float(self.args.max_grad_norm or 0.0)  # type: ignore[attr-defined]
-        if names_a_clipper(self._ampkit_scaler_kwargs) and max_grad_norm > 0:
+        fp16 = self.accelerator.mixed_precision == "fp16"  # type: ignore[attr-defined]
+        if fp16 and names_a_clipper(self._ampkit_scaler_kwargs) and max_grad_norm > 0:  # else: nothing installed
             raise ValueError(
                 f"TrainingArguments(max_grad_norm={max_grad_norm:g}) with ampkit's clipper named in "
                 "scaler_kwargs: two clippers. Set max_grad_norm=0 (the Trainer still logs the "
