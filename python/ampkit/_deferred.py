@@ -123,7 +123,7 @@ class DeferredMode:
             self.why = self.refused[slot]
             return False
         if self.slot != slot:
-            why = cpp(self.core.prepare_deferred)(slot)
+            why = self.settling(self.core.prepare_deferred, slot)
             if why:
                 self.refused[slot] = why
                 self.why = why
@@ -193,6 +193,16 @@ class DeferredMode:
         if not graph:
             self._delivering(self.core.end_deferred_iteration)
         return True
+
+    def settling(self, call: Any, *args: Any, refusals: bool = False) -> Any:
+        """A C++ call that settles the deferred step first (its records delivered, the step dropped)
+        and may fail after that: whatever it raises, this side forgets the step too (and with
+        ``refusals``, after a state change, why a strategy refused one)."""
+        try:
+            return cpp(call)(*args)
+        finally:
+            if refusals or self.slot is not None:
+                self.forget()
 
     def _delivering(self, call: Any, *args: Any) -> Any:
         """A C++ call that delivers records: an abort among them drops the C++ side's deferred

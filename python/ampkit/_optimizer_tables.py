@@ -46,6 +46,7 @@ class OptimizerTables:
     _deferred: Any  # DeferredMode
     _per_optimizer_states: Dict[int, Dict[str, Any]]
     _core_world: int  # the world size the C++ side was made for
+    _core_generation: int  # how many C++ sides this scaler has made (the bindings name theirs)
     _last_taken: "weakref.WeakKeyDictionary[Any, Any]"
 
     if TYPE_CHECKING:  # GradScaler's and the other mixins', which this one calls
@@ -107,7 +108,7 @@ class OptimizerTables:
             if self._next_slot == 0:
                 self._follow_world()
             slot, self._next_slot = self._next_slot, self._next_slot + 1
-            weakref.finalize(optimizer, _unbind, weakref.ref(self), self._core, slot)
+            weakref.finalize(optimizer, _unbind, weakref.ref(self), self._core_generation, slot)
         else:
             slot = bound[0]
         params = [p for group in groups for p in group["params"]]
@@ -159,21 +160,19 @@ class OptimizerTables:
         slot = self._slot(optimizer)
         self._give_local_gradients(optimizer, slot)
         with torch.no_grad():  # a deferred step of this iteration or before is settled first (C++)
-            recorded, step, factor = self._deferred._delivering(self._core.unscale, slot, fold, self._iteration_loss())
-        if self._deferred.slot is not None:  # the C++ side dropped its deferred step
-            self._deferred.forget()
+            recorded, step, factor = self._deferred.settling(self._core.unscale, slot, fold, self._iteration_loss())
         self._deferred.steps_in_iteration += 1
         state["step"] = bool(step) if recorded else None
         state["factor"] = float(factor)
         state["folded"] = fold
 
 
-def _unbind(scaler: "weakref.ref[Any]", core: Any, slot: int) -> None:
-    """An optimizer is gone: its table's tensors are released (where its scaler's C++ side still is
-    the one it was bound on)."""
+def _unbind(scaler: "weakref.ref[Any]", generation: int, slot: int) -> None:
+    """An optimizer is gone: its table's tensors are released, where its scaler's C++ side still is
+    the one it was bound on (a generation, not the side itself: a finalizer keeps what it holds)."""
     owner = scaler()
-    if owner is not None and owner._core is core and core is not None:
+    if owner is not None and owner._core is not None and owner._core_generation == generation:
         try:
-            core.unbind(slot)
-        except Exception:  # noqa: BLE001 (interpreter shutdown: nothing left to release)
+            owner._core.unbind(slot)  # raises nothing but at interpreter shutdown
+        except Exception:  # noqa: BLE001 (nothing left to release then)
             pass

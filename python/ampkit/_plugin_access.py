@@ -126,7 +126,7 @@ class PluginAccess:
             self._load_plugin_state("scaler", dict(scaler, growth_tracker=0))
         for name, text in snapshot["options"].items():
             if cpp(self._core.option)("scaler", name) != text:
-                cpp(self._core.set_option)("scaler", name, text)
+                self._deferred.settling(self._core.set_option, "scaler", name, text, refusals=True)
         for kind, state in snapshot["states"].items():
             self._load_plugin_state(kind, state)
         self._refresh_scale()
@@ -186,9 +186,8 @@ class PluginAccess:
             return
         self._deferred.refuse_in_capture("changing an option (set it before capturing)")
         text = option_text(value, str(key))
-        cpp(self._core.set_option)(kind, name, text)
+        self._deferred.settling(self._core.set_option, kind, name, text, refusals=True)
         self._config["opt"][f"{kind}.{name}"] = text  # a C++ side made again (unpickling) has it too
-        self._deferred.forget()
 
     def plugin_options(self, kind: str) -> List[tuple]:
         """The effective options of the ``kind`` plugin: (name, value, source) rows."""
@@ -211,8 +210,7 @@ class PluginAccess:
                 raise ValueError(f"{kind} state {key!r} holds {value}, beyond a 64-bit integer")
         # A list crosses as a float64 tensor: an empty Python list has no element type.
         values = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in state.items()}
-        cpp(self._core.load_state)(kind, values)
-        self._deferred.forget()  # the device state is made again from this one
+        self._deferred.settling(self._core.load_state, kind, values, refusals=True)  # made again from this one
 
     def _has_scaler_option(self, name: str) -> bool:
         return self._enabled and any(r[0] == name for r in self.plugin_options("scaler"))
@@ -230,8 +228,7 @@ class PluginAccess:
         if not self._has_scaler_option(name):
             raise ValueError(f"scaler '{self._plugin('scaler')[0]}' has no option '{name}'")
         self._deferred.refuse_in_capture("changing an option (set it before capturing)")
-        cpp(self._core.set_option)("scaler", name, option_text(value, name))
-        self._deferred.forget()
+        self._deferred.settling(self._core.set_option, "scaler", name, option_text(value, name), refusals=True)
 
     def __getstate__(self) -> Dict[str, Any]:
         if self._enabled:
@@ -257,6 +254,8 @@ class PluginAccess:
     def __setstate__(self, state: Dict[str, Any]) -> None:
         saved = state.pop("_saved_state_dict", None)
         self.__dict__.update(state)
+        self.__dict__.setdefault("_next_slot", 0)  # a scaler pickled by an ampkit before these
+        self._deferred = DeferredMode(self._deferred.sync, cuda=self._deferred.cuda)
         self._bound: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._last_taken: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)

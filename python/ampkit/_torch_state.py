@@ -123,10 +123,9 @@ class TorchPrivateState:
         # decision kept and the scaler's update not made (the C++ side's set_scale).
         self._deferred.in_iteration, self._deferred.steps_in_iteration = False, 0
         try:
-            self._deferred._delivering(self._core.set_scale, value)
+            self._deferred.settling(self._core.set_scale, value, refusals=True)
         except (PluginError, ValueError) as e:
             raise ValueError(f"ampkit.GradScaler: new_scale {value!r} refused: {e}") from None
-        self._deferred.forget()
 
     def _core_scale(self) -> float:
         return float(cpp(self._core.scale)())

@@ -72,6 +72,11 @@ def prepare_scaler(accelerator: Accelerator, **gradscaler_kwargs: Any) -> Option
             f"ampkit.accelerate.prepare_scaler: distributed type "
             f"{accelerator.distributed_type} brings a loss scaler of its own"
         )
+    if "device" in gradscaler_kwargs:
+        raise TypeError(
+            "ampkit.accelerate.prepare_scaler: the scaler's device is the accelerator's "
+            f"({accelerator.device.type}); drop device={gradscaler_kwargs['device']!r}"
+        )
     device = accelerator.device.type
     handler = accelerator.scaler_handler
     kwargs = dict(handler.to_kwargs() if handler is not None else {}, **gradscaler_kwargs)

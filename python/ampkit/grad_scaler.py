@@ -187,7 +187,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         # read the loss could differ between ranks, so the policy sees the gradients only, unless
         # the loss is averaged over the ranks (average_loss).
         self._pass_loss = self._group.passes_loss(world)
-        self._core_world = world
+        self._core_world, self._core_generation = world, getattr(self, "_core_generation", 0) + 1
         self._bound = weakref.WeakKeyDictionary()
         make = cpp(
             lambda: torch.classes.ampkit.ScalerCore(

@@ -144,7 +144,13 @@ GradientTable& ScalerCore::table(int64_t slot) {
 
 void ScalerCore::unbind(int64_t slot) {
   locked([&] {
-    if (slot == deferred_slot_) settle();
+    if (slot == deferred_slot_) {
+      try {  // from a finalizer, which raises nothing: the next update() or host read does
+        settle();
+      } catch (const TrainingAborted& e) {
+        pending_abort_ = e.what();
+      }
+    }
     const auto found = tables_.find(slot);
     if (found == tables_.end()) return;
     if (last_table_ == found->second) last_table_.reset();  // last_step names no gradients then
@@ -196,6 +202,7 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
 
 double ScalerCore::update() {
   return locked([&] {
+    raise_pending_abort();
     const StepOutcome merged = step_->finish_iteration();
     if (merged.decision.action == NanAction::abort) throw TrainingAborted(merged.decision.reason);
     return merged.scale_next;

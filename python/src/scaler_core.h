@@ -94,7 +94,8 @@ class ScalerCore : public torch::CustomClassHolder {
   int64_t end_deferred_iteration();
   // Tests: CPU records arrive as late as a GPU's may (DeferredStep::set_late_arrivals).
   void set_late_arrivals(bool on);
-  // Forgets table `slot` (its optimizer is gone): its tensors are released.
+  // Forgets table `slot` (its optimizer is gone): its tensors are released. Raises nothing (a
+  // finalizer calls it): an abort among the records it delivers is raised by the next update().
   void unbind(int64_t slot);
 
   // The resolved value of a plugin option ("" when unset), and setting one: the plugin is made
@@ -139,6 +140,9 @@ class ScalerCore : public torch::CustomClassHolder {
   void drop_deferred();
   // Raises TrainingAborted for an aborted record among `delivered`, after dropping the deferred step.
   void raise_if_aborted(const std::vector<StepOutcome>& delivered);
+  // An abort unbind() delivered (from a finalizer, which cannot raise), raised by the next update()
+  // or host read.
+  void raise_pending_abort();
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<StrategySet> set_;
   std::unique_ptr<AmpStep> step_;
@@ -151,6 +155,7 @@ class ScalerCore : public torch::CustomClassHolder {
   int64_t deferred_slot_ = -1;
   bool deferred_open_ = false;  // a deferred step ran, its update() has not
   bool late_arrivals_ = false;
+  std::string pending_abort_;                                       // raise_pending_abort()
   std::vector<std::unique_ptr<DeferredStep>> retired_graph_steps_;  // settled after a capture (settle())
 };
 

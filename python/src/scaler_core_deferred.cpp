@@ -27,6 +27,13 @@ void ScalerCore::drop_deferred() {
   deferred_open_ = false;
 }
 
+void ScalerCore::raise_pending_abort() {
+  if (pending_abort_.empty()) return;
+  const std::string reason = std::move(pending_abort_);
+  pending_abort_.clear();
+  throw TrainingAborted(reason);
+}
+
 void ScalerCore::raise_if_aborted(const std::vector<StepOutcome>& delivered) {
   for (const StepOutcome& o : delivered)
     if (o.decision.action == NanAction::abort) {
@@ -84,6 +91,7 @@ at::Tensor ScalerCore::device_scale() const {
 
 int64_t ScalerCore::deliver(bool wait) {
   return locked([&] {
+    raise_pending_abort();
     if (wait)
       for (const auto& retired : retired_graph_steps_)
         if (retired->unread_rows() > 0)
@@ -102,6 +110,7 @@ int64_t ScalerCore::deliver(bool wait) {
 
 int64_t ScalerCore::end_deferred_iteration() {
   return locked([&] {
+    raise_pending_abort();
     if (deferred_open_) {
       deferred_open_ = false;
       const std::vector<StepOutcome> delivered = deferred_->deliver(/*wait=*/false);

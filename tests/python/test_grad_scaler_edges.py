@@ -281,3 +281,47 @@ def test_numpy_and_tensor_numbers_are_taken_as_torch_takes_them() -> None:
     s.load_state_dict({"scale": torch.tensor(64.0), "_growth_tracker": torch.tensor(3), "growth_factor": 2.0,
                        "backoff_factor": 0.5, "growth_interval": np.int64(5)})
     assert (s.get_scale(), s.state_dict()["_growth_tracker"], s.get_growth_interval()) == (64.0, 3, 5)
+
+
+def _deferred_run(scaler: Any, opt: Any, m: torch.nn.Module, steps: range, nan_at: int = -1,
+                  read: bool = True) -> List[str]:
+    out = []
+    for i in steps:
+        opt.zero_grad()
+        scaler.scale(m(torch.ones(3, 4)).sum() * (math.nan if i == nan_at else 1.0)).backward()
+        scaler.step(opt)
+        try:
+            scaler.update()
+            out.append(scaler.last_step["host_sync"] if read else "ok")  # a read waits for every record
+        except ampkit.TrainingAborted:
+            out.append("abort")
+    return out
+
+
+def test_a_refused_change_leaves_the_deferred_step_working() -> None:
+    m = _model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+    s = ampkit.GradScaler("cpu", sync="deferred")
+    assert _deferred_run(s, opt, m, range(2)) == ["deferred", "deferred"]
+    with pytest.raises(ValueError, match="growth_factor"):
+        s.set_plugin_option("scaler.growth_factor", -2.0)
+    opt.zero_grad()
+    s.scale(m(torch.ones(3, 4)).sum()).backward()
+    s.step(opt)
+    with pytest.raises(ValueError, match="new_scale 0.5 refused"):
+        s.update(0.5)  # below min_scale: the iteration ends, the scale stays
+    assert s.get_scale() == 65536.0 and s.last_step["step"] == 2
+    assert _deferred_run(s, opt, m, range(3, 6)) == ["deferred"] * 3
+    assert s.last_step["step"] == 5
+
+
+def test_an_abort_delivered_when_an_optimizer_goes_away_is_raised_by_the_next_update() -> None:
+    m = _model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+    s = ampkit.GradScaler("cpu", nan_policy="abort", sync="deferred")
+    s._core.set_late_arrivals(True)  # the abort's record is still on its way when the optimizer goes
+    assert _deferred_run(s, opt, m, range(3), nan_at=2, read=False) == ["ok"] * 3
+    del opt
+    gc.collect()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+    assert _deferred_run(s, opt, m, range(3, 6)) == ["abort", "deferred", "deferred"]

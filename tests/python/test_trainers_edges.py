@@ -66,6 +66,11 @@ def test_a_disabled_scaler_on_the_cpu_installs_nothing() -> None:
     assert acc.scaler is None and not acc.native_amp  # fp32, as Accelerate alone runs fp16 on a CPU
 
 
+def test_prepare_scaler_says_the_device_is_the_accelerators() -> None:
+    with pytest.raises(TypeError, match=r"the scaler's device is the accelerator's \(cpu\); drop device='cuda'"):
+        _accelerator("ampkit", device="cuda")
+
+
 def _hf_model() -> torch.nn.Module:
     class M(torch.nn.Module):
         def __init__(self) -> None:

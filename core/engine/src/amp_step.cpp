@@ -220,8 +220,6 @@ void AmpStep::finish_iteration_with_scale(double scale) {
   State state = strategies_.scaler->save();
   if (!state.has("scale"))
     throw Error(ErrorCategory::usage, "the loss scaler keeps no scale in its state, so it cannot be set");
-  state.set("scale", static_cast<double>(static_cast<float>(scale)));
-  strategies_.scaler->load(state);
   if (!iteration_.empty()) {  // update(new_scale) with no step since the last update counts none
     StepOutcome merged;
     merged.stepped =
@@ -229,6 +227,9 @@ void AmpStep::finish_iteration_with_scale(double scale) {
     iteration_.clear();
     count(merged);
   }
+  // The iteration is over even where the scaler refuses the scale (out of its bounds): it stays.
+  state.set("scale", static_cast<double>(static_cast<float>(scale)));
+  strategies_.scaler->load(state);
   last_.scale_next = scale;
 }
 

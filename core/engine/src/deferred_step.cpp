@@ -216,6 +216,7 @@ std::vector<StepOutcome> DeferredStep::deliver(bool wait, Newest newest) {
     deliver_into(*p, delivered, last && newest == Newest::open);
   }
   if (written != ring_read_) deliver_ring(delivered, written, newest);
+  if (aborted_) ring_read_ = written;  // a held row after an abort is dropped too: nothing is left unread
   return delivered;
 }
 
