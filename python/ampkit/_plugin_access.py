@@ -155,20 +155,32 @@ class PluginAccess:
     def get_growth_factor(self) -> float:
         return self._scaler_option("growth_factor", float)
 
+    def _checked(self, value: Any, name: str, integral: bool) -> Any:
+        """A setter's value: a number (an int for an interval), as torch's update() needs it; a
+        disabled scaler keeps what it is given, as torch's."""
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        wanted = numbers.Integral if integral else numbers.Real
+        if self._enabled and (isinstance(value, bool) or not isinstance(value, wanted)):
+            raise TypeError(
+                f"{name} must be {'an int' if integral else 'a number'}, got {type(value).__name__} {value!r}"
+            )
+        return value
+
     def set_growth_factor(self, new_factor: float) -> None:
-        self._set_scaler_option("growth_factor", float(new_factor))
+        self._set_scaler_option("growth_factor", self._checked(new_factor, "new_factor", integral=False))
 
     def get_backoff_factor(self) -> float:
         return self._scaler_option("backoff_factor", float)
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_scaler_option("backoff_factor", float(new_factor))
+        self._set_scaler_option("backoff_factor", self._checked(new_factor, "new_factor", integral=False))
 
     def get_growth_interval(self) -> int:
         return self._scaler_option("growth_interval", int)
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._set_scaler_option("growth_interval", int(new_interval))
+        self._set_scaler_option("growth_interval", self._checked(new_interval, "new_interval", integral=True))
 
     def _get_growth_tracker(self) -> int:
         if not self._enabled:

@@ -325,3 +325,14 @@ def test_an_abort_delivered_when_an_optimizer_goes_away_is_raised_by_the_next_up
     gc.collect()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
     assert _deferred_run(s, opt, m, range(3, 6)) == ["abort", "deferred", "deferred"]
+
+
+def test_the_setters_take_numbers_only() -> None:
+    s = ampkit.GradScaler("cpu")
+    for call, bad in ((s.set_growth_interval, 2.7), (s.set_growth_interval, "4"), (s.set_growth_factor, "4"),
+                      (s.set_backoff_factor, None)):
+        with pytest.raises(TypeError, match="must be"):
+            call(bad)
+    s.set_growth_interval(np.int64(7))
+    s.set_growth_factor(torch.tensor(3.0))
+    assert (s.get_growth_interval(), s.get_growth_factor(), s.get_backoff_factor()) == (7, 3.0, 0.5)
