@@ -254,7 +254,7 @@ def _momentum_unmade(optimizer: torch.optim.Optimizer) -> bool:
     return False
 
 
-_INSIDE = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__)))
+_INSIDE = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (__file__, torch.__file__))
 
 
 def _caller_level() -> int:

@@ -21,11 +21,17 @@ __all__ = ["PluginAccess", "option_text"]
 _TORCH_OPTIONS = ("growth_factor", "backoff_factor", "growth_interval")
 
 
+def _plain(value: Any) -> Any:
+    """A one-element real tensor as its number (torch takes one where it takes a number)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return value.item()
+    return value
+
+
 def option_text(value: Any, name: str = "") -> str:
     """The --opt text of a Python value (bool before int: True is an int), a NumPy number or a
     one-element tensor (as torch takes them); ``name`` says whose."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-        value = value.item()
+    value = _plain(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, numbers.Integral):
@@ -99,10 +105,7 @@ class PluginAccess:
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
             )
         numeric = ("scale", "_growth_tracker", *_TORCH_OPTIONS)
-        state_dict = {  # torch's entries: numbers (a one-element tensor is one, as torch reads it)
-            k: v.item() if k in numeric and isinstance(v, torch.Tensor) and v.numel() == 1 else v
-            for k, v in state_dict.items()
-        }
+        state_dict = {k: _plain(v) if k in numeric else v for k, v in state_dict.items()}  # torch's: numbers
         for name in numeric:
             value = state_dict.get(name, 0)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -158,8 +161,7 @@ class PluginAccess:
     def _checked(self, value: Any, name: str, integral: bool) -> Any:
         """A setter's value: a number (an int for an interval), as torch's update() needs it; a
         disabled scaler keeps what it is given, as torch's."""
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
+        value = _plain(value)
         wanted = numbers.Integral if integral else numbers.Real
         if self._enabled and (isinstance(value, bool) or not isinstance(value, wanted)):
             raise TypeError(
