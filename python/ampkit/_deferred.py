@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import weakref
 from typing import Any, Dict, Optional
 
 import torch
@@ -57,6 +58,7 @@ class DeferredMode:
         self.in_iteration = False  # a deferred step ran in this iteration, its update() has not
         self.steps_in_iteration = 0  # optimizers stepped (or unscaled) since the last update()
         self.momentum_ready: set = set()  # slots of a fused SGD whose momentum buffers exist
+        self.momentum_hooked: set = set()  # ...whose load_state_dict makes it ask again
         self.why = "the first iteration is synchronous, to see how many optimizers it steps" if sync == "auto" else ""
         self.last = "step"  # how the last step ran (last_step's host_sync), and why (host_sync_reason)
         self.last_reason = "no step yet"
@@ -83,6 +85,20 @@ class DeferredMode:
         self.last, self.last_reason = "step", f"sync={self.sync!r}: {why}"
         if self.sync == "deferred":
             self._warn(why)
+
+    def _forget_momentum_on_load(self, optimizer: torch.optim.Optimizer, slot: int) -> None:
+        """A state loaded into an SGD may hold no momentum buffers: its next step is asked again."""
+        if not isinstance(optimizer, torch.optim.SGD) or slot in self.momentum_hooked:
+            return
+        mine = weakref.ref(self)
+
+        def loaded(_: torch.optim.Optimizer) -> None:
+            deferred = mine()
+            if deferred is not None:
+                deferred.momentum_ready.discard(slot)
+
+        optimizer.register_load_state_dict_post_hook(loaded)
+        self.momentum_hooked.add(slot)
 
     def applies(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
         """Whether this step of ``optimizer`` (bound as ``slot``) runs deferred; says why in
@@ -119,6 +135,7 @@ class DeferredMode:
                 )
                 return False
             self.momentum_ready.add(slot)
+            self._forget_momentum_on_load(optimizer, slot)
         if slot in self.refused:
             self.why = self.refused[slot]
             return False

@@ -182,7 +182,20 @@ class PluginAccess:
         return self._scaler_option("growth_interval", int)
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._set_scaler_option("growth_interval", self._checked(new_interval, "new_interval", integral=True))
+        """As torch's, except when the clean steps counted already reach ``new_interval``: torch
+        keeps the count and then never grows again (its kernels compare with ==); here the next
+        clean step grows."""
+        value = self._checked(new_interval, "new_interval", integral=True)
+        if not self._has_scaler_option("growth_interval") or not 0 < value <= self._get_growth_tracker():
+            self._set_scaler_option("growth_interval", value)
+            return
+        state = self._plugin_state("scaler")
+        self._load_plugin_state("scaler", dict(state, growth_tracker=value - 1))  # admitted by both intervals
+        try:
+            self._set_scaler_option("growth_interval", value)
+        except BaseException:
+            self._load_plugin_state("scaler", state)
+            raise
 
     def _get_growth_tracker(self) -> int:
         if not self._enabled:

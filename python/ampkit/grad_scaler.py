@@ -223,7 +223,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         if isinstance(outputs, torch.Tensor):
             if self._scale is None:
                 self._lazy_init_scale_growth_tracker(outputs.device)
-            if outputs.numel() == 1:  # a loss: the NaN policy and spike detection read it
+            if outputs.numel() == 1 and outputs.requires_grad:  # a loss (not a logged value): the NaN policy reads it
                 loss = outputs.detach().float().reshape(())
                 self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
                 self._loss_count += 1

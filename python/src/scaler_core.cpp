@@ -119,6 +119,14 @@ void ScalerCore::set_gradients(int64_t slot, std::vector<std::optional<at::Tenso
   });
 }
 
+void check_real(const at::Tensor& gradient) {
+  if (at::isComplexType(gradient.scalar_type()))
+    throw Error(ErrorCategory::usage,
+                std::string("a ") + c10::toString(gradient.scalar_type()) +
+                    " gradient: ampkit.GradScaler unscales real floating-point gradients "
+                    "(torch.amp.GradScaler takes no complex ones either)");
+}
+
 const std::vector<at::Tensor>& ScalerCore::read_gradients(int64_t slot) {
   GradientTable& t = table(slot);
   const std::vector<at::Tensor>& grads = t.read_gradients();
@@ -177,6 +185,7 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
       const at::Tensor& g = grads[i];
       if (!g.defined()) continue;
       any = true;
+      check_real(g);
       if (in_place && g.scalar_type() == at::kHalf)
         throw Error(ErrorCategory::usage, "Attempting to unscale FP16 gradients.");
       if (g.is_sparse()) {

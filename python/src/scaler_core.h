@@ -23,6 +23,10 @@
 
 namespace ampkit::python {
 
+// torch.amp.GradScaler's check that a gradient is real (its unscale kernels take no complex ones):
+// a usage error naming the dtype.
+void check_real(const at::Tensor& gradient);
+
 // One GradScaler's strategies (scaler, clipper, NaN policy; loaded by name with the CLI's option
 // rules) and its engine, the AmpStep the Trainer runs (core/engine/include/ampkit/amp_step.h).
 // Python drives it in torch.amp.GradScaler's order: scale() for the loss, unscale() once per

@@ -74,6 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int6
     GradientTable& t = table(slot);
     for (const at::Tensor& g : read_gradients(slot)) {  // fp16 ones too: the fused optimizer unscales
       if (!g.defined()) continue;
+      check_real(g);
       if (g.is_sparse())
         throw Error(ErrorCategory::usage,
                     "the deferred step takes no sparse gradients: create the GradScaler with sync='step'");

@@ -336,3 +336,100 @@ def test_the_setters_take_numbers_only() -> None:
     s.set_growth_interval(np.int64(7))
     s.set_growth_factor(torch.tensor(3.0))
     assert (s.get_growth_interval(), s.get_growth_factor(), s.get_backoff_factor()) == (7, 3.0, 0.5)
+
+
+def test_a_growth_interval_set_below_the_clean_steps_counted_grows_at_the_next_clean_step() -> None:
+    # torch keeps the count (6) and, comparing it with == 3, never grows again; ampkit had refused
+    # with an error about a "checkpoint". Here the 7th clean step grows, in both step modes.
+    def run(sync: str) -> List[Tuple[float, int]]:
+        m = _model()
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
+        s, out = ampkit.GradScaler("cpu", init_scale=8.0, growth_interval=10, sync=sync), []
+        for i in range(10):
+            opt.zero_grad()
+            s.scale(m(torch.ones(2, 4)).sum()).backward()
+            s.step(opt)
+            if i == 6:  # between step() and update(): the update uses the new interval, as torch's
+                s.set_growth_interval(3)
+            s.update()
+            out.append((s.get_scale(), s._get_growth_tracker()))
+        return out
+
+    want = [(8.0, k) for k in range(1, 7)] + [(16.0, 0), (16.0, 1), (16.0, 2), (32.0, 0)]
+    assert run("step") == want
+    assert run("auto") == want
+    s = ampkit.GradScaler("cpu")
+    with pytest.raises(ValueError, match="growth_interval.*>= 1"):
+        s.set_growth_interval(0)
+
+
+def test_a_fused_sgd_whose_loaded_state_has_no_momentum_is_asked_again() -> None:
+    # The deferred step learns once that a fused SGD's momentum buffers exist; a state loaded
+    # without them (a fresh optimizer's) must make a skipped first step synchronous again.
+    def run(sync: str) -> List[float]:
+        m = _model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
+        fresh = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True).state_dict()
+        s = ampkit.GradScaler("cpu", sync=sync)
+        for i in range(8):
+            if i == 3:
+                opt.load_state_dict(fresh)
+            opt.zero_grad()
+            s.scale(m(torch.ones(2, 4)).sum() * (math.inf if i == 3 else 1.0)).backward()
+            s.step(opt)
+            s.update()
+        return [float(v) for p in m.parameters() for v in p.detach().flatten()]
+
+    want = run("step")
+    assert max(abs(v) for v in want) < 10
+    assert run("auto") == want
+
+
+def test_complex_gradients_are_one_clear_error() -> None:
+    p = torch.nn.Parameter(torch.randn(3, dtype=torch.complex64))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = ampkit.GradScaler("cpu")
+    s.scale((p.abs() ** 2).sum()).backward()
+    with pytest.raises(ValueError, match=r"^a ComplexFloat gradient: ampkit.GradScaler unscales real") as e:
+        s.step(opt)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_unscale_rounds_as_torch_for_a_scale_that_is_no_power_of_two(dtype: torch.dtype) -> None:
+    # torch multiplies by a float32 inv_scale in the gradients' opmath type; ampkit's double factor
+    # had left 1 ulp in about 12% of bf16 elements (scale 1000) and every fp64 one.
+    def grads(make: Callable[[], Any]) -> torch.Tensor:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(64, 64).to(dtype)
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        s = make()
+        s.scale(m(torch.randn(8, 64, dtype=dtype)).float().pow(2).sum()).backward()
+        s.unscale_(opt)
+        return torch.cat([p.grad.flatten() for p in m.parameters()])
+
+    want = grads(lambda: torch.amp.GradScaler("cpu", init_scale=1000.0))
+    got = grads(lambda: ampkit.GradScaler("cpu", init_scale=1000.0, sync="step"))
+    assert want.dtype == got.dtype == dtype
+    assert torch.equal(got, want)
+
+
+def test_a_scaled_value_that_needs_no_gradient_is_not_the_loss() -> None:
+    # A NaN logged through scale() (a detached copy) made every step count as a non-finite loss.
+    def run(make: Callable[[], Any]) -> Tuple[List[float], List[float]]:
+        m = _model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        s, scales = make(), []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = m(torch.ones(2, 4)).pow(2).sum()
+            s.scale(loss).backward()
+            s.scale(torch.tensor(math.nan))  # e.g. a metric scaled to compare with the scaled loss
+            s.step(opt)
+            s.update()
+            scales.append(s.get_scale())
+        return scales, [float(v) for p in m.parameters() for v in p.detach().flatten()]
+
+    want = run(lambda: torch.amp.GradScaler("cpu", growth_interval=2))
+    assert run(lambda: ampkit.GradScaler("cpu", growth_interval=2, sync="step")) == want
+    assert want[0] == [65536.0, 131072.0, 131072.0, 262144.0]

@@ -268,7 +268,16 @@ void scale_grads_(const std::vector<at::Tensor>& grads, double factor) {
   defined.reserve(grads.size());
   for (const auto& g : grads)
     if (g.defined()) defined.push_back(g);
-  if (!defined.empty()) at::_foreach_mul_(defined, at::Scalar(factor));
+  if (defined.empty()) return;
+  // torch.amp.GradScaler multiplies by a float32 inv_scale in the gradients' opmath type. A double
+  // Scalar gets that on CUDA once rounded to float32, but on the CPU it reaches bf16 and fp16 tensors
+  // rounded to their own type (1 ulp off in about 12% of bf16 elements for a scale of 1000) and fp64
+  // ones unrounded; a float32 0-dim tensor gives torch's rounding on every dtype.
+  const float f = static_cast<float>(factor);
+  if (defined.front().is_cpu())
+    at::_foreach_mul_(defined, at::scalar_tensor(f, at::TensorOptions().dtype(at::kFloat)));
+  else
+    at::_foreach_mul_(defined, at::Scalar(static_cast<double>(f)));
 }
 
 }  // namespace ampkit
