@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Union
 
 import torch
 
+from ._deferred import _caller_level
 from ._errors import cpp
 
 __all__ = ["load_deepspeed_config", "scaler_kwargs_from_deepspeed"]
@@ -25,8 +26,13 @@ def load_deepspeed_config(config: Union[str, os.PathLike, Mapping[str, Any]]) ->
     """A DeepSpeed config as a dict: ``config`` itself, or the JSON file it names."""
     if isinstance(config, Mapping):
         return dict(config)
+    if not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"a DeepSpeed config is a dict or a JSON file's path, got {type(config).__name__}")
     with open(os.fspath(config)) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{os.fspath(config)}: not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{os.fspath(config)}: a DeepSpeed config is a JSON object")
     return data
@@ -42,16 +48,25 @@ def scaler_kwargs_from_deepspeed(
     (``loss_scale`` > 0); bf16.enabled: precision bf16, scaler ``none``; neither: fp32, ``none``.
     gradient_clipping > 0: the ``norm`` clipper with that max_norm. ``overrides`` are GradScaler
     arguments that win; their ``opt`` entries are added to the mapped ones. Option values are
-    ``--opt`` texts.
+    ``--opt`` texts. DeepSpeed 0.17.0's rules: docs/python.md says what 0.17.1 changed.
 
     Raises:
-        ValueError: fp16 and bf16 both enabled, a value left "auto", a value of the wrong type.
+        ValueError: fp16 and bf16 both enabled, a value left "auto" (batch sizes may be: they are
+            the loop's), a value of the wrong type or out of range, a file that is not JSON.
+        TypeError: ``config`` is neither a dict nor a path.
     """
-    where = os.fspath(config) if not isinstance(config, Mapping) else "(dict)"
-    text = json.dumps(load_deepspeed_config(config))
+    data = load_deepspeed_config(config)
+    where = "(dict)" if isinstance(config, Mapping) else os.fspath(config)
+    try:
+        text = json.dumps(data, allow_nan=False)
+    except ValueError:  # JSON has no NaN or infinity, and DeepSpeed's fields take none
+        raise ValueError(f"DeepSpeed config {where} holds a NaN or infinite number") from None
     precision, plugins, opt, _, _, unmapped = cpp(torch.ops.ampkit.deepspeed_mapping)(text, where)
     if unmapped:
-        warnings.warn("DeepSpeed config keys with no ampkit counterpart, ignored: " + ", ".join(unmapped), stacklevel=2)
+        warnings.warn(
+            "DeepSpeed config keys with no ampkit counterpart, ignored: " + ", ".join(unmapped),
+            stacklevel=_caller_level(),  # from_deepspeed_config's caller too
+        )
     opt = dict(opt)
     opt.update(overrides.pop("opt", None) or {})
     return {"precision": precision, **dict(plugins), "opt": opt, **overrides}  # plugins: each kind the mapping names

@@ -98,6 +98,53 @@ BOOST_AUTO_TEST_CASE(bad_configs_are_one_usage_error_each) {
   BOOST_TEST(usage_error("[1, 2]").find("must be a JSON object") != std::string::npos);
 }
 
+// Values DeepSpeed's config classes refuse, each named by its DeepSpeed key (found by a review
+// against deepspeed/runtime/precision_config.py): they had been truncated (3.5 -> 2**3), wrapped
+// (1e20 -> init_scale 0, reported as ampkit's option), taken as dynamic (-1) or ignored (fp16: true).
+BOOST_AUTO_TEST_CASE(out_of_range_values_and_sections_are_usage_errors_naming_the_deepspeed_key) {
+  const auto fp16 = [](const std::string& entry) { return R"({"fp16": {"enabled": true, )" + entry + "}}"; };
+  BOOST_TEST(usage_error(fp16(R"("initial_scale_power": 3.5)"))
+                 .find("fp16.initial_scale_power must be a whole number in [-126, 127], got 3.5") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(fp16(R"("initial_scale_power": 1e20)")).find("fp16.initial_scale_power") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(fp16(R"("initial_scale_power": 1, "min_loss_scale": 4)"))
+                 .find("2**fp16.initial_scale_power = 2 is below fp16.min_loss_scale 4") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(fp16(R"("loss_scale": -1)")).find("fp16.loss_scale must be >= 0") !=
+             std::string::npos);
+  BOOST_TEST(
+      usage_error(fp16(R"("loss_scale_window": 2.5)")).find("fp16.loss_scale_window must be a whole") !=
+      std::string::npos);
+  BOOST_TEST(usage_error(fp16(R"("hysteresis": 0)")).find("fp16.hysteresis must be a whole number >= 1") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(fp16(R"("min_loss_scale": 0)")).find("fp16.min_loss_scale must be > 0") !=
+             std::string::npos);
+  BOOST_TEST(usage_error(R"({"fp16": true})").find("fp16 must be an object, got true") != std::string::npos);
+  BOOST_TEST(usage_error(R"({"bf16": "yes"})").find("bf16 must be an object") != std::string::npos);
+  const DeepSpeedMapping low =
+      map_deepspeed_config(fp16(R"("initial_scale_power": -3, "min_loss_scale": 0.125)"), "ds.json");
+  BOOST_TEST(low.options.at("scaler").at("init_scale") == "0.125");
+}
+
+// An HF-style config leaves batch sizes "auto" for the launcher: they are not ours to resolve.
+BOOST_AUTO_TEST_CASE(batch_sizes_left_auto_are_left_to_the_launcher) {
+  const DeepSpeedMapping m = map_deepspeed_config(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "bf16": {"enabled": true}})",
+      "ds.json");
+  BOOST_TEST(std::string(to_string(m.precision)) == "bf16");
+  BOOST_TEST(!m.micro_batch_size.has_value());
+  BOOST_TEST(!m.accumulation_steps.has_value());
+  BOOST_TEST(!m.global_batch_size.has_value());
+  BOOST_TEST(m.unmapped.empty());
+  BOOST_TEST(usage_error(R"({"gradient_clipping": "auto"})").find("gradient_clipping is \"auto\"") !=
+             std::string::npos);
+  BOOST_TEST(
+      parse_with(R"({"train_micro_batch_size_per_gpu": "auto", "fp16": {"enabled": true}})", "--batch-size=6")
+          .batch_size == 6);
+}
+
 BOOST_AUTO_TEST_CASE(ampkit_train_config_reads_a_deepspeed_file_below_the_command_line) {
   const std::string ds = R"({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
       "gradient_clipping": 0.5, "fp16": {"enabled": true, "initial_scale_power": 10, "auto_cast": false}})";

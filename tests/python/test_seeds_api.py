@@ -334,6 +334,30 @@ def test_deepspeed_defaults_static_bf16_and_conflicts():
         scaler_kwargs_from_deepspeed({"fp16": {"enabled": "auto"}})
 
 
+def test_deepspeed_inputs_python_holds_are_one_exception_each(tmp_path):
+    # Found by a review against DeepSpeed's config classes: a list crashed inside open(), a bad
+    # file raised JSONDecodeError without its name, a NaN reached the C++ parser as "not valid
+    # JSON", and an HF-style config's "auto" batch sizes were refused though the loop owns them.
+    with pytest.raises(TypeError, match="a DeepSpeed config is a dict or a JSON file's path, got list"):
+        scaler_kwargs_from_deepspeed([1, 2])
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"fp16": {"enabled": true,}}')
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON: "):
+        scaler_kwargs_from_deepspeed(bad)
+    with pytest.raises(ValueError, match="holds a NaN or infinite number"):
+        scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "loss_scale": math.nan}})
+    with pytest.raises(ValueError, match=r"fp16\.initial_scale_power must be a whole number in \[-126, 127\], got 3\.5"):
+        scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "initial_scale_power": 3.5}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf = scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "initial_scale_power": 10},
+                                           "train_batch_size": "auto", "gradient_accumulation_steps": "auto"})
+    assert hf["opt"]["scaler.init_scale"] == "1024"
+    with pytest.warns(UserWarning, match="fp16.auto_cast") as caught:
+        scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "auto_cast": True}})
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+
+
 @pytest.mark.skipif(not hasattr(ampkit.GradScaler, "from_deepspeed_config"), reason="classmethod not added yet")
 def test_grad_scaler_from_deepspeed_config():
     with pytest.warns(UserWarning, match="fp16.auto_cast"):

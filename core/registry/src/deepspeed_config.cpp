@@ -1,11 +1,13 @@
-// DeepSpeed configs (deepspeed/runtime/config.py, constants.py, fp16/loss_scaler.py) mapped onto
-// ampkit's plugins, for ampkit-train's --config and ampkit.GradScaler.from_deepspeed_config.
+// DeepSpeed configs (deepspeed/runtime/config.py, constants.py, fp16/loss_scaler.py, as of
+// DeepSpeed 0.17.0: docs/configuration.md says what 0.17.1 changed) mapped onto ampkit's plugins,
+// for ampkit-train's --config and ampkit.GradScaler.from_deepspeed_config.
 #include "ampkit/deepspeed_config.h"
 
 #include <ampkit/options.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -65,6 +67,10 @@ const std::set<std::string> kUnrelated = {"optimizer",
                                           "eigenvalue",
                                           "progressive_layer_drop",
                                           "quantize_training"};
+// Batch sizes: "auto" leaves them to the launcher (ampkit-train's --batch-size and --accumulate, or
+// the Python loop), as the HF Trainer resolves them from its own arguments.
+const std::set<std::string> kBatchKeys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                          "train_batch_size"};
 const std::set<std::string> kMappedTop = {"fp16",
                                           "bf16",
                                           "bfloat16",
@@ -80,6 +86,14 @@ double number(const json& v, const std::string& key, const std::string& where) {
   return v.get<double>();
 }
 
+double positive(const json& v, const std::string& key, const std::string& where) {
+  const double d = number(v, key, where);
+  if (!(d > 0) || d > std::numeric_limits<float>::max())
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + ": " + key + " must be > 0 (a float32), got " + v.dump());
+  return d;
+}
+
 int64_t count(const json& v, const std::string& key, const std::string& where) {
   const double d = number(v, key, where);
   if (d < 1 || d != std::floor(d) || d > 1e15)
@@ -90,10 +104,30 @@ int64_t count(const json& v, const std::string& key, const std::string& where) {
 
 void refuse_auto(const json& section, const std::string& prefix, const std::string& where) {
   for (const auto& [key, value] : section.items())
-    if (value == "auto")
+    if (value == "auto" && !(prefix.empty() && kBatchKeys.count(key)))
       throw Error(ErrorCategory::usage, "DeepSpeed config " + where + ": " + prefix + key +
-                                            " is \"auto\": resolve it first (as the HF Trainer does), e.g. "
-                                            "fp16.enabled=true");
+                                            " is \"auto\": resolve it to a value first, as the HF Trainer "
+                                            "does from its own arguments");
+}
+
+// A section that is there must be an object, as DeepSpeed's config classes require.
+const json& section(const json& ds, const std::string& name, const std::string& where) {
+  static const json empty = json::object();
+  if (!ds.contains(name)) return empty;
+  if (!ds[name].is_object())
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + ": " + name + " must be an object, got " + ds[name].dump());
+  return ds[name];
+}
+
+// initial_scale_power: DeepSpeed's int field; 2**power must be a positive normal float32.
+int power(const json& v, const std::string& where) {
+  const double d = number(v, "fp16.initial_scale_power", where);
+  if (d != std::floor(d) || d < -126 || d > 127)
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where +
+                    ": fp16.initial_scale_power must be a whole number in [-126, 127], got " + v.dump());
+  return static_cast<int>(d);
 }
 
 bool enabled(const json& section, const std::string& name, const std::string& where) {
@@ -109,6 +143,10 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
   auto& opt = m.options["scaler"];
   const double loss_scale =
       fp16.contains("loss_scale") ? number(fp16["loss_scale"], "fp16.loss_scale", where) : 0;
+  if (loss_scale < 0)
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where +
+                                          ": fp16.loss_scale must be >= 0 (0: dynamic loss scaling), got " +
+                                          fp16["loss_scale"].dump());
   if (loss_scale > 0) {
     m.plugins["scaler"] = "static";
     opt["scale"] = format_number(loss_scale);
@@ -121,15 +159,26 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
   bool named = false;
   for (const auto& key : kDynamicKeys) named = named || fp16.contains(key);
   std::map<std::string, double> values = named ? kConfigDefaults : kScalerDefaults;
-  for (auto& [key, value] : values)
-    if (fp16.contains(key)) value = number(fp16[key], "fp16." + key, where);
-  opt["init_scale"] = format_number(std::ldexp(1.0, static_cast<int>(values["initial_scale_power"])));
+  for (auto& [key, value] : values) {
+    if (!fp16.contains(key)) continue;
+    if (key == "initial_scale_power")
+      value = power(fp16[key], where);
+    else if (key == "min_loss_scale")
+      value = positive(fp16[key], "fp16." + key, where);
+    else  // loss_scale_window, hysteresis: counts, as DeepSpeed's int fields
+      value = static_cast<double>(count(fp16[key], "fp16." + key, where));
+  }
+  const double init = std::ldexp(1.0, static_cast<int>(values["initial_scale_power"]));
+  if (init < values["min_loss_scale"])  // DeepSpeed would raise such a scale at its first overflow
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + ": 2**fp16.initial_scale_power = " + format_number(init) +
+                    " is below fp16.min_loss_scale " + format_number(values["min_loss_scale"]));
+  opt["init_scale"] = format_number(init);
   for (const auto& [key, option] : kDynamicOptions) opt[option] = format_number(values[key]);
   if (fp16.contains("consecutive_hysteresis") && fp16["consecutive_hysteresis"] == true)
     m.unmapped.push_back(
-        "fp16.consecutive_hysteresis (ampkit's dynamic scaler refills its hysteresis only after "
-        "loss_scale_window "
-        "clean steps, DeepSpeed's false)");
+        "fp16.consecutive_hysteresis (true: ampkit's dynamic scaler refills its hysteresis only at a "
+        "growth, as DeepSpeed does with false)");
   if (fp16.contains("raise_error_at_min_scale")) {
     if (!fp16["raise_error_at_min_scale"].is_boolean())
       throw Error(ErrorCategory::usage,
@@ -155,10 +204,9 @@ DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::s
   }
   if (!ds.is_object())
     throw Error(ErrorCategory::usage, "DeepSpeed config " + where + " must be a JSON object");
-  const json empty = json::object();
   const std::string bf16_name = ds.contains("bf16") ? "bf16" : "bfloat16";
-  const json& fp16 = ds.contains("fp16") && ds["fp16"].is_object() ? ds["fp16"] : empty;
-  const json& bf16 = ds.contains(bf16_name) && ds[bf16_name].is_object() ? ds[bf16_name] : empty;
+  const json& fp16 = section(ds, "fp16", where);
+  const json& bf16 = section(ds, bf16_name, where);
   refuse_auto(ds, "", where);
   refuse_auto(fp16, "fp16.", where);
   refuse_auto(bf16, bf16_name + ".", where);
@@ -188,11 +236,12 @@ DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::s
     m.plugins["clipper"] = "norm";
     m.options["clipper"]["max_norm"] = format_number(clipping);
   }
-  if (ds.contains("train_micro_batch_size_per_gpu"))
+  const auto given = [&](const char* key) { return ds.contains(key) && ds[key] != "auto"; };
+  if (given("train_micro_batch_size_per_gpu"))
     m.micro_batch_size = count(ds["train_micro_batch_size_per_gpu"], "train_micro_batch_size_per_gpu", where);
-  if (ds.contains("gradient_accumulation_steps"))
+  if (given("gradient_accumulation_steps"))
     m.accumulation_steps = count(ds["gradient_accumulation_steps"], "gradient_accumulation_steps", where);
-  if (ds.contains("train_batch_size"))
+  if (given("train_batch_size"))
     m.global_batch_size = count(ds["train_batch_size"], "train_batch_size", where);
   for (const auto& [key, value] : ds.items())
     if (!kMappedTop.count(key) && !kUnrelated.count(key)) m.unmapped.push_back(key);

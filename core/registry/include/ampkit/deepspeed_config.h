@@ -17,7 +17,8 @@ namespace ampkit {
 // min_loss_scale, on_min_scale from raise_error_at_min_scale), with DeepSpeed's config defaults
 // (2**16, 1000, 2, 1) for keys a section leaves out, or its DynamicLossScaler's own (2**32, 1000,
 // 1, 1) when the section names none; loss_scale > 0 is the `static` scaler; bf16.enabled is bf16
-// with no scaler; gradient_clipping > 0 is the `norm` clipper.
+// with no scaler; gradient_clipping > 0 is the `norm` clipper. DeepSpeed 0.17.0's rules
+// (docs/configuration.md, "Which DeepSpeed", says what 0.17.1 changed).
 struct DeepSpeedMapping {
   Precision precision = Precision::fp32;
   std::map<std::string, std::string> plugins;                         // kind -> plugin name
@@ -36,8 +37,9 @@ struct DeepSpeedMapping {
 bool is_deepspeed_config(const std::vector<std::string>& top_level_keys);
 
 // Maps `json_text`, the config named `where` in messages. Throws Error(usage) for text that is no
-// JSON object, a value of the wrong type, a value left "auto" (resolved by launchers such as the
-// HF Trainer) or fp16 and bf16 both enabled.
+// JSON object, a section that is no object, a value of the wrong type or out of DeepSpeed's range,
+// a value left "auto" (resolved by launchers such as the HF Trainer; batch sizes left "auto" are
+// left to ampkit-train's options or the Python loop) or fp16 and bf16 both enabled.
 DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::string& where);
 
 }  // namespace ampkit
