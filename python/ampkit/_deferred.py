@@ -179,9 +179,12 @@ class DeferredMode:
     def unscale(self, slot: int, loss: Optional[torch.Tensor], graph: bool = False) -> Any:
         """The deferred step's decision on the device: (grad_scale, found_inf, stepped) for the fused
         optimizer, ``stepped`` a bool tensor (reading it waits for the device). ``graph``: the step
-        is being captured in a CUDA graph."""
+        is being captured in a CUDA graph. None when the optimizer has no gradient: nothing is
+        recorded (torch's fused step with no gradient; an update() with nothing else raises)."""
         with torch.no_grad():
             decided = cpp(self.core.unscale_deferred)(slot, loss, graph)
+        if decided is None:
+            return None
         self.in_iteration = True  # recorded on the device: update() delivers it, whatever the optimizer does
         self.steps_in_iteration += 1
         return decided

@@ -75,6 +75,18 @@ class OptimizerTables:
             self._fused_args[device] = args
         return args
 
+    def _step_folded(self, optimizer: torch.optim.Optimizer, factor: float, args: Any, kwargs: Any) -> None:
+        """A fused optimizer's step with the unscale and clip folded in: grad_scale is 1 / ``factor``
+        (torch always hands it grad_scale)."""
+        grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
+        grad_scale.fill_(1.0 / factor)
+        optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
+        try:
+            optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale  # type: ignore[attr-defined]
+            del optimizer.found_inf  # type: ignore[attr-defined]
+
     def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
         self._deferred.refuse_in_capture("stepped() (it reads the device)")

@@ -297,7 +297,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             if self._deferred.applies(optimizer, slot):  # no host read: docs/python.md
                 self._give_local_gradients(optimizer, slot)
                 state["deferred"] = self._deferred.unscale(slot, self._iteration_loss(), graph)
-                state["step"] = True
+                state["step"] = True if state["deferred"] is not None else None
             else:
                 self._unscale(optimizer, state, fold=bool(getattr(optimizer, "_step_supports_amp_scaling", False)))
             state["stage"] = OptState.UNSCALED  # a step() retried after optimizer.step raised does not unscale again
@@ -306,22 +306,14 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             state["stage"] = OptState.STEPPED
             self._last_taken[optimizer] = stepped_on_device
             return stepped_on_device
-        if state["step"] is None:
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        if state["step"] is None and not fused:
             raise AssertionError("No inf checks were recorded for this optimizer.")
-        stepped = bool(state["step"])
-        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and state["folded"]
-        if stepped:
-            if fused:  # unscale and clip folded into the fused optimizer's step (torch always hands it grad_scale)
-                grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
-                grad_scale.fill_(1.0 / state["factor"])
-                optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
-                try:
-                    optimizer.step(*args, **kwargs)
-                finally:
-                    del optimizer.grad_scale  # type: ignore[attr-defined]
-                    del optimizer.found_inf  # type: ignore[attr-defined]
-            else:
-                optimizer.step(*args, **kwargs)
+        stepped = state["step"] is None or bool(state["step"])  # torch steps a fused one with no gradients
+        if stepped and fused and state["folded"]:
+            self._step_folded(optimizer, state["factor"], args, kwargs)
+        elif stepped:
+            optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
         self._last_taken[optimizer] = stepped
         return stepped

@@ -79,10 +79,10 @@ class ScalerCore : public torch::CustomClassHolder {
   std::string prepare_deferred(int64_t slot);
   // After backward, for table `slot`: (grad_scale, found_inf, stepped) for the fused optimizer,
   // computed on the device with no host read; `loss` as unscale()'s. `capturing`: the step is
-  // being captured in a CUDA graph (DeferredStep::after_backward).
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> unscale_deferred(int64_t slot,
-                                                                  std::optional<at::Tensor> loss,
-                                                                  bool capturing);
+  // being captured in a CUDA graph (DeferredStep::after_backward). None when
+  // the optimizer has no gradient and the table does not reduce: nothing recorded, as unscale().
+  std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> unscale_deferred(
+      int64_t slot, std::optional<at::Tensor> loss, bool capturing);
   // What the next backward multiplies the loss by in the deferred step (float32 on the device,
   // updated in place; undefined before prepare_deferred succeeded).
   at::Tensor device_scale() const;

@@ -65,20 +65,25 @@ std::string ScalerCore::prepare_deferred(int64_t slot) {
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ScalerCore::unscale_deferred(int64_t slot,
-                                                                            std::optional<at::Tensor> loss,
-                                                                            bool capturing) {
-  return locked([&] {
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> ScalerCore::unscale_deferred(
+    int64_t slot, std::optional<at::Tensor> loss, bool capturing) {
+  using Decided = std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>>;
+  return locked([&]() -> Decided {
     if (!deferred_ || deferred_slot_ != slot)
       throw Error(ErrorCategory::internal, "unscale_deferred before prepare_deferred for this optimizer");
     GradientTable& t = table(slot);
+    bool any = false;
     for (const at::Tensor& g : read_gradients(slot)) {  // fp16 ones too: the fused optimizer unscales
       if (!g.defined()) continue;
+      any = true;
       check_real(g);
       if (g.is_sparse())
         throw Error(ErrorCategory::usage,
                     "the deferred step takes no sparse gradients: create the GradScaler with sync='step'");
     }
+    // Without gradients nothing is recorded, as in unscale(): the fused optimizer steps over none,
+    // and update() with nothing else recorded raises as torch's does.
+    if (!any && !t.reduces()) return std::nullopt;
     const DeferredGradients g = deferred_->after_backward(t, loss ? *loss : at::Tensor(), capturing);
     last_table_ = tables_.at(slot);
     deferred_open_ = !capturing;  // a captured iteration runs whole at each replay

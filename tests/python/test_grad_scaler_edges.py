@@ -433,3 +433,37 @@ def test_a_scaled_value_that_needs_no_gradient_is_not_the_loss() -> None:
     want = run(lambda: torch.amp.GradScaler("cpu", growth_interval=2))
     assert run(lambda: ampkit.GradScaler("cpu", growth_interval=2, sync="step")) == want
     assert want[0] == [65536.0, 131072.0, 131072.0, 262144.0]
+
+
+@pytest.mark.parametrize("sync", ["auto", "deferred", "step"])
+def test_a_fused_optimizer_without_gradients_steps_over_none_as_torchs(sync: str) -> None:
+    # torch hands a fused optimizer found_inf 0 when it has no gradient, and its step updates
+    # nothing; ampkit raised "No inf checks were recorded" in step() (sync) or recorded a clean step
+    # that grew the scale (deferred). Here: a second head used every other iteration.
+    def run(make: Callable[[], Any]) -> Tuple[List[float], List[float]]:
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        oa = torch.optim.AdamW(a.parameters(), lr=0.1, fused=True)
+        ob = torch.optim.AdamW(b.parameters(), lr=0.1, fused=True)
+        s, scales = make(), []
+        for i in range(6):
+            oa.zero_grad()
+            ob.zero_grad()
+            x = a(torch.ones(2, 4))
+            s.scale((b(x) if i % 2 else x).pow(2).sum()).backward()
+            s.step(oa)
+            s.step(ob)
+            s.update()
+            scales.append(s.get_scale())
+        return scales, [float(v) for m in (a, b) for p in m.parameters() for v in p.detach().flatten()]
+
+    want = run(lambda: torch.amp.GradScaler("cpu", growth_interval=2))
+    assert run(lambda: ampkit.GradScaler("cpu", growth_interval=2, sync=sync)) == want
+    # Alone, it records nothing: update() raises as torch's.
+    m = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
+    s = ampkit.GradScaler("cpu", sync=sync)
+    s.scale(m(torch.ones(3, 4)).sum())
+    assert s.step(opt) is True
+    with pytest.raises(AssertionError, match="No inf checks were recorded prior to update"):
+        s.update()
