@@ -194,12 +194,7 @@ class DeferredMode:
         """``optimizer.step`` with the device's grad_scale and found_inf (again, for a step() retried
         after the optimizer raised); returns whether it stepped, as :meth:`unscale`'s tensor."""
         grad_scale, found_inf, stepped = decided
-        optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
-        try:
-            optimizer.step(*args, **kwargs)
-        finally:
-            del optimizer.grad_scale  # type: ignore[attr-defined]
-            del optimizer.found_inf  # type: ignore[attr-defined]
+        fused_step(optimizer, grad_scale, found_inf, args, kwargs)
         return stepped
 
     def finish_iteration(self, graph: bool = False) -> bool:
@@ -259,6 +254,19 @@ class DeferredMode:
                 self._delivering(self.core.deliver, True)
             except ValueError as e:  # a CUDA graph's misuse: its ring overrun, or a replay after a state change
                 raise RuntimeError(f"ampkit.GradScaler: {e}") from None
+
+
+def fused_step(
+    optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor, found_inf: torch.Tensor, args: Any, kwargs: Any
+) -> None:
+    """``optimizer.step`` of a fused optimizer with the grad_scale and found_inf it reads, as torch's
+    GradScaler hands them (attributes, removed after the step)."""
+    optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
+    try:
+        optimizer.step(*args, **kwargs)
+    finally:
+        del optimizer.grad_scale  # type: ignore[attr-defined]
+        del optimizer.found_inf  # type: ignore[attr-defined]
 
 
 def _momentum_unmade(optimizer: torch.optim.Optimizer) -> bool:

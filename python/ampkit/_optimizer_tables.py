@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 import torch
 from torch.amp.grad_scaler import OptState
 
+from ._deferred import fused_step
 from ._errors import cpp
 
 __all__ = ["OptimizerTables"]
@@ -80,12 +81,7 @@ class OptimizerTables:
         (torch always hands it grad_scale)."""
         grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
         grad_scale.fill_(1.0 / factor)
-        optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
-        try:
-            optimizer.step(*args, **kwargs)
-        finally:
-            del optimizer.grad_scale  # type: ignore[attr-defined]
-            del optimizer.found_inf  # type: ignore[attr-defined]
+        fused_step(optimizer, grad_scale, found_inf, args, kwargs)
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
