@@ -36,6 +36,24 @@ def _loop(make: Callable[[], Any], steps: int, body: Callable[[int, Any, Any, to
     return rows, [float(v) for v in torch.cat([p.detach().flatten() for p in m.parameters()])]
 
 
+def _two_optimizers(make: Callable[[], Any], body: Callable[..., None]) -> Tuple[List[float], List[float]]:
+    """Six iterations of two Linear layers, each with its own fused AdamW: the scales after each
+    update() and the final parameters; ``body(i, scaler, a, b, opt_a, opt_b)`` runs backward and
+    the steps."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    oa = torch.optim.AdamW(a.parameters(), lr=0.1, fused=True)
+    ob = torch.optim.AdamW(b.parameters(), lr=0.1, fused=True)
+    s, scales = make(), []
+    for i in range(6):
+        oa.zero_grad()
+        ob.zero_grad()
+        body(i, s, a, b, oa, ob)
+        s.update()
+        scales.append(s.get_scale())
+    return scales, [float(v) for m in (a, b) for p in m.parameters() for v in p.detach().flatten()]
+
+
 def _torch() -> Any:
     return torch.amp.GradScaler("cpu", growth_interval=3)
 
@@ -63,26 +81,15 @@ def test_an_unscale_now_and_then_leaves_the_deferred_step_working(sync: str) -> 
 
 @pytest.mark.parametrize("sync", ["auto", "deferred"])
 def test_a_second_optimizer_may_join_a_deferred_run(sync: str) -> None:
-    def run(make: Callable[[], Any]) -> Tuple[List[float], List[float]]:
-        torch.manual_seed(0)
-        a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-        oa = torch.optim.AdamW(a.parameters(), lr=0.1, fused=True)
-        ob = torch.optim.AdamW(b.parameters(), lr=0.1, fused=True)
-        s, scales = make(), []
-        for i in range(6):
-            oa.zero_grad()
-            ob.zero_grad()
-            loss = a(torch.ones(2, 4)).sum() + (b(torch.ones(2, 4)).sum() if i >= 2 else 0)
-            s.scale(loss * (math.inf if i == 4 else 1.0)).backward()
-            s.step(oa)
-            if i >= 2:  # joins at the third iteration, when the first runs deferred
-                s.step(ob)
-            s.update()
-            scales.append(s.get_scale())
-        return scales, [float(v) for p in (*a.parameters(), *b.parameters()) for v in p.detach().flatten()]
+    def body(i: int, s: Any, a: torch.nn.Module, b: torch.nn.Module, oa: Any, ob: Any) -> None:
+        loss = a(torch.ones(2, 4)).sum() + (b(torch.ones(2, 4)).sum() if i >= 2 else 0)
+        s.scale(loss * (math.inf if i == 4 else 1.0)).backward()
+        s.step(oa)
+        if i >= 2:  # joins at the third iteration, when the first runs deferred
+            s.step(ob)
 
-    want = run(lambda: torch.amp.GradScaler("cpu", growth_interval=3))
-    assert run(_ampkit(sync)) == want
+    want = _two_optimizers(_torch, body)
+    assert _two_optimizers(_ampkit(sync), body) == want
     assert want[0] == [65536.0, 65536.0, 131072.0, 131072.0, 65536.0, 65536.0]
 
 
@@ -440,25 +447,15 @@ def test_a_fused_optimizer_without_gradients_steps_over_none_as_torchs(sync: str
     # torch hands a fused optimizer found_inf 0 when it has no gradient, and its step updates
     # nothing; ampkit raised "No inf checks were recorded" in step() (sync) or recorded a clean step
     # that grew the scale (deferred). Here: a second head used every other iteration.
-    def run(make: Callable[[], Any]) -> Tuple[List[float], List[float]]:
-        torch.manual_seed(0)
-        a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-        oa = torch.optim.AdamW(a.parameters(), lr=0.1, fused=True)
-        ob = torch.optim.AdamW(b.parameters(), lr=0.1, fused=True)
-        s, scales = make(), []
-        for i in range(6):
-            oa.zero_grad()
-            ob.zero_grad()
-            x = a(torch.ones(2, 4))
-            s.scale((b(x) if i % 2 else x).pow(2).sum()).backward()
-            s.step(oa)
-            s.step(ob)
-            s.update()
-            scales.append(s.get_scale())
-        return scales, [float(v) for m in (a, b) for p in m.parameters() for v in p.detach().flatten()]
+    def body(i: int, s: Any, a: torch.nn.Module, b: torch.nn.Module, oa: Any, ob: Any) -> None:
+        x = a(torch.ones(2, 4))
+        s.scale((b(x) if i % 2 else x).pow(2).sum()).backward()
+        s.step(oa)
+        s.step(ob)
 
-    want = run(lambda: torch.amp.GradScaler("cpu", growth_interval=2))
-    assert run(lambda: ampkit.GradScaler("cpu", growth_interval=2, sync=sync)) == want
+    want = _two_optimizers(_torch, body)
+    assert _two_optimizers(_ampkit(sync), body) == want
+    assert want[0] == [65536.0, 65536.0, 131072.0, 131072.0, 131072.0, 262144.0]
     # Alone, it records nothing: update() raises as torch's.
     m = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
