@@ -165,22 +165,28 @@ def test_an_abort_is_raised_when_its_record_arrives_late_and_training_can_go_on(
     assert all(r[1] for r in late if r[0] > raised[0] + 1)  # then training goes on
 
 
-def test_a_fused_sgds_first_momentum_step_skipped_leaves_no_garbage() -> None:
-    def run(sync: str) -> List[float]:
-        m = _model()
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
-        s = ampkit.GradScaler("cpu", sync=sync)
-        for i in range(6):
-            opt.zero_grad()
-            s.scale(m(torch.ones(2, 4)).sum() * (math.inf if i < 2 else 1.0)).backward()
-            s.step(opt)
-            s.update()
-        return [float(v) for p in m.parameters() for v in p.detach().flatten()]
+def _fused_sgd_with_momentum(sync: str, steps: int, bad: Callable[[int], bool], load_fresh_at: int = -1) -> List[float]:
+    """A fused SGD with momentum trained ``steps`` times, the loss made inf where ``bad(i)``, a
+    fresh optimizer's state (no momentum buffers) loaded before step ``load_fresh_at``: the weights."""
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
+    fresh = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True).state_dict()
+    s = ampkit.GradScaler("cpu", sync=sync)
+    for i in range(steps):
+        if i == load_fresh_at:
+            opt.load_state_dict(fresh)
+        opt.zero_grad()
+        s.scale(m(torch.ones(2, 4)).sum() * (math.inf if bad(i) else 1.0)).backward()
+        s.step(opt)
+        s.update()
+    return [float(v) for p in m.parameters() for v in p.detach().flatten()]
 
-    want = run("step")
+
+def test_a_fused_sgds_first_momentum_step_skipped_leaves_no_garbage() -> None:
+    want = _fused_sgd_with_momentum("step", 6, lambda i: i < 2)
     assert max(abs(v) for v in want) < 10
-    assert run("auto") == want
-    assert run("deferred") == want
+    assert _fused_sgd_with_momentum("auto", 6, lambda i: i < 2) == want
+    assert _fused_sgd_with_momentum("deferred", 6, lambda i: i < 2) == want
 
 
 def test_a_parameter_replaced_in_place_is_bound_again() -> None:
@@ -373,23 +379,9 @@ def test_a_growth_interval_set_below_the_clean_steps_counted_grows_at_the_next_c
 def test_a_fused_sgd_whose_loaded_state_has_no_momentum_is_asked_again() -> None:
     # The deferred step learns once that a fused SGD's momentum buffers exist; a state loaded
     # without them (a fresh optimizer's) must make a skipped first step synchronous again.
-    def run(sync: str) -> List[float]:
-        m = _model()
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
-        fresh = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True).state_dict()
-        s = ampkit.GradScaler("cpu", sync=sync)
-        for i in range(8):
-            if i == 3:
-                opt.load_state_dict(fresh)
-            opt.zero_grad()
-            s.scale(m(torch.ones(2, 4)).sum() * (math.inf if i == 3 else 1.0)).backward()
-            s.step(opt)
-            s.update()
-        return [float(v) for p in m.parameters() for v in p.detach().flatten()]
-
-    want = run("step")
+    want = _fused_sgd_with_momentum("step", 8, lambda i: i == 3, load_fresh_at=3)
     assert max(abs(v) for v in want) < 10
-    assert run("auto") == want
+    assert _fused_sgd_with_momentum("auto", 8, lambda i: i == 3, load_fresh_at=3) == want
 
 
 def test_complex_gradients_are_one_clear_error() -> None:
