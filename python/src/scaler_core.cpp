@@ -197,7 +197,7 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
     }
     // Without gradients nothing is recorded (torch: "No inf checks were recorded"), unless the
     // table reduces across ranks: then this rank joins the collective the others wait in, and takes
-    // the group's decision (it has nothing to step).
+    // the group's decision (it has nothing to step) where another rank had gradients.
     if (!any && !table.reduces()) return std::make_tuple(false, false, 1.0);
     if (!step_->started()) step_->start(run_info(table));
     StepOutcome out = step_->begin_iteration();  // the same scale and step for every optimizer
@@ -205,6 +205,11 @@ std::tuple<bool, bool, double> ScalerCore::unscale(int64_t slot, bool fold, std:
     const double factor =
         step_->after_backward({table, fold, SkippedGradients::unscale, device_loss, nullptr}, out);
     last_table_ = found->second;
+    // No rank had a gradient (FSDP2 with gradient sync left off, modules no rank used): torch
+    // records no inf check, so neither is this, and step() (update() for a fused optimizer alone)
+    // raises as torch's, on every rank. The outcome left in the iteration adds nothing to it (no
+    // elements, finite, stepped) should the caller go on.
+    if (!any && out.stats.grad_elements == 0) return std::make_tuple(false, false, 1.0);
     return std::make_tuple(true, out.stepped, factor);
   });
 }

@@ -169,6 +169,21 @@ def misuse(a_model, rank, result):
         opt.zero_grad(set_to_none=True)
 
 
+def no_gradients(a_model, result):
+    """Gradient sync left off (every sharded .grad None on every rank): torch's step() raises "No
+    inf checks were recorded", on each rank; ampkit's had stepped nothing and counted a clean step."""
+    for name, make in (("torch", lambda: torch.amp.GradScaler("cpu")), ("ampkit", lambda: ampkit.GradScaler("cpu"))):
+        opt = torch.optim.SGD(a_model.parameters(), lr=0.1)
+        opt.zero_grad(set_to_none=True)
+        scaler = make()
+        scaler.scale(torch.ones((), requires_grad=True))
+        try:
+            scaler.step(opt)
+            result["errors"]["no_gradients_" + name] = "no error"
+        except AssertionError as e:
+            result["errors"]["no_gradients_" + name] = str(e)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
@@ -189,6 +204,7 @@ def main() -> int:
         a_model, _ = train(args, rank, result)
     result["warnings"] = sorted({str(w.message) for w in caught if "ampkit" in str(w.message)})
     misuse(a_model, rank, result)
+    no_gradients(a_model, result)
     return finish(args, rank, result)
 
 
