@@ -128,14 +128,16 @@ class DeferredMode:
         if self.sync == "auto" and self.single_optimizer is not True:
             return False
         if slot not in self.momentum_ready:
-            if _momentum_unmade(optimizer):
+            made = _momentum_made(optimizer)
+            if made is False:
                 self.why = (
                     "a fused SGD's momentum buffers are made by its first step, which a step skipped on the "
                     "device would leave unset (torch's fused SGD): the steps stay synchronous until then"
                 )
                 return False
-            self.momentum_ready.add(slot)
-            self._forget_momentum_on_load(optimizer, slot)
+            if made:  # None: no gradient to tell by this time, nor a step that could make one
+                self.momentum_ready.add(slot)
+                self._forget_momentum_on_load(optimizer, slot)
         if slot in self.refused:
             self.why = self.refused[slot]
             return False
@@ -183,10 +185,10 @@ class DeferredMode:
         recorded (torch's fused step with no gradient; an update() with nothing else raises)."""
         with torch.no_grad():
             decided = cpp(self.core.unscale_deferred)(slot, loss, graph)
+        self.steps_in_iteration += 1  # counted as the synchronous step counts one without gradients
         if decided is None:
             return None
         self.in_iteration = True  # recorded on the device: update() delivers it, whatever the optimizer does
-        self.steps_in_iteration += 1
         return decided
 
     @staticmethod
@@ -269,17 +271,21 @@ def fused_step(
         del optimizer.found_inf  # type: ignore[attr-defined]
 
 
-def _momentum_unmade(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer`` is an SGD with momentum whose buffers its first step has yet to make."""
+def _momentum_made(optimizer: torch.optim.Optimizer) -> Optional[bool]:
+    """Whether the momentum buffers of ``optimizer``'s parameters that have a gradient exist (True
+    where it is no SGD with momentum); None when no such parameter has a gradient."""
     if not isinstance(optimizer, torch.optim.SGD):
-        return False
+        return True
+    seen = False
     for group in optimizer.param_groups:
         if group.get("momentum", 0) == 0:
             continue
         for p in group["params"]:
-            if p.grad is not None and optimizer.state.get(p, {}).get("momentum_buffer") is None:
-                return True
-    return False
+            if p.grad is not None:
+                if optimizer.state.get(p, {}).get("momentum_buffer") is None:
+                    return False
+                seen = True
+    return True if seen else None
 
 
 _INSIDE = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (__file__, torch.__file__))

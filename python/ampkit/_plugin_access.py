@@ -186,6 +186,8 @@ class PluginAccess:
         keeps the count and then never grows again (its kernels compare with ==); here the next
         clean step grows."""
         value = self._checked(new_interval, "new_interval", integral=True)
+        if self._enabled:  # before the growth tracker is read
+            self._deferred.refuse_in_capture("changing an option (set it before capturing)")
         if not self._has_scaler_option("growth_interval") or not 0 < value <= self._get_growth_tracker():
             self._set_scaler_option("growth_interval", value)
             return

@@ -456,3 +456,29 @@ def test_a_fused_optimizer_without_gradients_steps_over_none_as_torchs(sync: str
     assert s.step(opt) is True
     with pytest.raises(AssertionError, match="No inf checks were recorded prior to update"):
         s.update()
+
+
+@pytest.mark.parametrize("sync", ["auto", "deferred"])
+def test_a_fused_sgd_without_gradients_is_not_taken_as_having_its_momentum(sync: str) -> None:
+    # A head unused in the first iterations: its SGD had been marked "momentum made" then (no
+    # gradient, no buffer missing), so its first real step, skipped on the device, left torch's
+    # empty_like buffers to the later steps (found by a review of session 11's change).
+    def run(sync: str) -> List[float]:
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        oa = torch.optim.AdamW(a.parameters(), lr=0.01, fused=True)
+        ob = torch.optim.SGD(b.parameters(), lr=0.01, momentum=0.9, fused=True)
+        s = ampkit.GradScaler("cpu", sync=sync)
+        for i in range(6):
+            oa.zero_grad()
+            ob.zero_grad()
+            x = a(torch.ones(2, 4))
+            s.scale((b(x) if i >= 2 else x).pow(2).sum() * (math.inf if i == 2 else 1.0)).backward()
+            s.step(ob)
+            s.step(oa)
+            s.update()
+        return [float(v) for m in (a, b) for p in m.parameters() for v in p.detach().flatten()]
+
+    want = run("step")
+    assert max(abs(v) for v in want) < 10
+    assert run(sync) == want

@@ -12,6 +12,15 @@
 
 namespace ampkit {
 
+namespace {
+
+// torch's inv_scale: scale.double().reciprocal().float(), the factor its unscale multiplies by.
+double inverse_scale(double scale) {
+  return static_cast<double>(static_cast<float>(1.0 / scale));
+}
+
+}  // namespace
+
 AmpStep::AmpStep(AmpStrategies strategies) {
   set_strategies(strategies);
 }
@@ -99,7 +108,7 @@ double AmpStep::after_backward(const Gradients& gradients, StepOutcome& out) {
   if (out.stepped)
     factor = unscale_and_clip(gradients.table, out, gradients.fold);  // 6
   else if (gradients.skipped == SkippedGradients::unscale)
-    scale_grads_(gradients.table.gradients(), 1.0 / out.stats.scale);
+    scale_grads_(gradients.table.gradients(), inverse_scale(out.stats.scale));
   iteration_.push_back(out);
   last_ = out;
   return factor;
@@ -141,9 +150,10 @@ void AmpStep::clip_coefficient(StepOutcome& out) {
   out.grad_norm_clipped = stats.grad_norm * out.clip_coefficient;
 }
 
-// 6. Then the gradients multiplied by coefficient / scale in one pass, or that factor returned for
-// a fused optimizer; an element-wise clipper (value, agc) gets its extra pass on the unscaled
-// gradients.
+// 6. Then the gradients multiplied by coefficient / scale in one pass (torch's inv_scale when
+// nothing clips), or that factor returned for a fused optimizer (its grad_scale is the inverse:
+// the scale itself when nothing clips, as torch hands it); an element-wise clipper (value, agc)
+// gets its extra pass on the unscaled gradients.
 double AmpStep::unscale_and_clip(const GradientTable& table, StepOutcome& out, bool fold) {
   clip_coefficient(out);
   const StepStats& stats = out.stats;
@@ -151,7 +161,9 @@ double AmpStep::unscale_and_clip(const GradientTable& table, StepOutcome& out, b
   const double factor = out.clip_coefficient / stats.scale;
   if (fold && !elementwise) return factor;  // the fused optimizer's grad_scale: no pass here
   const std::vector<at::Tensor>& grads = table.gradients();
-  scale_grads_(grads, factor);
+  // Unclipped: torch's inv_scale, to the bit. Clipped: torch's inverse cancels between its norm and
+  // its coefficient (g * inv * max / (norm * inv)), so coefficient / scale is the nearer product.
+  scale_grads_(grads, out.clip_coefficient == 1.0 ? inverse_scale(stats.scale) : factor);
   if (!elementwise) return 1.0;
   // value/agc need the tensors: the documented extra pass, on gradients already unscaled.
   // Detached parameters carry no .grad(), so no kept handle reaches a later scaled gradient.

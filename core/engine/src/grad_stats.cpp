@@ -264,20 +264,25 @@ GradStats compute_grad_stats(const std::vector<at::Tensor>& grads) {
 
 void scale_grads_(const std::vector<at::Tensor>& grads, double factor) {
   if (factor == 1.0) return;
-  std::vector<at::Tensor> defined;
-  defined.reserve(grads.size());
-  for (const auto& g : grads)
-    if (g.defined()) defined.push_back(g);
-  if (defined.empty()) return;
-  // torch.amp.GradScaler multiplies by a float32 inv_scale in the gradients' opmath type. A double
-  // Scalar gets that on CUDA once rounded to float32, but on the CPU it reaches bf16 and fp16 tensors
-  // rounded to their own type (1 ulp off in about 12% of bf16 elements for a scale of 1000) and fp64
-  // ones unrounded; a float32 0-dim tensor gives torch's rounding on every dtype.
-  const float f = static_cast<float>(factor);
-  if (defined.front().is_cpu())
-    at::_foreach_mul_(defined, at::scalar_tensor(f, at::TensorOptions().dtype(at::kFloat)));
-  else
-    at::_foreach_mul_(defined, at::Scalar(static_cast<double>(f)));
+  // torch's unscale multiplies in the gradients' opmath type (float32 for bf16, fp16 and fp32,
+  // float64 for fp64) by a factor of that type. A Scalar gets that on CUDA; on the CPU it reaches
+  // bf16 and fp16 tensors rounded to their own type (1 ulp off in about 12% of bf16 elements at a
+  // scale of 1000), so there a 0-dim tensor of the opmath type carries it.
+  std::vector<at::Tensor> device, cpu_float, cpu_double;
+  for (const auto& g : grads) {
+    if (!g.defined()) continue;
+    if (!g.is_cpu())
+      device.push_back(g);
+    else if (g.scalar_type() == at::kDouble)
+      cpu_double.push_back(g);
+    else
+      cpu_float.push_back(g);
+  }
+  if (!device.empty()) at::_foreach_mul_(device, at::Scalar(factor));
+  if (!cpu_float.empty())
+    at::_foreach_mul_(cpu_float, at::scalar_tensor(factor, at::TensorOptions().dtype(at::kFloat)));
+  if (!cpu_double.empty())
+    at::_foreach_mul_(cpu_double, at::scalar_tensor(factor, at::TensorOptions().dtype(at::kDouble)));
 }
 
 }  // namespace ampkit

@@ -93,7 +93,7 @@ GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,
                                        DeviceStatsRecipe recipe = DeviceStatsRecipe::automatic);
 
 // grads *= factor, in place: one read-write pass; a factor of exactly 1 touches nothing. The factor
-// is rounded to float32 and multiplied in the gradients' opmath type, as torch's unscale does.
+// is multiplied in the gradients' opmath type (rounded to float32 but for fp64), as torch's unscale.
 void scale_grads_(const std::vector<at::Tensor>& grads, double factor);
 
 }  // namespace ampkit
