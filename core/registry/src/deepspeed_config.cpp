@@ -97,8 +97,8 @@ double positive(const json& v, const std::string& key, const std::string& where)
 int64_t count(const json& v, const std::string& key, const std::string& where) {
   const double d = number(v, key, where);
   if (d < 1 || d != std::floor(d) || d > 1e15)
-    throw Error(ErrorCategory::usage,
-                "DeepSpeed config " + where + ": " + key + " must be a whole number >= 1, got " + v.dump());
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where + ": " + key +
+                                          " must be a whole number in [1, 1e15], got " + v.dump());
   return static_cast<int64_t>(d);
 }
 
@@ -143,10 +143,11 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
   auto& opt = m.options["scaler"];
   const double loss_scale =
       fp16.contains("loss_scale") ? number(fp16["loss_scale"], "fp16.loss_scale", where) : 0;
-  if (loss_scale < 0)
-    throw Error(ErrorCategory::usage, "DeepSpeed config " + where +
-                                          ": fp16.loss_scale must be >= 0 (0: dynamic loss scaling), got " +
-                                          fp16["loss_scale"].dump());
+  if (loss_scale < 0 || loss_scale > std::numeric_limits<float>::max())
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where +
+                    ": fp16.loss_scale must be in [0, 3.4e+38] (0: dynamic loss scaling), got " +
+                    fp16["loss_scale"].dump());
   if (loss_scale > 0) {
     m.plugins["scaler"] = "static";
     opt["scale"] = format_number(loss_scale);
@@ -168,11 +169,14 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
     else  // loss_scale_window, hysteresis: counts, as DeepSpeed's int fields
       value = static_cast<double>(count(fp16[key], "fp16." + key, where));
   }
-  const double init = std::ldexp(1.0, static_cast<int>(values["initial_scale_power"]));
-  if (init < values["min_loss_scale"])  // DeepSpeed would raise such a scale at its first overflow
-    throw Error(ErrorCategory::usage,
-                "DeepSpeed config " + where + ": 2**fp16.initial_scale_power = " + format_number(init) +
-                    " is below fp16.min_loss_scale " + format_number(values["min_loss_scale"]));
+  double init = std::ldexp(1.0, static_cast<int>(values["initial_scale_power"]));
+  if (init < values["min_loss_scale"]) {  // DeepSpeed starts there, and its first backoff raises it
+    m.unmapped.push_back(
+        "fp16.initial_scale_power (2**power = " + format_number(init) + " is below min_loss_scale " +
+        format_number(values["min_loss_scale"]) +
+        ": ampkit starts at min_loss_scale, where DeepSpeed rises to it at the first overflow)");
+    init = values["min_loss_scale"];
+  }
   opt["init_scale"] = format_number(init);
   for (const auto& [key, option] : kDynamicOptions) opt[option] = format_number(values[key]);
   if (fp16.contains("consecutive_hysteresis") && fp16["consecutive_hysteresis"] == true)
