@@ -75,6 +75,15 @@ if [ "$have_trainers" != "$LIGHTNING_VERSION $ACCELERATE_VERSION" ]; then
   say "installing lightning==$LIGHTNING_VERSION and accelerate==$ACCELERATE_VERSION from PyPI (tests/python/test_trainers_*.py)"
   pip_install "lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION"
 fi
+# fp8 golden source, only for tools/golden/fp8_torchao_goldens.py (and the fp8 parity test that
+# will compare with its output): torchao's tensorwise Float8Linear, run on the CPU with emulate=True.
+# It declares no dependencies, so it cannot move torch; its C++ extensions want torch >= 2.11.0.
+TORCHAO_VERSION=$(sed -n 's/^torchao==//p' "$CONSTRAINTS")
+have_ao=$("$PYTHON" -c 'from importlib.metadata import version as v; print(v("torchao"))' 2>/dev/null || true)
+if [ "$have_ao" != "$TORCHAO_VERSION" ]; then
+  say "installing torchao==$TORCHAO_VERSION from PyPI (tools/golden/fp8_torchao_goldens.py: fp8 golden values)"
+  pip_install "torchao==$TORCHAO_VERSION"
+fi
 have=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 [ "$have" = "$TORCH_VERSION" ] || { say "error: torch is $have after the installs, not $TORCH_VERSION: check $CONSTRAINTS"; exit 1; }
 say "done"
