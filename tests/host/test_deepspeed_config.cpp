@@ -173,3 +173,26 @@ BOOST_AUTO_TEST_CASE(ampkit_train_config_reads_a_deepspeed_file_below_the_comman
   BOOST_TEST(global.config_warnings[0].find("train_batch_size (--batch-size is per rank") !=
              std::string::npos);
 }
+
+BOOST_AUTO_TEST_CASE(a_key_given_twice_is_refused_naming_it_in_both_hosts_readers) {
+  // nlohmann would keep the last value (scale 128, a static scaler) in silence; DeepSpeed refuses.
+  BOOST_TEST(usage_error(R"({"fp16": {"enabled": true, "loss_scale": 0, "loss_scale": 128}})") ==
+             "DeepSpeed config ds.json gives key 'fp16.loss_scale' twice: give each key once (DeepSpeed "
+             "refuses it too)");
+  BOOST_TEST(
+      usage_error(R"({"gradient_clipping": 1.0, "bf16": {"enabled": true}, "gradient_clipping": 0})") ==
+      "DeepSpeed config ds.json gives key 'gradient_clipping' twice: give each key once (DeepSpeed "
+      "refuses it too)");
+  // The same key in two objects, or in objects of an array, is no duplicate.
+  const DeepSpeedMapping m = map_deepspeed_config(
+      R"({"fp16": {"enabled": true, "loss_scale": 64}, "bf16": {"enabled": false},
+          "optimizer": {"params": [{"lr": 1}, {"lr": 2}]}})",
+      "ds.json");
+  BOOST_TEST(m.plugins.at("scaler") == "static");
+  // ampkit-train's --config reads a DeepSpeed file through the same reader.
+  BOOST_CHECK_EXCEPTION(parse_with(R"({"fp16": {"enabled": true, "hysteresis": 2, "hysteresis": 4}})"),
+                        ampkit::Error, [](const ampkit::Error& e) {
+                          return std::string(e.what()).find("gives key 'fp16.hysteresis' twice") !=
+                                 std::string::npos;
+                        });
+}

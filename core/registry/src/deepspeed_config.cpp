@@ -10,6 +10,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "ampkit/error.h"
 
@@ -191,6 +193,33 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
   }
 }
 
+// JSON leaves a key given twice in one object open and nlohmann keeps the last; DeepSpeed refuses
+// such a config (its json.load's object_pairs_hook), and so do we, naming the key with its path.
+json parse_refusing_duplicates(const std::string& text, const std::string& where) {
+  struct Open {
+    std::set<std::string> keys;
+    std::string last;  // the key whose value is being read
+  };
+  std::vector<Open> objects;
+  return json::parse(text, [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      objects.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      objects.pop_back();
+    } else if (event == json::parse_event_t::key && !objects.empty()) {
+      Open& o = objects.back();
+      o.last = parsed.get<std::string>();
+      if (!o.keys.insert(o.last).second) {
+        std::string path;
+        for (const Open& outer : objects) path += (path.empty() ? "" : ".") + outer.last;
+        throw Error(ErrorCategory::usage, "DeepSpeed config " + where + " gives key '" + path +
+                                              "' twice: give each key once (DeepSpeed refuses it too)");
+      }
+    }
+    return true;
+  });
+}
+
 }  // namespace
 
 bool is_deepspeed_config(const std::vector<std::string>& keys) {
@@ -202,7 +231,7 @@ bool is_deepspeed_config(const std::vector<std::string>& keys) {
 DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::string& where) {
   json ds;
   try {
-    ds = json::parse(json_text);
+    ds = parse_refusing_duplicates(json_text, where);
   } catch (const json::exception& e) {
     throw Error(ErrorCategory::usage, "DeepSpeed config " + where + " is not valid JSON: " + e.what());
   }
