@@ -15,6 +15,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/kernel_check.h"
 #include "cuda/step_rules_abi.h"
 
 namespace ampkit {
@@ -69,6 +70,8 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
       device = p.device();
       break;
     }
+  why = kernel_refusal(device);  // the kernels (their CPU stand-ins on the CPU) failed to load or check
+  if (!why.empty()) return nullptr;
   rules->start(*s.scaler, device, step.counters().consecutive_skips);
   return std::unique_ptr<DeferredStep>(
       new DeferredStep(step, std::move(rules), DeviceStepRules::fused_on(device)));

@@ -13,6 +13,7 @@
 #include "ampkit/grad_stats.h"
 #include "ampkit/gradient_table.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/kernel_check.h"
 #include "stats_recipes.h"
 
 namespace ampkit {
@@ -221,7 +222,9 @@ ResolvedStatsRecipe resolve_stats_recipe(DeviceStatsRecipe requested,
     if (std::find(devices.begin(), devices.end(), p.device()) == devices.end()) devices.push_back(p.device());
   }
   f.cuda_devices = static_cast<int>(devices.size());
-  return choose_stats_recipe(requested, f);
+  ResolvedStatsRecipe chosen = choose_stats_recipe(requested, f);
+  if (!devices.empty()) fall_back_where_kernel_refused(requested, devices.front(), chosen);  // kernel_check.h
+  return chosen;
 }
 
 GradStats compute_grad_stats_on_device(const std::vector<at::Tensor>& grads,

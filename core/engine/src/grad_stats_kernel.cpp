@@ -1,7 +1,8 @@
 // Loads and launches the kernels of cuda/grad_stats_kernel.cu: the statistics kernel
 // (grad_stats_chunks.h) and the deferred step's rules kernel (step_rules_kernel.h):
 // its fatbin is embedded in this library at build time and loaded through the CUDA driver API
-// (libcuda.so.1, which LibTorch's CUDA runtime has already loaded), once per device.
+// (libcuda.so.1, which LibTorch's CUDA runtime has already loaded), once per device, into that
+// device's primary context, where it checks first that the fatbin holds an image the device runs.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
@@ -9,16 +10,21 @@
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats_chunks.h"
+#include "ampkit/kernel_check.h"
+#include "kernel_module.h"
 #include "step_rules_kernel.h"
 
 #if AMPKIT_HAS_STATS_KERNEL
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdint>
+#include <exception>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "cuda/grad_stats_kernel_abi.h"
 
@@ -31,9 +37,16 @@ namespace ampkit {
 
 namespace {
 
-using CUresult = int;  // CUDA_SUCCESS is 0
+using CUresult = int;                                        // CUDA_SUCCESS is 0
+constexpr int kCapabilityMajor = 75, kCapabilityMinor = 76;  // CUdevice_attribute
 
 struct Driver {
+  CUresult (*init)(unsigned flags) = nullptr;
+  CUresult (*device_get)(int* device, int ordinal) = nullptr;
+  CUresult (*device_attribute)(int* value, int attribute, int device) = nullptr;
+  CUresult (*primary_context_retain)(void** context, int device) = nullptr;
+  CUresult (*context_push)(void* context) = nullptr;
+  CUresult (*context_pop)(void** context) = nullptr;
   CUresult (*module_load_data)(void** module, const void* image) = nullptr;
   CUresult (*module_get_function)(void** function, void* module, const char* name) = nullptr;
   CUresult (*launch_kernel)(void* function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
@@ -49,12 +62,19 @@ void bind(void* library, const char* name, F& function) {
     throw Error(ErrorCategory::internal, std::string("the CUDA driver has no ") + name + "()");
 }
 
+// The driver's entry points, by the names cuda.h maps its calls to (the _v2 ones where it does).
 const Driver& driver() {
   static const Driver loaded = [] {
     void* library = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (library == nullptr)
       throw Error(ErrorCategory::internal, std::string("cannot load the CUDA driver: ") + ::dlerror());
     Driver d;
+    bind(library, "cuInit", d.init);
+    bind(library, "cuDeviceGet", d.device_get);
+    bind(library, "cuDeviceGetAttribute", d.device_attribute);
+    bind(library, "cuDevicePrimaryCtxRetain", d.primary_context_retain);
+    bind(library, "cuCtxPushCurrent_v2", d.context_push);
+    bind(library, "cuCtxPopCurrent_v2", d.context_pop);
     bind(library, "cuModuleLoadData", d.module_load_data);
     bind(library, "cuModuleGetFunction", d.module_get_function);
     bind(library, "cuLaunchKernel", d.launch_kernel);
@@ -64,47 +84,98 @@ const Driver& driver() {
   return loaded;
 }
 
-void check(CUresult result, const std::string& what) {
-  if (result == 0) return;
+std::string error_text(CUresult result) {
   const char* text = nullptr;
   driver().get_error_string(result, &text);
-  throw Error(ErrorCategory::internal, "the statistics kernel: " + what + " failed: " +
-                                           (text != nullptr ? text : "CUDA error " + std::to_string(result)));
+  return text != nullptr ? text : "CUDA error " + std::to_string(result);
 }
 
-// The statistics kernels (float, half, bfloat16) and the rules kernel in the current context of
-// `device`.
+void check(CUresult result, const std::string& what) {
+  if (result != 0)
+    throw Error(ErrorCategory::internal, "the statistics kernel: " + what + " failed: " + error_text(result));
+}
+
+// The device's primary context (the one LibTorch's runtime uses) current for a scope, whatever the
+// calling thread had current before (nothing, on a thread whose first CUDA call this is, or a
+// context another library pushed): the module is loaded into it and its kernels launched there.
+class ContextScope {
+ public:
+  explicit ContextScope(void* context) {
+    check(driver().context_push(context), "making the device's context current");
+  }
+  ~ContextScope() {
+    void* popped = nullptr;
+    driver().context_pop(&popped);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+};
+
+// The statistics kernels (float, half, bfloat16) and the rules kernel, loaded into the primary
+// context of one device (retained for the process: the module is never unloaded), or why not.
 using Kernels = std::array<void*, 4>;
 constexpr size_t kRulesKernel = 3;
+struct Module {
+  void* context = nullptr;
+  Kernels kernels{};
+  std::string failure;
+};
 
-const Kernels& kernels_on(int device) {
+// Whether the fatbin holds an image for the device's capability (checked before the driver is asked,
+// so the reason names both), then the module in the device's primary context.
+Module load_module(int device) {
+  Module m;
+  int handle = 0, major = 0, minor = 0;
+  check(driver().init(0), "initialising the CUDA driver");
+  check(driver().device_get(&handle, device), "finding device " + std::to_string(device));
+  check(driver().device_attribute(&major, kCapabilityMajor, handle), "reading the compute capability");
+  check(driver().device_attribute(&minor, kCapabilityMinor, handle), "reading the compute capability");
+  const std::vector<KernelImage> images =
+      fatbin_images(ampkit_grad_stats_fatbin, fatbin_size(ampkit_grad_stats_fatbin, SIZE_MAX));
+  const std::string capability = std::to_string(major) + "." + std::to_string(minor);
+  if (!loadable_image(images, major, minor)) {
+    m.failure = "its module holds no image for compute capability " + capability + " (it holds " +
+                describe_images(images) + ")";
+    return m;
+  }
+  check(driver().primary_context_retain(&m.context, handle), "retaining the device's primary context");
+  const ContextScope scope(m.context);
+  void* module = nullptr;
+  const CUresult loaded = driver().module_load_data(&module, ampkit_grad_stats_fatbin);
+  if (loaded != 0) {
+    m.failure = "the CUDA driver cannot load its module on compute capability " + capability + ": " +
+                error_text(loaded);
+    return m;
+  }
+  const char* names[] = {"ampkit_grad_stats_float", "ampkit_grad_stats_half", "ampkit_grad_stats_bfloat16",
+                         "ampkit_step_rules_kernel"};
+  for (size_t i = 0; i < m.kernels.size(); ++i)
+    check(driver().module_get_function(&m.kernels[i], module, names[i]), names[i]);
+  return m;
+}
+
+const Module& module_on(int device) {
   static std::mutex mutex;
-  static std::map<int, Kernels> loaded;
+  static std::map<int, Module> loaded;
   std::lock_guard<std::mutex> lock(mutex);
   auto found = loaded.find(device);
   if (found != loaded.end()) return found->second;
-  void* module = nullptr;
-  check(driver().module_load_data(&module, ampkit_grad_stats_fatbin), "loading its module");
-  Kernels k{};
-  const char* names[] = {"ampkit_grad_stats_float", "ampkit_grad_stats_half", "ampkit_grad_stats_bfloat16",
-                         "ampkit_step_rules_kernel"};
-  for (size_t i = 0; i < k.size(); ++i)
-    check(driver().module_get_function(&k[i], module, names[i]), names[i]);
-  return loaded.emplace(device, k).first->second;
+  Module m;
+  try {
+    m = load_module(device);
+  } catch (const std::exception& e) {  // no driver, or a driver call failed: a reason, kept
+    m.failure = e.what();
+  }
+  return loaded.emplace(device, std::move(m)).first->second;
 }
 
-// The current device switched for a scope. (c10's CUDAGuard would bring the CUDA runtime's
-// symbols into this file; the engine links only LibTorch's libraries.)
-class DeviceScope {
- public:
-  explicit DeviceScope(c10::DeviceIndex device) : previous_(c10::cuda::ExchangeDevice(device)) {}
-  ~DeviceScope() { c10::cuda::ExchangeDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  c10::DeviceIndex previous_;
-};
+// The module of `device`, loaded; its failure (kernel_module_failure's) as an internal error where a
+// launch comes anyway (a caller that did not ask kernel_refusal first).
+const Module& loaded_module(int device) {
+  const Module& m = module_on(device);
+  if (!m.failure.empty()) throw Error(ErrorCategory::internal, "the statistics kernel: " + m.failure);
+  return m;
+}
 
 size_t kernel_index(at::ScalarType dtype) {
   return dtype == at::kFloat ? 0 : dtype == at::kHalf ? 1 : 2;
@@ -114,6 +185,10 @@ size_t kernel_index(at::ScalarType dtype) {
 
 bool chunk_kernel_built() {
   return true;
+}
+
+std::string kernel_module_failure(int device) {
+  return module_on(device).failure;
 }
 
 at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device, const at::Tensor* staging) {
@@ -134,8 +209,9 @@ at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device, c
 
 void launch_chunk_kernel(const StatsPlan& plan, const at::Tensor& table, at::Tensor& out) {
   if (plan.chunks.empty()) return;
-  const DeviceScope scope(out.device().index());
-  const Kernels& k = kernels_on(out.device().index());
+  const Module& m = loaded_module(out.device().index());
+  const Kernels& k = m.kernels;
+  const ContextScope context(m.context);
   void* stream = c10::cuda::getCurrentCUDAStream(out.device().index()).stream();
   for (const StatsLaunch& launch : plan.launches) {
     const auto* chunks =
@@ -153,8 +229,9 @@ bool step_rules_kernel_built() {
 }
 
 void launch_step_rules(ampkit_step_rules rules, ampkit_step_pointers pointers, const at::Device& device) {
-  const DeviceScope scope(device.index());
-  const Kernels& k = kernels_on(device.index());
+  const Module& m = loaded_module(device.index());
+  const Kernels& k = m.kernels;
+  const ContextScope context(m.context);
   void* stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   void* args[] = {&rules, &pointers};
   check(driver().launch_kernel(k[kRulesKernel], 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr),
@@ -165,6 +242,10 @@ void launch_step_rules(ampkit_step_rules rules, ampkit_step_pointers pointers, c
 
 bool chunk_kernel_built() {
   return false;
+}
+
+std::string kernel_module_failure(int) {
+  return "this build has no kernels";
 }
 
 bool step_rules_kernel_built() {
