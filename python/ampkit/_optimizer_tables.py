@@ -155,7 +155,12 @@ class OptimizerTables:
         """The mean of this iteration's losses given to scale() (None under DDP: each rank's own)."""
         if self._loss_sum is None or not self._pass_loss:
             return None
-        return self._loss_sum / self._loss_count
+        if self._loss_count == 1:
+            return self._loss_sum  # read, never written, by the C++ side
+        # Divided by a tensor on the losses' device: CUDA multiplies by the reciprocal of a plain
+        # number, which is not the correctly rounded mean the CPU gives.
+        count = torch.full((), float(self._loss_count), dtype=self._loss_sum.dtype, device=self._loss_sum.device)
+        return self._loss_sum / count
 
     def _give_local_gradients(self, optimizer: torch.optim.Optimizer, slot: int) -> None:
         """DTensor parameters: this step's local gradient shards to the C++ side, which measures them

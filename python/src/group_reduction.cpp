@@ -29,7 +29,10 @@ class GroupReduction final : public StatsReduction {
     const at::Tensor sums = rows.sum(0), maxima = rows.amax(0);  // amax propagates NaN
     at::Tensor out = (layout_ == GradientLayout::shards ? sums : maxima).clone();
     out.narrow(0, kMaxAbs, 1).copy_(maxima.narrow(0, kMaxAbs, 1));
-    out.narrow(0, kFields, count - kFields).copy_(sums.narrow(0, kFields, count - kFields).div(ranks));
+    // The scalars' mean, divided by a tensor on their device: CUDA multiplies by the reciprocal of a
+    // plain-number divisor, which is not the correctly rounded quotient a CPU gives.
+    const at::Tensor divisor = at::scalar_tensor(static_cast<double>(ranks), sums.options());
+    out.narrow(0, kFields, count - kFields).copy_(sums.narrow(0, kFields, count - kFields).div(divisor));
     return out;
   }
 

@@ -24,6 +24,7 @@
 #include "ampkit/fused_adamw.h"
 #include "ampkit/grad_stats.h"
 #include "ampkit/host_reads.h"
+#include "cuda_division.h"
 #include "free_port.h"
 #include "trainer_fixture.h"
 
@@ -92,10 +93,10 @@ struct Case {
   int group_collectives = 1;  // the buckets' all-reduce (TinyModel fits in one bucket)
 };
 
-// This rank joins the two-rank gloo group at `port` on this machine.
-void join_gloo(CommBackend& comm, int rank, int port) {
+// This rank joins the gloo group of `world` ranks at `port` on this machine.
+void join_gloo(CommBackend& comm, int rank, int port, int world = 2) {
   DistributedConfig d;
-  d.world_size = 2;
+  d.world_size = world;
   d.rank = rank;
   d.backend = "gloo";
   d.master_port = port;
@@ -107,6 +108,9 @@ void join_gloo(CommBackend& comm, int rank, int port) {
 // counted step, the collectives and reads it made, its loss and both ranks' values, to `out`.
 void run_rank(int rank, int port, const Case& c, const std::string& out) {
   at::set_num_threads(1);
+  // Divisions by plain numbers round as on CUDA: the mean over 3 micro-batches must still be the
+  // host's sum / 3, which the checks below recompute.
+  const test::CudaDivision cuda_rounding;
   BuiltinPlugins plugins;
   auto set = plugins.strategies({{"comm", BuiltinPlugins::choice("gloo")}});
   join_gloo(set->comm(), rank, port);
@@ -156,7 +160,7 @@ void run_rank(int rank, int port, const Case& c, const std::string& out) {
 // and the backoff policy; rank 1's loss is infinite at step 5 and NaN at step 8. Per step from
 // step 2 (the Reducer's buckets are built): its collectives and reads, then every outcome (the
 // deferred step's arrive one step late), this rank's own losses and the final weights.
-nlohmann::json fused_rank(int rank, int port, bool deferred) {
+nlohmann::json fused_rank(int rank, int port, bool deferred, int world = 2) {
   at::set_num_threads(1);
   BuiltinPlugins plugins;
   auto set = plugins.strategies(
@@ -164,7 +168,7 @@ nlohmann::json fused_rank(int rank, int port, bool deferred) {
        {"scaler", BuiltinPlugins::choice("dynamic", {{"init_scale", "1024"}, {"growth_interval", "3"}})},
        {"clipper", BuiltinPlugins::choice("norm", {{"max_norm", "0.05"}})},
        {"nan_policy", BuiltinPlugins::choice("backoff", {})}});
-  join_gloo(set->comm(), rank, port);
+  join_gloo(set->comm(), rank, port, world);
   CountingComm comm(set->comm());
   at::manual_seed(7);
   TinyModel model;
@@ -220,15 +224,15 @@ nlohmann::json fused_rank(int rank, int port, bool deferred) {
   return out;
 }
 
-// `rank_main(rank, port, out)` in two forked processes; what each wrote to `out`, rank by rank.
+// `rank_main(rank, port, out)` in `world` forked processes; what each wrote to `out`, rank by rank.
 template <typename RankMain>
-nlohmann::json fork_two_ranks(RankMain rank_main) {
+nlohmann::json fork_ranks(int world, RankMain rank_main) {
   const int port = ampkit::test::free_port();
   const auto file = [](pid_t parent, int rank) {
     return "/tmp/ampkit-step-collectives-" + std::to_string(parent) + "-" + std::to_string(rank) + ".json";
   };
   std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       int code = 0;
@@ -244,7 +248,7 @@ nlohmann::json fork_two_ranks(RankMain rank_main) {
     pids.push_back(pid);
   }
   nlohmann::json ranks = nlohmann::json::array();
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     int status = 0;
     ::waitpid(pids[static_cast<size_t>(rank)], &status, 0);
     BOOST_REQUIRE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank " << rank << " failed");
@@ -253,6 +257,11 @@ nlohmann::json fork_two_ranks(RankMain rank_main) {
     std::remove(file(::getpid(), rank).c_str());
   }
   return ranks;
+}
+
+template <typename RankMain>
+nlohmann::json fork_two_ranks(RankMain rank_main) {
+  return fork_ranks(2, rank_main);
 }
 
 nlohmann::json run_two_ranks(const Case& c) {
@@ -340,6 +349,47 @@ BOOST_AUTO_TEST_CASE(the_deferred_step_on_two_ranks_reads_nothing_and_gives_the_
       BOOST_TEST(clipped > 5);
       BOOST_TEST(a["weights"] == b["weights"]);
       BOOST_TEST(b["weights"] == deferred[0]["weights"]);
+    }
+  }
+}
+
+// Three ranks, as on a GPU: every division of a tensor by a plain number rounds as CUDA's kernel
+// does (x * (1/3), cuda_division.h). The deferred step's mean loss, decoded on the device, is
+// compared by bits with the host's sum / 3 when its record arrives; for losses whose sum s has
+// s * (1/3) != s / 3 a plain-number division there stopped the run with an internal error. The
+// deferred outcomes are the synchronous ones, and every mean loss is the host's sum / 3.
+BOOST_AUTO_TEST_CASE(the_deferred_step_on_three_ranks_with_cudas_division_gives_the_synchronous_outcomes) {
+  const auto run = [](bool deferred) {
+    return fork_ranks(3, [deferred](int rank, int port, const std::string& out) {
+      const test::CudaDivision cuda_rounding;
+      std::ofstream(out) << fused_rank(rank, port, deferred, 3).dump();
+    });
+  };
+  const nlohmann::json sync = run(false), deferred = run(true);
+  int rounding_differs = 0;
+  for (size_t i = 0; i < 12; ++i) {
+    if (i == 5 || i == 8) continue;  // the planted faults
+    double sum = 0.0;
+    for (int r = 0; r < 3; ++r) sum += deferred[r]["local_loss"][i].get<double>();
+    rounding_differs += sum * (1.0 / 3) != sum / 3;
+    for (int r = 0; r < 3; ++r)
+      BOOST_TEST(deferred[r]["outcomes"][i]["loss"].get<double>() == sum / 3, "rank " << r << ", step " << i);
+  }
+  BOOST_TEST(rounding_differs > 0);  // the losses tell the two divisions apart
+  for (int rank = 0; rank < 3; ++rank) {
+    BOOST_TEST_CONTEXT("rank " << rank) {
+      const nlohmann::json &a = sync[rank], &b = deferred[rank];
+      BOOST_REQUIRE_EQUAL(b["outcomes"].size(), 12u);
+      for (size_t i = 0; i < 12; ++i)
+        BOOST_TEST(a["outcomes"][i] == b["outcomes"][i], "step " << i << ":\n"
+                                                                 << a["outcomes"][i].dump() << "\n"
+                                                                 << b["outcomes"][i].dump());
+      BOOST_TEST(b["outcomes"][11]["rank_values"].get<std::vector<double>>() ==
+                     (std::vector<double>{10, 20, 11, 21, 12, 22}),
+                 boost::test_tools::per_element());
+      BOOST_TEST(!b["outcomes"][5]["stepped"].get<bool>());
+      BOOST_TEST(!b["outcomes"][8]["stepped"].get<bool>());
+      BOOST_TEST(a["weights"] == b["weights"]);
     }
   }
 }

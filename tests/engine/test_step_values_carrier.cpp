@@ -12,8 +12,11 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
+#include <iomanip>
 #include <limits>
 #include <vector>
+
+#include "cuda_division.h"
 
 using namespace ampkit;
 
@@ -113,4 +116,30 @@ BOOST_AUTO_TEST_CASE(clearing_the_gradient_keeps_the_last_step_from_adding_to_th
   std::vector<double> values(read.data_ptr<double>(), read.data_ptr<double>() + read.numel());
   for (double& v : values) v /= 2;  // as the Reducer leaves them
   BOOST_TEST(carrier.decode(values, 1) == (std::vector<double>{4.0, 0.0}), boost::test_tools::per_element());
+}
+
+// The deferred step's mean loss (mean_loss, on the device) is compared by bits with the host's
+// sum / world when its record arrives. With 3 ranks whose losses sum to 4.9, a division by the
+// plain number 3 gives 1.6333333333333333 on CUDA (4.9 * (1/3)) where the host gives
+// 1.6333333333333335: the divisor must be a tensor on the device, which CUDA really divides by.
+BOOST_AUTO_TEST_CASE(the_mean_loss_divides_as_the_host_does_under_cudas_rounding) {
+  const test::CudaDivision cuda_rounding;
+  const int world = 3;
+  const std::vector<double> losses{0.7, 1.3, 2.9};
+  const double sum = (losses[0] + losses[1]) + losses[2];  // rank order, as the host sums
+  const at::Tensor plain = at::div(at::scalar_tensor(sum, at::kDouble), world);
+  BOOST_REQUIRE(bits_of(plain.item<double>()) == bits_of(sum * (1.0 / world)));  // the emulation is on
+  BOOST_REQUIRE(bits_of(sum * (1.0 / world)) != bits_of(sum / world));           // and it matters here
+  at::Tensor bucket;
+  for (int r = 0; r < world; ++r) {
+    StepValuesCarrier carrier(world, r, at::TensorOptions());
+    const at::Tensor w = at::ones({1}).requires_grad_(true);
+    carrier.attach(w.sum(), at::tensor({losses[static_cast<size_t>(r)]}, at::kDouble)).backward();
+    const at::Tensor divided = at::mul(carrier.gathered(), 1.0 / world);  // reducer.cpp's mul_out
+    bucket = bucket.defined() ? bucket + divided : divided;
+  }
+  const StepValuesCarrier carrier(world, 0, at::TensorOptions());
+  const double mean = carrier.mean_loss(bucket).item<double>();
+  BOOST_TEST(bits_of(mean) == bits_of(sum / world), std::setprecision(17)
+                                                        << mean << " vs the host's " << sum / world);
 }

@@ -9,6 +9,7 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/round.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -94,7 +95,9 @@ at::Tensor StepValuesCarrier::mean_loss(const at::Tensor& gathered) const {
   const at::Tensor losses = bits.contiguous().view(at::kDouble);
   at::Tensor sum = at::zeros({}, losses.options());
   for (int64_t r = 0; r < world_; ++r) sum = at::add(sum, losses.select(0, r));
-  return at::div(sum, world_);
+  // Divided by a tensor on the sum's device: for a plain-number divisor CUDA multiplies by its
+  // reciprocal, which is not the host's sum / world (1 in 3 doubles differ for world 3).
+  return at::div(sum, at::scalar_tensor(static_cast<double>(world_), sum.options()));
 }
 
 }  // namespace ampkit

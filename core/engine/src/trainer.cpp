@@ -3,6 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/tensor.h>
 #include <torch/optim/optimizer.h>
 
@@ -139,7 +140,8 @@ void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, do
     strategies_.comm->broadcast(data_parallel_.buffers, 0);
   }
   zero_grad();
-  at::Tensor loss_sum;
+  at::Tensor loss_sum, micro_batches;  // the count as a tensor on the device: CUDA multiplies by the
+                                       // reciprocal of a plain-number divisor, the host divides
   for (int micro = 0; micro < accumulation_steps_; ++micro) {
     // 3. With the Reducer, only the last micro-batch's backward communicates (DDP's no_sync for
     // the others): its autograd hooks do nothing unless prepare_for_backward armed them, which
@@ -159,14 +161,15 @@ void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, do
     loss = loss.to(at::kFloat);
     const at::Tensor loss64 = loss.detach().to(at::kDouble).reshape({1});
     loss_sum = loss_sum.defined() ? loss_sum + loss64 : loss64;
+    if (!micro_batches.defined()) micro_batches = at::scalar_tensor(accumulation_steps_, loss64.options());
     // 2. scaled backward (the device's scale: divided in float64 and rounded to float once, as the
     // synchronous step's double is)
     at::Tensor scaled =
         device_scale.defined()
-            ? loss * (device_scale.to(at::kDouble) / static_cast<double>(accumulation_steps_)).to(at::kFloat)
+            ? loss * device_scale.to(at::kDouble).div(micro_batches.to(device_scale.device())).to(at::kFloat)
             : loss * (scale / accumulation_steps_);
     if (sync && carrier_) {  // 3. this rank's values ride in the gradient buckets
-      step_loss_ = loss_sum / static_cast<double>(accumulation_steps_);
+      step_loss_ = loss_sum.div(micro_batches);
       scaled = carrier_->attach(scaled, rank_row());
     }
     if (sync)
@@ -174,7 +177,7 @@ void Trainer::forward_backward(const std::function<at::Tensor(int)>& forward, do
                                                                            : std::vector<at::Tensor>{});
     scaled.backward();
   }
-  step_loss_ = loss_sum / static_cast<double>(accumulation_steps_);
+  step_loss_ = loss_sum.div(micro_batches);
 }
 
 // This rank's loss then the caller's values (set_rank_values), float64 on the loss's device.
