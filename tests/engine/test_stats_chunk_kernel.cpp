@@ -137,6 +137,51 @@ BOOST_AUTO_TEST_CASE(other_dtypes_are_refused_in_one_line) {
   }
 }
 
+// Every recipe measures the gradients of one device: gradients on two CUDA devices, or on a CUDA
+// device and the CPU, are refused whichever recipe is asked for (the chunk kernel's address table
+// would hold another device's pointers: an illegal address on the GPU, a segfault on the host).
+BOOST_AUTO_TEST_CASE(every_recipe_refuses_parameters_on_several_devices) {
+  StatsRecipeFacts gpu_and_cpu;
+  gpu_and_cpu.cuda_devices = 1;
+  gpu_and_cpu.cpu_tensors = gpu_and_cpu.kernel_dtypes = gpu_and_cpu.kernel_built = true;
+  StatsRecipeFacts two_gpus = gpu_and_cpu;
+  two_gpus.cuda_devices = 2;
+  two_gpus.cpu_tensors = false;
+  StatsRecipeFacts three_gpus_and_cpu = gpu_and_cpu;
+  three_gpus_and_cpu.cuda_devices = 3;
+  const std::pair<StatsRecipeFacts, std::string> cases[] = {
+      {gpu_and_cpu, "on 1 CUDA device and the CPU"},
+      {two_gpus, "on 2 CUDA devices:"},
+      {three_gpus_and_cpu, "on 3 CUDA devices and the CPU"}};
+  int refused = 0;
+  for (const auto& [facts, where] : cases)
+    for (const DeviceStatsRecipe recipe : kStatsRecipes) {
+      BOOST_TEST_CONTEXT(to_string(recipe) << ", " << where) {
+        try {
+          choose_stats_recipe(recipe, facts);
+          BOOST_ERROR("parameters on several devices were accepted");
+        } catch (const Error& e) {
+          ++refused;
+          BOOST_TEST((e.category() == ErrorCategory::usage));
+          BOOST_TEST(std::string(e.what()).find(where) != std::string::npos, e.what());
+          BOOST_TEST(std::string(e.what()).find(std::string("recipe '") + to_string(recipe) + "'") !=
+                         std::string::npos,
+                     e.what());
+        }
+      }
+    }
+  BOOST_TEST(refused == 12);
+  // One device of either kind is no mixture.
+  StatsRecipeFacts one_gpu = two_gpus;
+  one_gpu.cuda_devices = 1;
+  StatsRecipeFacts cpu_only = gpu_and_cpu;
+  cpu_only.cuda_devices = 0;
+  for (const DeviceStatsRecipe recipe : kStatsRecipes) {
+    BOOST_CHECK_NO_THROW(choose_stats_recipe(recipe, one_gpu));
+    BOOST_CHECK_NO_THROW(choose_stats_recipe(recipe, cpu_only));
+  }
+}
+
 // The recipe is chosen once, from the parameters and the build (issue 41): automatic runs the chunk
 // kernel on one CUDA device where it is built, and says why where it falls back.
 BOOST_AUTO_TEST_CASE(automatic_takes_the_chunk_kernel_on_a_gpu_where_it_is_built) {
@@ -155,8 +200,7 @@ BOOST_AUTO_TEST_CASE(automatic_takes_the_chunk_kernel_on_a_gpu_where_it_is_built
   BOOST_TEST(r.fallback.find("no statistics kernel") != std::string::npos, r.fallback);
   StatsRecipeFacts two = gpu;
   two.cuda_devices = 2;
-  BOOST_TEST(
-      (choose_stats_recipe(DeviceStatsRecipe::automatic, two).recipe == DeviceStatsRecipe::foreach_ops));
+  BOOST_CHECK_THROW(choose_stats_recipe(DeviceStatsRecipe::automatic, two), Error);  // several devices
   StatsRecipeFacts float64 = gpu;
   float64.kernel_dtypes = false;
   r = choose_stats_recipe(DeviceStatsRecipe::automatic, float64);

@@ -186,6 +186,15 @@ DeviceStatsRecipe parse_stats_recipe(const std::string& text) {
 }
 
 ResolvedStatsRecipe choose_stats_recipe(DeviceStatsRecipe requested, const StatsRecipeFacts& f) {
+  // Every recipe measures one device's gradients: the chunk kernel's address table would hold
+  // another device's pointers, the others' packed read would join tensors of several devices.
+  if (f.cuda_devices + (f.cpu_tensors ? 1 : 0) > 1)
+    throw Error(ErrorCategory::usage,
+                std::string("gradient statistics (recipe '") + to_string(requested) +
+                    "') measure the gradients of one device, and these parameters are on " +
+                    std::to_string(f.cuda_devices) + " CUDA device" + (f.cuda_devices == 1 ? "" : "s") +
+                    (f.cpu_tensors ? " and the CPU" : "") +
+                    ": give each device's parameters an optimizer of their own");
   if (requested == DeviceStatsRecipe::chunk_kernel) {
     if (!f.kernel_dtypes)
       throw Error(ErrorCategory::usage,
@@ -198,8 +207,6 @@ ResolvedStatsRecipe choose_stats_recipe(DeviceStatsRecipe requested, const Stats
   std::string why;
   if (!f.kernel_built)
     why = "this build has no statistics kernel (nvcc was not found when it was configured)";
-  else if (f.cuda_devices > 1 || f.cpu_tensors)
-    why = "the parameters are not all on one CUDA device";
   else if (!f.kernel_dtypes)
     why = "some parameters are neither float, half nor bfloat16";
   if (why.empty()) return {DeviceStatsRecipe::chunk_kernel, ""};
