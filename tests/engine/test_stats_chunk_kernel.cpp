@@ -263,3 +263,57 @@ BOOST_AUTO_TEST_CASE(a_gradient_table_plans_once_while_the_gradients_stay) {
   BOOST_TEST(table.measure({}, values).elements == 4 * 70000 + 0 + 1 + 3 + 4);
   BOOST_TEST(table.plans_made() == 3);
 }
+
+// A gradient whose elements fill one block without gaps (a channels_last convolution weight, a
+// transposed matrix) is read where it lies: planned once, never copied, with the statistics of the
+// same values held contiguously. The values are small integers, so every sum is exact in any order
+// and the two agree to the bit. A gradient with gaps is still copied, and planned at every step.
+BOOST_AUTO_TEST_CASE(channels_last_gradients_are_planned_once_and_read_where_they_lie) {
+  at::manual_seed(5);
+  const std::vector<std::vector<int64_t>> shapes = {{64, 32, 3, 3}, {7, 9}, {16, 8, 5, 5}};
+  const auto values = [&](int step) {  // contiguous, step by step different
+    std::vector<at::Tensor> v;
+    for (const auto& shape : shapes) v.push_back(at::randint(-8, 9, shape, at::kFloat) * (step + 1));
+    v[2] = v[2].to(at::kBFloat16);
+    return v;
+  };
+  std::vector<at::Tensor> params = {at::zeros({64, 32, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast),
+                                    at::zeros({9, 7}).t(), at::zeros({16, 8, 5, 5}, at::kBFloat16)};
+  params[2] = params[2].contiguous(at::MemoryFormat::ChannelsLast);
+  for (auto& p : params) p.set_requires_grad(true);
+  std::vector<at::Tensor> dense = {params[0].detach().clone(at::MemoryFormat::ChannelsLast),
+                                   params[1].detach().t().contiguous().t(),
+                                   params[2].detach().clone(at::MemoryFormat::ChannelsLast)};
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].mutable_grad() = dense[i];
+    BOOST_REQUIRE(!dense[i].is_contiguous());
+    BOOST_REQUIRE(dense[i].is_non_overlapping_and_dense());
+  }
+  GradientTable table(params, {"conv", "linear", "conv_bf16"}, DeviceStatsRecipe::chunk_kernel);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<at::Tensor> v = values(step);
+    for (size_t i = 0; i < params.size(); ++i) params[i].grad().copy_(v[i]);  // in place, as backward
+    table.read_gradients();
+    std::vector<double> scalars;
+    const GradStats got = table.measure({}, scalars);
+    const GradStats want = recipe(v, DeviceStatsRecipe::chunk_kernel);
+    BOOST_TEST_CONTEXT("step " << step) {
+      check_close(got, want, 0.0);
+      BOOST_TEST(got.elements == 64 * 32 * 9 + 63 + 16 * 8 * 25);
+      BOOST_TEST(got.sum_squares > 0.0);
+    }
+  }
+  BOOST_TEST(table.plans_made() == 1);  // a copy would be planned again at every step
+  const StatsPlan plan = plan_stats_chunks(table.gradients());
+  for (size_t i = 0; i < params.size(); ++i) BOOST_TEST(plan.addresses[i] == params[i].grad().data_ptr());
+
+  // Every second column: gaps between the elements, copied (a new copy each step, planned again).
+  const at::Tensor wide = at::randint(-8, 9, {40, 20}, at::kFloat);
+  const at::Tensor gaps = wide.narrow(1, 0, 20).slice(1, 0, 20, 2);
+  BOOST_REQUIRE(!gaps.is_non_overlapping_and_dense());
+  const StatsPlan copied = plan_stats_chunks({gaps});
+  BOOST_TEST(copied.addresses[0] == nullptr);
+  BOOST_TEST(!plan_matches(copied, {gaps}));
+  check_close(recipe({gaps}, DeviceStatsRecipe::chunk_kernel),
+              recipe({gaps.contiguous()}, DeviceStatsRecipe::fused_scan), 0.0);
+}

@@ -34,6 +34,14 @@ void scan(const T* x, int64_t n, double out[4]) {
   out[3] = static_cast<double>(nans);
 }
 
+// Whether `g`'s elements fill one block of memory, without gaps or overlaps, from data_ptr() (its
+// lowest address: strides are never negative) for numel() elements. The statistics do not depend
+// on the elements' order, so such a gradient (channels_last, a transpose) is read where it lies,
+// in memory order, and planned once like a contiguous one; only the others are copied.
+bool dense(const at::Tensor& g) {
+  return g.is_non_overlapping_and_dense();
+}
+
 }  // namespace
 
 bool chunk_kernel_dtypes(const std::vector<at::Tensor>& grads) {
@@ -53,10 +61,10 @@ StatsPlan plan_stats_chunks(const std::vector<at::Tensor>& grads) {
     for (size_t t = 0; t < grads.size(); ++t) {
       const at::Tensor& g = grads[t];
       if (!g.defined() || g.numel() == 0 || g.scalar_type() != dtype) continue;
-      plan.addresses[t] = g.is_contiguous() ? g.data_ptr() : nullptr;  // a copy: made again each step
+      plan.addresses[t] = dense(g) ? g.data_ptr() : nullptr;  // a copy: made again each step
       plan.sizes[t] = g.numel();
       plan.dtypes[t] = dtype;
-      const at::Tensor data = g.is_contiguous() ? g : g.contiguous();
+      const at::Tensor data = dense(g) ? g : g.contiguous();
       plan.data.push_back(data);
       const auto* base = static_cast<const char*>(data.data_ptr());
       for (int64_t begin = 0; begin < data.numel(); begin += AMPKIT_STATS_CHUNK_ELEMENTS)
@@ -77,8 +85,8 @@ bool plan_matches(const StatsPlan& plan, const std::vector<at::Tensor>& grads) {
       if (plan.sizes[t] != 0) return false;
       continue;
     }
-    // A gradient the plan copied (not contiguous) has no stable address: plan again.
-    if (plan.addresses[t] == nullptr || !g.is_contiguous() || g.data_ptr() != plan.addresses[t] ||
+    // A gradient the plan copied (not dense) has no stable address: plan again.
+    if (plan.addresses[t] == nullptr || !dense(g) || g.data_ptr() != plan.addresses[t] ||
         g.numel() != plan.sizes[t] || g.scalar_type() != plan.dtypes[t])
       return false;
   }

@@ -28,7 +28,7 @@ struct StatsLaunch {  // one per dtype present
 struct StatsPlan {
   std::vector<StatsChunk> chunks;
   std::vector<StatsLaunch> launches;
-  std::vector<at::Tensor> data;  // the gradients' contiguous data, alive until the kernels ran
+  std::vector<at::Tensor> data;  // the gradients' dense data, alive until the kernels ran
   // What the plan was made from, one entry per gradient (null and 0 where undefined or empty):
   // a later step whose gradients sit at the same addresses with the same sizes and dtypes has the
   // same chunks (plan_matches).
@@ -45,8 +45,8 @@ bool chunk_kernel_dtypes(const std::vector<at::Tensor>& grads);
 StatsPlan plan_stats_chunks(const std::vector<at::Tensor>& grads);
 
 // Whether `plan` (made for earlier gradients) holds exactly the chunks plan_stats_chunks would make
-// for `grads`: every gradient contiguous, at the address, with the size and dtype the plan
-// recorded. Reads no tensor data and allocates nothing.
+// for `grads`: every gradient dense (channels_last too), at the address, with the size and dtype
+// the plan recorded. Reads no tensor data and allocates nothing.
 bool plan_matches(const StatsPlan& plan, const std::vector<at::Tensor>& grads);
 
 // What one kernel block computes for `chunk`, on the host: the CPU side of the recipe, run on
