@@ -164,3 +164,6 @@ class ScalerCore : public torch::CustomClassHolder {
 };
 
 }  // namespace ampkit::python
+  // The tables captured steps measured: a replay reads their gradients and writes their buffers, so
+  // a rebind or an unbind after a capture leaves them here, alive as long as the steps are.
+  std::vector<std::shared_ptr<GradientTable>> graph_tables_;

@@ -1,6 +1,7 @@
 // ampkit.GradScaler's C++ side, its deferred step (scaler_core.h; core/engine/include/ampkit/
 // deferred_step.h): made for one optimizer's table, its records delivered, and taken over by the
 // host forms where the state changes inside an iteration.
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,9 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> ScalerCore::unscal
     if (!any && !t.reduces()) return std::nullopt;
     const DeferredGradients g = deferred_->after_backward(t, loss ? *loss : at::Tensor(), capturing);
     last_table_ = tables_.at(slot);
+    if (capturing &&
+        std::find(graph_tables_.begin(), graph_tables_.end(), last_table_) == graph_tables_.end())
+      graph_tables_.push_back(tables_.at(slot));
     deferred_open_ = !capturing;  // a captured iteration runs whole at each replay
     return std::make_tuple(g.grad_scale, g.found_inf, g.stepped);
   });
