@@ -18,6 +18,7 @@
 #include "ampkit/kernel_check.h"
 #include "cuda/step_rules_abi.h"
 
+#include "stream_use.h"
 namespace ampkit {
 
 namespace {
@@ -186,6 +187,7 @@ DeferredGradients DeferredStep::step_operators(const DeviceTotals& t, const at::
   out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
   out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
   out.stepped = at::gt(d.stepped, 0.0);
+  for (const at::Tensor* kept : {&scale_, &ring_, &ring_written_}) mark_used_on_current_stream(*kept);
   std::vector<at::Tensor> fields{d.stepped,
                                  d.backoff,
                                  d.abort,
@@ -254,13 +256,16 @@ void DeferredStep::check_ring_shape(const Pending& shape) {
 // The record to the ring's row (written count mod rows), then the count up by one: ATen operators
 // on the device, whose arguments do not change between replays.
 void DeferredStep::write_ring(const at::Tensor& record) {
+  if (wait && in_graph_) wait_for_every_stream(ring_written_);  // replays on any stream, not only ours
   const at::Tensor row = at::remainder(ring_written_, ring_rows_).reshape({1});
   ring_.narrow(1, 0, record.numel()).index_copy_(0, row, record.reshape({1, -1}));
   ring_written_.add_(1);
 }
 
 int64_t DeferredStep::unread_rows() const {
-  return ring_.defined() ? static_cast<int64_t>(read_scalar(ring_written_)) - ring_read_ : 0;
+  if (!ring_.defined()) return 0;
+  wait_for_every_stream(ring_written_);
+  return static_cast<int64_t>(read_scalar(ring_written_)) - ring_read_;
 }
 
 // The rows written since the last read (`written`: the count deliver() read), in order, the newest

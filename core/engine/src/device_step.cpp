@@ -11,6 +11,7 @@
 #include "ampkit/error.h"
 #include "cuda/step_rules_abi.h"
 #include "step_rules_kernel.h"
+#include "stream_use.h"
 
 namespace ampkit {
 
@@ -136,6 +137,7 @@ FusedStepResult DeviceStepRules::step_fused(const FusedStepInputs& in, at::Tenso
   p.stepped = reinterpret_cast<unsigned char*>(out.stepped.mutable_data_ptr<bool>());
   p.record = out.record.mutable_data_ptr<double>();
   const ampkit_step_rules rules = flat_rules(scaler_, clipper_, policy_);
+  mark_used_on_current_stream(state_);  // kept between steps, made on the stream of start()
   if (device.is_cpu())
     ampkit_step_rules_run(&rules, &p);
   else

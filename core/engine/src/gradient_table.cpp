@@ -10,6 +10,7 @@
 #include "ampkit/error.h"
 #include "ampkit/host_reads.h"
 #include "stats_recipes.h"
+#include "stream_use.h"
 
 namespace ampkit {
 
@@ -80,6 +81,7 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
         upload_table(device, capturing);
       else if (!capturing)
         keep_staging(staging_, plan_.chunks.size());
+      mark_used_on_current_stream(table_);
       launch_chunk_kernel(plan_, table_, packed_);
       if (capturing) graph_held_.push_back(table_);  // read at every replay
     } else {
@@ -95,7 +97,8 @@ int64_t GradStatsPass::fill_chunk_buffer(const std::vector<at::Tensor>& grads,
                 /*keepdim=*/true);
   }
   if (capturing) graph_held_.push_back(packed_);  // written at every replay
-  // The copies the plan made of non-contiguous gradients were read by the launches above (a
+  mark_used_on_current_stream(packed_);
+  // The copies the plan made of gradients with gaps were read by the launches above (a
   // freed block is reused on the stream only after them); the plan keeps no gradient alive.
   plan_.data.clear();
   int64_t offset = numbers + 1;
