@@ -17,8 +17,8 @@
 #include "ampkit/host_reads.h"
 #include "ampkit/kernel_check.h"
 #include "cuda/step_rules_abi.h"
-
 #include "stream_use.h"
+
 namespace ampkit {
 
 namespace {
