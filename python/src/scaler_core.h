@@ -161,9 +161,9 @@ class ScalerCore : public torch::CustomClassHolder {
   bool late_arrivals_ = false;
   std::string pending_abort_;                                       // raise_pending_abort()
   std::vector<std::unique_ptr<DeferredStep>> retired_graph_steps_;  // settled after a capture (settle())
-};
-
-}  // namespace ampkit::python
   // The tables captured steps measured: a replay reads their gradients and writes their buffers, so
   // a rebind or an unbind after a capture leaves them here, alive as long as the steps are.
   std::vector<std::shared_ptr<GradientTable>> graph_tables_;
+};
+
+}  // namespace ampkit::python

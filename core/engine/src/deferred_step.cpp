@@ -141,6 +141,7 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
     ring_ = at::empty({ring_rows_, AMPKIT_RECORD_GROUP_ELEMENTS + 1}, record.options());
     ring_written_ = at::zeros({}, record.options().dtype(at::kLong));
   }
+  for (const at::Tensor* kept : {&scale_, &ring_, &ring_written_}) mark_used_on_current_stream(*kept);
   if (in_graph_) {
     write_ring(record);
     return out;
@@ -187,7 +188,6 @@ DeferredGradients DeferredStep::step_operators(const DeviceTotals& t, const at::
   out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
   out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
   out.stepped = at::gt(d.stepped, 0.0);
-  for (const at::Tensor* kept : {&scale_, &ring_, &ring_written_}) mark_used_on_current_stream(*kept);
   std::vector<at::Tensor> fields{d.stepped,
                                  d.backoff,
                                  d.abort,
@@ -210,6 +210,7 @@ std::vector<StepOutcome> DeferredStep::deliver(bool wait, Newest newest) {
   std::vector<StepOutcome> delivered = std::move(held_);
   held_.clear();
   // The ring's rows come after the queue (its steps ran first): the count, one host read.
+  if (wait && in_graph_) wait_for_every_stream(ring_written_);  // replays on any stream, not only ours
   const int64_t written = wait && in_graph_ ? static_cast<int64_t>(read_scalar(ring_written_)) : ring_read_;
   while (!pending_.empty()) {
     const Pending& front = *pending_.front();
@@ -256,7 +257,6 @@ void DeferredStep::check_ring_shape(const Pending& shape) {
 // The record to the ring's row (written count mod rows), then the count up by one: ATen operators
 // on the device, whose arguments do not change between replays.
 void DeferredStep::write_ring(const at::Tensor& record) {
-  if (wait && in_graph_) wait_for_every_stream(ring_written_);  // replays on any stream, not only ours
   const at::Tensor row = at::remainder(ring_written_, ring_rows_).reshape({1});
   ring_.narrow(1, 0, record.numel()).index_copy_(0, row, record.reshape({1, -1}));
   ring_written_.add_(1);
