@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
-from typing import Any, Iterable, Mapping
+import re
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 
 from ._facts import STEP_KINDS
 
-__all__ = ["check_arguments", "check_plugin_dirs"]
+__all__ = [
+    "check_arguments",
+    "check_device",
+    "check_number",
+    "check_plugin_dirs",
+    "check_types",
+    "parse_int",
+]
 
 
 def _process_group_types() -> tuple:
@@ -48,7 +58,7 @@ def check_plugin_dirs(dirs: Any, who: str = "ampkit.GradScaler") -> None:
         _check_text("plugin_dirs entry", d, who=who)
 
 
-def check_arguments(arguments: Mapping[str, Any]) -> None:
+def check_arguments(arguments: Mapping[str, Any], who: str = "ampkit.GradScaler") -> None:
     """One TypeError naming the argument for a value of the wrong type, before the C++ side sees
     it (which would answer with a TorchScript signature dump or an AttributeError). ``arguments``:
     the constructor's (its ``locals()``); those without a type rule here are left to it."""
@@ -66,19 +76,86 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
         "plugin_timeout": (int, type(None)),
     }
     given = {name: value for name, value in arguments.items() if name in expected}
+    check_types(who, given, expected, integers=("plugin_timeout",))
+    check_plugin_dirs(arguments.get("plugin_dirs"), who)
+    if "device" in given:
+        check_device(given["device"], who)
     for name, value in given.items():
-        if not isinstance(value, expected[name]) or (name == "plugin_timeout" and isinstance(value, bool)):
-            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected[name])
-            raise TypeError(f"ampkit.GradScaler: {name} must be {names}, got {type(value).__name__} {value!r}")
-    check_plugin_dirs(arguments.get("plugin_dirs"))
-    for name, value in given.items():
-        _check_text(name, value)
+        _check_text(name, value, who=who)
     for key, value in (given.get("opt") or {}).items():
-        _check_text(f"opt key {key!r}", key)
-        _check_text(f"opt[{key!r}]", value, nul=False)  # the option's own check names a NUL in a value
+        _check_text(f"opt key {key!r}", key, who=who)
+        _check_text(f"opt[{key!r}]", value, nul=False, who=who)  # the option's own check names a NUL in a value
     timeout = given.get("plugin_timeout")
     if timeout is not None and not 1 <= timeout <= 86400:  # None is the way to say "no limit"
         raise ValueError(
-            f"ampkit.GradScaler: plugin_timeout must be a number of seconds from 1 to 86400, "
-            f"or None for no limit; got {timeout}"
+            f"{who}: plugin_timeout must be a number of seconds from 1 to 86400, or None for no limit; got {timeout}"
         )
+
+
+def _type_names(types: Tuple[type, ...]) -> str:
+    return " or ".join("None" if t is type(None) else t.__name__ for t in types)
+
+
+def check_types(
+    who: str, given: Mapping[str, Any], expected: Mapping[str, Tuple[type, ...]], integers: Sequence[str] = ()
+) -> None:
+    """One TypeError naming the first argument of ``given`` whose value is not of its ``expected``
+    types; those named in ``integers`` take no bool (True is an int to Python, not a count)."""
+    for name, value in given.items():
+        if name not in expected:
+            continue
+        if not isinstance(value, expected[name]) or (name in integers and isinstance(value, bool)):
+            raise TypeError(
+                f"{who}: {name} must be {_type_names(expected[name])}, got {type(value).__name__} {value!r:.80}"
+            )
+
+
+def check_number(
+    who: str,
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    integer: bool = False,
+    low_open: bool = False,
+) -> None:
+    """``value`` a real number (an int where ``integer``; never a bool), finite, in [low, high]
+    (``low_open``: (low, high]); TypeError or ValueError naming ``name`` otherwise."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        wanted = "an int" if integer else "a number"
+        raise TypeError(f"{who}: {name} must be {wanted}, got {type(value).__name__} {value!r:.80}")
+    number = cast(float, value)  # an int or a float: compared as it is (a huge int must not overflow)
+    below = number <= low if low_open else number < low
+    finite = isinstance(value, numbers.Integral) or math.isfinite(number)  # isfinite(10**400) overflows
+    if not finite or below or number > high:
+        left = "(" if low_open else "["
+        raise ValueError(f"{who}: {name}={value!r:.80} must be in {left}{_number(low)}, {_number(high)}]")
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+_DECIMAL = re.compile(r"-?[0-9]{1,64}")  # ASCII digits only: no " 1 ", "1_0", "+1" or "٣"
+
+
+def parse_int(who: str, name: str, text: str) -> int:
+    """A launcher's integer variable, as ampkit-train reads it: ASCII decimal digits, nothing else
+    (its range is the caller's to check)."""
+    if not isinstance(text, str) or not _DECIMAL.fullmatch(text):
+        raise ValueError(f"{who}: {name}={text!r:.80} is not a decimal integer")
+    return int(text)
+
+
+def check_device(device: Any, who: str) -> Optional[torch.device]:
+    """``device`` (a str or torch.device) as torch parses it; ValueError naming it where torch
+    knows no such device type ("gpu")."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"{who}: device must be str or torch.device, got {type(device).__name__} {device!r:.80}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f'{who}: device {device!r:.80} is not a torch device ("cuda", "cpu", "cuda:1", ...)') from None

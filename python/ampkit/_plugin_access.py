@@ -98,6 +98,8 @@ class PluginAccess:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads torch.amp.GradScaler's state_dict (ampkit-train's scaler_state_dict.pt too) or
         one of ours, whose plugin states are restored where the plugins are the same."""
+        if not isinstance(state_dict, Mapping):  # torch's raises TypeError too (a str is not indexable by key)
+            raise TypeError(f"load_state_dict: state_dict must be a dict, got {type(state_dict).__name__}")
         if not self._enabled:
             return
         if len(state_dict) == 0:

@@ -20,9 +20,19 @@ from typing import Any, Dict, Mapping, Tuple
 
 import torch
 
+from ._arguments import check_arguments
+from ._deferred import _caller_level
 from .grad_scaler import GradScaler
 
-__all__ = ["NO_LIMIT", "TrainerClipping", "make_scaler", "names_a_clipper", "set_clipper_option", "warn_fp16_on_cpu"]
+__all__ = [
+    "NO_LIMIT",
+    "TrainerClipping",
+    "make_scaler",
+    "names_a_clipper",
+    "say_state_missing",
+    "set_clipper_option",
+    "warn_fp16_on_cpu",
+]
 
 # The norm clipper's threshold while the trainer has given none: it never clips (the coefficient
 # max_norm / (norm + 1e-6) is at least 1 for every finite norm). The option takes finite numbers.
@@ -34,12 +44,14 @@ def names_a_clipper(kwargs: Mapping[str, Any]) -> bool:
     return "clipper" in kwargs or any(str(k).startswith("clipper.") for k in opt)
 
 
-def make_scaler(device: str, kwargs: Mapping[str, Any]) -> Tuple[GradScaler, "TrainerClipping"]:
+def make_scaler(device: str, kwargs: Mapping[str, Any], who: str) -> Tuple[GradScaler, "TrainerClipping"]:
     """An :class:`ampkit.GradScaler` on ``device`` from a trainer integration's keyword arguments,
     and the :class:`TrainerClipping` that decides what the trainer's clipping does with it.
 
     Without ``clipper=`` (and no ``clipper.*`` option) the scaler gets the ``norm`` clipper with no
-    limit, for the trainer's threshold to configure."""
+    limit, for the trainer's threshold to configure. ``who``: the integration, named in the errors
+    of arguments of the wrong type."""
+    check_arguments(dict(kwargs, device=device), who)
     kwargs = dict(kwargs)
     follows = not names_a_clipper(kwargs)
     if follows:
@@ -57,6 +69,20 @@ def warn_fp16_on_cpu(integration: str, trainer_does: str) -> None:
         UserWarning,
         stacklevel=3,
     )
+
+
+def say_state_missing(who: str, missing: str, scaler: torch.amp.GradScaler, strict: bool) -> None:
+    """A resumed checkpoint that should hold the scaler's state does not (``missing`` says what is
+    missing where): one warning naming it, or with ``strict`` (the integration's
+    ``strict_loading=True``) a RuntimeError. The stock trainers restart the scale in silence."""
+    if not scaler.is_enabled():  # a disabled scaler has no state to lose
+        return
+    message = (
+        f"{who}: {missing}: the loss scale restarts from {scaler.get_scale():g} and the plugins' states start afresh"
+    )
+    if strict:
+        raise RuntimeError(message + " (strict_loading=True)")
+    warnings.warn(message, UserWarning, stacklevel=_caller_level())
 
 
 class TrainerClipping:

@@ -50,10 +50,16 @@ def prepare_scaler(accelerator: Accelerator, **gradscaler_kwargs: Any) -> Option
     :param accelerator: an ``accelerate.Accelerator`` whose ``prepare`` has not run yet.
     :param gradscaler_kwargs: :class:`ampkit.GradScaler`'s keyword arguments but ``device``.
     :returns: the installed scaler, or None where nothing was installed.
+    :raises TypeError: ``accelerator`` is not an ``Accelerator``; an argument of the wrong type.
     :raises RuntimeError: ``prepare`` already ran.
     :raises NotImplementedError: a distributed type with a loss scaler of its own (FSDP,
         DeepSpeed, Megatron-LM, XLA).
     """
+    if not isinstance(accelerator, Accelerator):
+        raise TypeError(
+            "ampkit.accelerate.prepare_scaler: accelerator must be an accelerate.Accelerator, got "
+            f"{type(accelerator).__name__} {accelerator!r:.80}"
+        )
     if accelerator._models or accelerator._optimizers:
         raise RuntimeError(
             "prepare_scaler(accelerator) must run before accelerator.prepare(...): the "
@@ -93,7 +99,7 @@ def prepare_scaler(accelerator: Accelerator, **gradscaler_kwargs: Any) -> Option
             "ampkit.accelerate.prepare_scaler",
             "Accelerate alone would have run mixed_precision='fp16' as fp32, without a scaler",
         )
-    scaler, clipping = make_scaler(device, kwargs)
+    scaler, clipping = make_scaler(device, kwargs, "ampkit.accelerate.prepare_scaler")
     accelerator.scaler = scaler
     accelerator.native_amp = True
     if clipping.active:

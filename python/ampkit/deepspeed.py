@@ -18,6 +18,7 @@ import torch
 
 from ._deferred import _caller_level
 from ._errors import cpp
+from ._files import load_json
 
 __all__ = ["load_deepspeed_config", "scaler_kwargs_from_deepspeed"]
 
@@ -28,13 +29,9 @@ def load_deepspeed_config(config: Union[str, os.PathLike, Mapping[str, Any]]) ->
         return dict(config)
     if not isinstance(config, (str, os.PathLike)):
         raise TypeError(f"a DeepSpeed config is a dict or a JSON file's path, got {type(config).__name__}")
-    with open(os.fspath(config)) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{os.fspath(config)}: not valid JSON: {e}") from None
+    name, data = load_json(config, "DeepSpeed config")
     if not isinstance(data, dict):
-        raise ValueError(f"{os.fspath(config)}: a DeepSpeed config is a JSON object")
+        raise ValueError(f"DeepSpeed config {name}: a DeepSpeed config is a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -52,7 +49,9 @@ def scaler_kwargs_from_deepspeed(
 
     Raises:
         ValueError: fp16 and bf16 both enabled, a value left "auto" (batch sizes may be: they are
-            the loop's), a value of the wrong type or out of range, a file that is not JSON.
+            the loop's), a value of the wrong type or out of range; a file that is not a regular
+            file (a FIFO, a device: refused before any read), larger than 16 MiB, not UTF-8, not
+            JSON, nested too deeply, or with a key twice in one object (each naming the file).
         TypeError: ``config`` is neither a dict nor a path.
     """
     data = load_deepspeed_config(config)
@@ -61,6 +60,10 @@ def scaler_kwargs_from_deepspeed(
         text = json.dumps(data, allow_nan=False)
     except ValueError:  # JSON has no NaN or infinity, and DeepSpeed's fields take none
         raise ValueError(f"DeepSpeed config {where} holds a NaN or infinite number") from None
+    except RecursionError:  # a dict nested deeper than Python's stack
+        raise ValueError(f"DeepSpeed config {where} is nested too deeply to be a configuration") from None
+    except TypeError as e:  # a value JSON has no form for (a tensor, a set)
+        raise ValueError(f"DeepSpeed config {where}: {e}") from None
     precision, plugins, opt, _, _, unmapped = cpp(torch.ops.ampkit.deepspeed_mapping)(text, where)
     if unmapped:
         warnings.warn(

@@ -172,9 +172,10 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._deferred = DeferredMode(str(sync), cuda=self._device.startswith("cuda"))
         self._group = StatisticsGroup(process_group, average_loss)
         self._initial = (float(init_scale), 0)  # torch's _init_scale, _init_growth_tracker
+        core = self._make_core()  # a disabled scaler's too: its arguments are refused on any machine
         if self._enabled:
-            self._core = self._make_core()
-            self._deferred.reset(self._core)
+            self._core = core
+            self._deferred.reset(core)
             self._initial = (self._core_scale(), 0)
 
     def _make_core(self) -> Any:

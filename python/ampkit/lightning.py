@@ -26,11 +26,15 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.optim import Optimizer
 
-from ._trainers import NO_LIMIT, make_scaler, warn_fp16_on_cpu
+from ._arguments import check_arguments, check_types
+from ._trainers import NO_LIMIT, make_scaler, say_state_missing, warn_fp16_on_cpu
 from .grad_scaler import GradScaler
 
 __all__ = ["AmpkitCheckpointIO", "AmpkitFabricPrecision", "AmpkitPrecision", "fabric_plugins"]
 
+_PRECISION = "ampkit.lightning.AmpkitPrecision"
+# Where Lightning checkpoints before 1.6 kept torch's scaler state (loaded by Lightning itself).
+_OLD_KEY = "native_amp_scaling_state"
 _LIGHTNING_ON_CPU = "Lightning's own precision='16-mixed' would have switched to 'bf16-mixed'"
 
 
@@ -53,14 +57,20 @@ class AmpkitPrecision(MixedPrecision):
     overrides ``configure_gradient_clipping`` decides itself: Lightning clips then, as without ampkit.
 
     :param device: the autocast and scaler device ("cuda", "cpu").
+    :param strict_loading: a resumed training checkpoint without the scaler's state (no
+        ``"AmpkitPrecision"`` entry, nor Lightning's ``"MixedPrecision"``) raises RuntimeError;
+        False (default): one warning names it and the scale restarts.
     :param gradscaler_kwargs: :class:`ampkit.GradScaler`'s keyword arguments (``init_scale``,
         ``scaler``, ``clipper``, ``nan_policy``, ``opt``, ...). With ``clipper=`` (or a
         ``clipper.*`` option) the clipper is yours and ``gradient_clip_val`` is refused.
-    :raises ValueError: bad scaler arguments (as :class:`ampkit.GradScaler`).
+    :raises ValueError: bad scaler arguments (as :class:`ampkit.GradScaler`); a device torch
+        does not know ("gpu").
     """
 
-    def __init__(self, device: str = "cuda", **gradscaler_kwargs: Any) -> None:
-        scaler, self._clipping = make_scaler(device, gradscaler_kwargs)
+    def __init__(self, device: str = "cuda", *, strict_loading: bool = False, **gradscaler_kwargs: Any) -> None:
+        check_types(_PRECISION, {"strict_loading": strict_loading}, {"strict_loading": (bool,)})
+        self.strict_loading = strict_loading
+        scaler, self._clipping = make_scaler(device, gradscaler_kwargs, _PRECISION)
         self._hook_clips = False  # the module's configure_gradient_clipping clips (optimizer_step)
         super().__init__("16-mixed", device, scaler=scaler)
         if device == "cpu" and scaler.is_enabled():
@@ -69,11 +79,21 @@ class AmpkitPrecision(MixedPrecision):
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
         """A checkpoint of a run with Lightning's own ``MixedPrecision`` holds torch's scaler
         state under its name: the scale and counters go on from it (under ``"AmpkitPrecision"``,
-        Lightning loads ours after this)."""
+        Lightning loads ours after this). A training checkpoint with neither: one warning naming the
+        missing entry (RuntimeError with ``strict_loading``)."""
         super().on_load_checkpoint(checkpoint)
+        key = type(self).__qualname__
         stock = checkpoint.get(MixedPrecision.__qualname__)
-        if type(self).__qualname__ not in checkpoint and stock:
+        if key not in checkpoint and stock:
             self.load_state_dict(stock)
+        elif (
+            self.scaler is not None
+            and key not in checkpoint
+            and _OLD_KEY not in checkpoint
+            and "optimizer_states" in checkpoint
+        ):
+            # A training checkpoint (it holds the optimizers) without the scaler's state.
+            say_state_missing(_PRECISION, f"the checkpoint holds no '{key}' entry", self.scaler, self.strict_loading)
 
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
@@ -152,11 +172,19 @@ class AmpkitCheckpointIO(CheckpointIO):
         self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
     ) -> Dict[str, Any]:
         """Reads the checkpoint, restores the precision plugin's state from it and returns the
-        rest."""
+        rest. Without that state: one warning naming the missing entry (RuntimeError with the
+        precision plugin's ``strict_loading``)."""
         checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         state = checkpoint.pop(self.KEY, None)
         if state:
             self.precision.load_state_dict(state)
+        elif self.precision.scaler is not None:
+            say_state_missing(
+                "fabric.load",
+                f"{path} holds no '{self.KEY}' entry",
+                self.precision.scaler,
+                getattr(self.precision, "strict_loading", False),
+            )
         return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -172,11 +200,17 @@ class AmpkitFabricPrecision(FabricMixedPrecision):
     state into ``fabric.save`` and takes it back in ``fabric.load``.
 
     :param device: the autocast and scaler device.
+    :param strict_loading: ``fabric.load`` of a checkpoint without this plugin's state raises
+        RuntimeError; False (default): one warning names it and the scale restarts.
     :param gradscaler_kwargs: :class:`ampkit.GradScaler`'s keyword arguments; clip with
         ``clipper=`` (``fabric.clip_gradients`` is refused).
     """
 
-    def __init__(self, device: str = "cuda", **gradscaler_kwargs: Any) -> None:
+    def __init__(self, device: str = "cuda", *, strict_loading: bool = False, **gradscaler_kwargs: Any) -> None:
+        who = "ampkit.lightning.AmpkitFabricPrecision"
+        check_types(who, {"strict_loading": strict_loading}, {"strict_loading": (bool,)})
+        check_arguments(dict(gradscaler_kwargs, device=device), who)
+        self.strict_loading = strict_loading
         scaler = GradScaler(device, **gradscaler_kwargs)
         super().__init__("16-mixed", device, scaler=scaler)
         if device == "cpu" and scaler.is_enabled():
@@ -196,7 +230,11 @@ class AmpkitFabricPrecision(FabricMixedPrecision):
 
 
 def fabric_plugins(
-    device: str = "cuda", checkpoint_io: Optional[CheckpointIO] = None, **gradscaler_kwargs: Any
+    device: str = "cuda",
+    checkpoint_io: Optional[CheckpointIO] = None,
+    *,
+    strict_loading: bool = False,
+    **gradscaler_kwargs: Any,
 ) -> List[Any]:
     """``Fabric(plugins=...)``'s list: an :class:`AmpkitFabricPrecision` and the
     :class:`AmpkitCheckpointIO` (around ``checkpoint_io``, default ``TorchCheckpointIO``) that
@@ -204,7 +242,9 @@ def fabric_plugins(
 
     :param device: the autocast and scaler device.
     :param checkpoint_io: the checkpoint IO to wrap.
+    :param strict_loading: ``fabric.load`` of a checkpoint without the scaler's state raises
+        (:class:`AmpkitFabricPrecision`); default: one warning.
     :param gradscaler_kwargs: :class:`ampkit.GradScaler`'s keyword arguments.
     """
-    precision = AmpkitFabricPrecision(device, **gradscaler_kwargs)
+    precision = AmpkitFabricPrecision(device, strict_loading=strict_loading, **gradscaler_kwargs)
     return [precision, AmpkitCheckpointIO(precision, checkpoint_io)]

@@ -62,6 +62,9 @@ def _clipping_stats(record: Mapping[str, Any]) -> Dict[str, Any]:
     return {**{k: record[k] for k in keys}, "threshold": record["clip_threshold"]} if record else {}
 
 
+_NOT_PARAMETERS = "GradientClipper.clip: parameters must be a Module, a tensor or tensors, got {} {!r:.80}"
+
+
 class GradientClipper:
     """Clips gradients in place with a clipper plugin, outside any loss scaling.
 
@@ -105,7 +108,12 @@ class GradientClipper:
         if isinstance(parameters, torch.nn.Module):
             named: List[Tuple[str, torch.Tensor]] = list(parameters.named_parameters())
         else:
+            if not isinstance(parameters, (torch.Tensor, Iterable)) or isinstance(parameters, (str, bytes, Mapping)):
+                raise TypeError(_NOT_PARAMETERS.format(type(parameters).__name__, parameters))
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            for p in params:
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError(_NOT_PARAMETERS.format(f"an iterable holding {type(p).__name__}", p))
             named = [(f"parameters[{i}]", p) for i, p in enumerate(params)]
         named = [(n, p) for n, p in named if p.grad is not None]
         if not named:

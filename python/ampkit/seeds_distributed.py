@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 
+from ._arguments import check_number, check_types, parse_int
+from ._files import load_json, load_torch_state, load_yaml
 from .seeds_nan import _did_you_mean
 from .seeds_trainer import AMPConfig, AMPTrainer, create_default_amp_config
 
@@ -24,6 +25,13 @@ _ENV_NAMES = (
     ("master_addr", "MASTER_ADDR"),
     ("master_port", "MASTER_PORT"),
 )
+
+_TEXT = ("backend", "master_addr")
+# ampkit-train's bound on the world size (its --world-size option's range).
+_MAX_WORLD_SIZE = 1 << 20
+# The longest timeout taken, some 31 years: well inside what a datetime.timedelta and c10d's
+# milliseconds hold (a larger one failed later, with an OverflowError).
+_MAX_TIMEOUT_S = 10**9
 
 
 def _default_backend() -> str:
@@ -50,59 +58,60 @@ class DistributedConfig:
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None, **fields: Any) -> "DistributedConfig":
-        """From torchrun's variables in ``env`` (None: ``os.environ``); ``fields`` set the others."""
+        """From torchrun's variables in ``env`` (None: ``os.environ``); ``fields`` set the others.
+        The integers are read as ampkit-train reads them (ASCII decimal digits only: no spaces,
+        ``_`` or other scripts' digits), and the result is :meth:`validate`'d."""
         env = os.environ if env is None else env
         values: Dict[str, Any] = {}
         for name, var in ((n, v) for n, v in _ENV_NAMES if v in env):
-            try:
-                values[name] = env[var] if name == "master_addr" else int(env[var])
-            except ValueError:
-                raise ValueError(f"{var}={env[var]!r} is not an integer") from None
-        return cls(**{**values, **fields})
+            text = env[var]
+            values[name] = text if name == "master_addr" else parse_int("DistributedConfig.from_env", var, text)
+        return cls(**{**values, **fields}).validate()
 
     @classmethod
     def from_file(cls, path: Union[str, os.PathLike]) -> "DistributedConfig":
         """From a YAML (needs PyYAML) or JSON file of these fields, at the top or under ``distributed:``."""
-        path = os.fspath(path)
-        with open(path) as f:
-            text = f.read()
-        if path.endswith((".yaml", ".yml")):
-            try:
-                import yaml
-            except ImportError:
-                raise ImportError(f"reading {path} needs PyYAML (pip install pyyaml); or write it as JSON") from None
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
+        what = "distributed config"
+        name = os.fsdecode(os.fspath(path))
+        _, data = load_yaml(path, what) if name.endswith((".yaml", ".yml")) else load_json(path, what)
+        data = {} if data is None else data
         data = data.get("distributed", data) if isinstance(data, dict) else data
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of DistributedConfig fields")
+            raise ValueError(f"{what} {name}: expected a mapping of DistributedConfig fields")
         names = [f.name for f in dataclasses.fields(cls)]
         for key in (k for k in data if k not in names):
-            raise ValueError(f"{path}: unknown field '{key}'" + _did_you_mean(key, names))
-        return cls(**data).validate()
+            raise ValueError(f"{what} {name}: unknown field '{key}'" + _did_you_mean(str(key), names))
+        try:
+            return cls(**data).validate()
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{what} {name}: {e}") from None
 
     def validate(self) -> "DistributedConfig":
-        """Raises :class:`ValueError` naming the first bad field; returns self."""
+        """Raises :class:`TypeError` or :class:`ValueError` naming the first bad field; returns self.
+
+        Integers are ints (not bools, not floats), in ampkit-train's ranges: ``world_size`` in
+        [1, 2**20], ``rank`` and ``local_rank`` in [0, world_size), ``master_port`` in [1, 65535];
+        ``master_addr`` a host name or address without spaces or control characters; ``timeout_s``
+        None or a positive finite number of seconds a ``datetime.timedelta`` holds."""
+        who = "DistributedConfig"
+        check_types(who, {"backend": self.backend, "master_addr": self.master_addr}, {n: (str,) for n in _TEXT})
+        check_types(who, {"init_method": self.init_method}, {"init_method": (str, type(None))})
         known = [b for b in torch.distributed.Backend.backend_list if b != "undefined"]
-        checks = [
-            (
-                all(p.split(":")[-1] in known for p in self.backend.split(",")),
-                f"backend='{self.backend}' is not one of {', '.join(known)}",
-            ),
-            (self.world_size >= 1, f"world_size={self.world_size} must be at least 1"),
-            (0 <= self.rank < self.world_size, f"rank={self.rank} must be in [0, world_size={self.world_size})"),
-            (
-                0 <= self.local_rank < self.world_size,
-                f"local_rank={self.local_rank} must be in [0, world_size={self.world_size})",
-            ),
-            (bool(self.master_addr), "master_addr is empty"),
-            (0 < self.master_port < 65536, f"master_port={self.master_port} must be in [1, 65535]"),
-            (self.timeout_s is None or self.timeout_s > 0, f"timeout_s={self.timeout_s} must be positive"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"DistributedConfig.{message}")
+        if not all(p.split(":")[-1] in known for p in self.backend.split(",")):
+            raise ValueError(f"{who}: backend='{self.backend}' is not one of {', '.join(known)}")
+        check_number(who, "world_size", self.world_size, 1, _MAX_WORLD_SIZE, integer=True)
+        for name in ("rank", "local_rank"):
+            value = getattr(self, name)
+            check_number(who, name, value, 0, _MAX_WORLD_SIZE, integer=True)
+            if value >= self.world_size:
+                raise ValueError(f"{who}: {name}={value} must be in [0, world_size={self.world_size})")
+        for name in ("master_addr", "init_method"):
+            text = getattr(self, name)
+            if text is not None and (not text or any(c.isspace() or not c.isprintable() for c in text)):
+                raise ValueError(f"{who}: {name}={text!r:.80} must be non-empty, without spaces or control characters")
+        check_number(who, "master_port", self.master_port, 1, 65535, integer=True)
+        if self.timeout_s is not None:
+            check_number(who, "timeout_s", self.timeout_s, 0, _MAX_TIMEOUT_S, low_open=True)
         return self
 
     def resolved_init_method(self) -> str:
@@ -152,4 +161,4 @@ class DistributedAMPTrainer(AMPTrainer):
 
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Every rank loads :meth:`save_checkpoint`'s file onto its own device."""
-        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=True))
+        self.load_state_dict(load_torch_state(path, "checkpoint", map_location=self.device))

@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from ._arguments import check_types
 from ._facts import PRECISIONS, autocast_dtype
 from ._plugin_access import option_text as _option_text
 from .grad_scaler import GradScaler
@@ -140,6 +141,19 @@ class AMPTrainer:
         optimizer: Optional[torch.optim.Optimizer] = None,
         loss_fn: Optional[Callable] = None,
     ) -> None:
+        check_types(
+            "AMPTrainer",
+            {"model": model, "amp_config": amp_config, "optimizer": optimizer},
+            {
+                "model": (torch.nn.Module,),
+                "amp_config": (AMPConfig, type(None)),
+                "optimizer": (torch.optim.Optimizer, type(None)),
+            },
+        )
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(
+                f"AMPTrainer: loss_fn must be callable or None, got {type(loss_fn).__name__} {loss_fn!r:.80}"
+            )
         self.config = amp_config if amp_config is not None else create_default_amp_config()
         if self.config.device is not None:
             model = model.to(self.config.device)
@@ -210,6 +224,9 @@ class AMPTrainer:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads :meth:`state_dict`'s dictionary (TypeError for anything else, as torch's)."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"AMPTrainer.load_state_dict: expected a dict, got {type(state_dict).__name__}")
         _unwrap(self.model).load_state_dict(state_dict["model"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self.scaler.load_state_dict(state_dict["scaler"])

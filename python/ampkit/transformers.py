@@ -13,12 +13,18 @@ trainer".
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Optional
 
 from transformers import Trainer
 
-from ._trainers import names_a_clipper
+from ._arguments import check_types
+from ._files import load_torch_state
+from ._trainers import names_a_clipper, say_state_missing
 from .accelerate import prepare_scaler
+from .grad_scaler import GradScaler
+
+_SCALER_FILE = "scaler.pt"  # the Trainer's SCALER_NAME
 
 __all__ = ["AmpkitTrainer", "AmpkitTrainerMixin"]
 
@@ -31,11 +37,27 @@ class AmpkitTrainerMixin:
         ``clipper`` the Trainer's ``max_grad_norm`` is ampkit's ``norm`` clipper's ``max_norm``
         and the logged ``grad_norm`` is the unclipped one; with ``clipper``, ``max_grad_norm``
         must be 0 (the logged ``grad_norm`` is then still the unclipped norm).
-    :raises ValueError: ``clipper`` given with ``max_grad_norm > 0``.
+    :param strict_loading: a ``resume_from_checkpoint`` folder without a ``scaler.pt`` file raises
+        RuntimeError; False (default): one warning names it and the scale restarts (the stock
+        Trainer restarts it in silence).
+    :raises ValueError: ``clipper`` given with ``max_grad_norm > 0``; a ``scaler.pt`` that is not a
+        regular file or that ``torch.load(weights_only=True)`` cannot read (one line naming it).
     """
 
-    def __init__(self, *args: Any, scaler_kwargs: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        scaler_kwargs: Optional[Mapping[str, Any]] = None,
+        strict_loading: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        check_types(
+            "ampkit.transformers.AmpkitTrainer",
+            {"scaler_kwargs": scaler_kwargs, "strict_loading": strict_loading},
+            {"scaler_kwargs": (Mapping, type(None)), "strict_loading": (bool,)},
+        )
         self._ampkit_scaler_kwargs = dict(scaler_kwargs or {})
+        self._ampkit_strict_loading = strict_loading
         super().__init__(*args, **kwargs)
 
     def create_accelerator_and_postprocess(self) -> None:
@@ -51,6 +73,20 @@ class AmpkitTrainerMixin:
                 "'norm' clipper"
             )
         prepare_scaler(self.accelerator, **self._ampkit_scaler_kwargs)  # type: ignore[attr-defined]
+
+    def _load_scaler(self, checkpoint: Optional[str]) -> None:
+        """The Trainer's resume of ``scaler.pt``, saying what it cannot load: a missing file, or a
+        folder in its place, is one warning naming it (RuntimeError with ``strict_loading``); a
+        file torch cannot read is one ValueError naming it."""
+        scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
+        if checkpoint is None or not isinstance(scaler, GradScaler):
+            return super()._load_scaler(checkpoint)  # type: ignore[misc]
+        path = os.path.join(checkpoint, _SCALER_FILE)
+        if not os.path.exists(path) or os.path.isdir(path):
+            found = "a folder" if os.path.isdir(path) else "missing"
+            missing = f"resume_from_checkpoint {checkpoint}: its {_SCALER_FILE} is {found}"
+            return say_state_missing("ampkit.transformers.AmpkitTrainer", missing, scaler, self._ampkit_strict_loading)
+        scaler.load_state_dict(load_torch_state(path, "scaler state"))
 
 
 class AmpkitTrainer(AmpkitTrainerMixin, Trainer):
