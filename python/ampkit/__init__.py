@@ -3,7 +3,8 @@ clippers and NaN policies chosen by name (docs/python.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, List
 
 from . import _library  # noqa: F401  (loads the C++ side first)
 from . import seeds as seeds
@@ -30,13 +31,24 @@ from .seeds import (
 
 __version__ = "0.1.0"
 
+# The trainer integrations, imported when first named (ampkit.lightning.AmpkitPrecision(...)
+# after a plain `import ampkit`): their frameworks stay optional and unimported until then.
+_INTEGRATIONS = ("accelerate", "lightning", "transformers")
+
 
 def __getattr__(name: str) -> Any:
     # RECOMMENDED_CLIPPING_THRESHOLDS is read from the norm clipper plugin when first asked for
     # (seeds.__getattr__): importing ampkit loads no plugin.
     if name == "RECOMMENDED_CLIPPING_THRESHOLDS":
         return seeds.RECOMMENDED_CLIPPING_THRESHOLDS
+    if name in _INTEGRATIONS:
+        # Without the framework this raises ImportError naming it (e.g. No module named 'lightning').
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_INTEGRATIONS))
 
 
 __all__ = [

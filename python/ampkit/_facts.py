@@ -18,6 +18,7 @@ __all__ = [
     "STEP_KINDS",
     "autocast_dtype",
     "option_defaults",
+    "passthrough_record",
     "threshold_option",
 ]
 
@@ -47,3 +48,14 @@ def option_defaults(dirs: List[str], allow_untrusted: bool, kind: str, name: str
 def threshold_option(dirs: List[str], allow_untrusted: bool, clipper: str) -> str:
     """The option a clipper's one threshold sets: its one option with a per-precision default."""
     return str(torch.ops.ampkit.threshold_option(dirs, allow_untrusted, clipper))
+
+
+def passthrough_record(steps: int) -> Dict[str, Any]:
+    """A disabled GradScaler's ``last_step`` after ``steps`` steps: the engine's record keys, at
+    scale 1, with the figures nothing measured NaN (python/src/passthrough_record.cpp)."""
+    record = dict(torch.ops.ampkit.passthrough_record(steps))
+    record["host_sync"] = "step"
+    record["host_sync_reason"] = (
+        "the scaler is disabled (enabled=False, or 'cuda' without a GPU): step() is optimizer.step()"
+    )
+    return record

@@ -286,6 +286,7 @@ class PluginAccess:
         saved = state.pop("_saved_state_dict", None)
         self.__dict__.update(state)
         self.__dict__.setdefault("_next_slot", 0)  # a scaler pickled by an ampkit before these
+        self.__dict__.setdefault("_passthrough_steps", 0)
         self._deferred = DeferredMode(self._deferred.sync, cuda=self._deferred.cuda)
         self._bound: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._last_taken: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -23,11 +23,12 @@ from . import _library
 from ._arguments import check_arguments
 from ._deferred import DeferredMode
 from ._errors import cpp
-from ._facts import STEP_KINDS
+from ._facts import STEP_KINDS, passthrough_record
 from ._optimizer_tables import OptimizerTables, _refresh_per_optimizer_state
 from ._plugin_access import PluginAccess, option_text
 from ._statistics_group import StatisticsGroup
 from ._torch_state import TorchPrivateState
+from ._tracing import not_traced
 from .deepspeed import scaler_kwargs_from_deepspeed
 from .locator import nan_report
 
@@ -172,6 +173,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._deferred = DeferredMode(str(sync), cuda=self._device.startswith("cuda"))
         self._group = StatisticsGroup(process_group, average_loss)
         self._initial = (float(init_scale), 0)  # torch's _init_scale, _init_growth_tracker
+        self._passthrough_steps = 0  # a disabled scaler's steps (its last_step's step)
         core = self._make_core()  # a disabled scaler's too: its arguments are refused on any machine
         if self._enabled:
             self._core = core
@@ -244,7 +246,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
 
         return apply_scale(outputs)
 
-    @torch.compiler.disable
+    @not_traced
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscales (and clips, with the named clipper) ``optimizer``'s gradients in place.
 
@@ -265,13 +267,15 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             "unscale_() was called before step() (clip with clipper= to stay on the device)"
         )
 
-    @torch.compiler.disable
+    @not_traced
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Steps ``optimizer`` unless this iteration's gradients were not finite (or the NaN
-        policy said skip). Returns True when it stepped, False when it skipped; a disabled scaler
-        returns what ``optimizer.step`` returns."""
+        policy said skip). Returns True when it stepped, False when it skipped (disabled: True, or
+        as torch's the value ``optimizer.step`` returned where it returned one, a closure's loss)."""
         if not self._enabled:
-            return optimizer.step(*args, **kwargs)
+            retval = optimizer.step(*args, **kwargs)
+            self._passthrough_steps += 1
+            return True if retval is None else retval
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
@@ -319,7 +323,7 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         self._last_taken[optimizer] = stepped
         return stepped
 
-    @torch.compiler.disable
+    @not_traced
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """The scaler plugin's update with this iteration's statistics (or ``new_scale``)."""
         if not self._enabled:
@@ -375,9 +379,11 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         skipped_steps, top_layers ([{name, grad_norm}], largest first); plus layer_norms
         ({name: grad_norm} for every parameter; names need ``model=``), stats_recipe (the
         statistics recipe that ran), host_sync (``"step"`` or ``"deferred"``: how it ran) and
-        host_sync_reason (why)."""
+        host_sync_reason (why); after a deferred step, this step's. Disabled: NaN figures at scale 1."""
         if not self._enabled:
-            return {}
+            return passthrough_record(self._passthrough_steps)
+        if self._deferred.in_iteration:
+            self._deferred.settling(self._core.settle_iteration)
         self._deferred.drain()
         record = dict(cpp(self._core.record)())
         record["host_sync"], record["host_sync_reason"] = self._deferred.last, self._deferred.last_reason

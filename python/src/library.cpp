@@ -64,6 +64,7 @@ TORCH_LIBRARY(ampkit, m) {
       .def("device_scale", &ScalerCore::device_scale)
       .def("deliver", &ScalerCore::deliver)
       .def("end_deferred_iteration", &ScalerCore::end_deferred_iteration)
+      .def("settle_iteration", &ScalerCore::settle_iteration)
       .def("set_late_arrivals", &ScalerCore::set_late_arrivals)
       .def("unbind", &ScalerCore::unbind)
       .def("update", &ScalerCore::update)

@@ -96,6 +96,11 @@ class ScalerCore : public torch::CustomClassHolder {
   // an iteration the host forms took over (a state change or a second optimizer between the step and
   // update(): settle()) is finished as update() finishes one. An abort raises, as deliver's.
   int64_t end_deferred_iteration();
+  // A read of the step record between a deferred step and its update() (last_step): the
+  // iteration's own record is waited for and the host forms take the iteration over (settle()),
+  // so the record describes this step while the state stays the one before the update. Nothing
+  // when no deferred iteration is open.
+  void settle_iteration();
   // Tests: CPU records arrive as late as a GPU's may (DeferredStep::set_late_arrivals).
   void set_late_arrivals(bool on);
   // Forgets table `slot` (its optimizer is gone): its tensors are released. Raises nothing (a

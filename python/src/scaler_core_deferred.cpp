@@ -118,6 +118,13 @@ int64_t ScalerCore::deliver(bool wait) {
   });
 }
 
+void ScalerCore::settle_iteration() {
+  locked([&] {
+    raise_pending_abort();
+    if (deferred_open_) settle();
+  });
+}
+
 int64_t ScalerCore::end_deferred_iteration() {
   return locked([&] {
     raise_pending_abort();
