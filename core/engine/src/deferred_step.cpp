@@ -55,6 +55,16 @@ DeferredStep::~DeferredStep() = default;
 std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTable& table, std::string& kind,
                                                  std::string& why) {
   kind.clear();
+  at::Device device(at::kCPU);
+  for (const auto& p : table.parameters())
+    if (p.defined()) {
+      device = p.device();
+      break;
+    }
+  // First: where the kernels (their CPU stand-ins on the CPU) failed to load or check, that is the
+  // reason, also behind a statistics recipe that fell back for it.
+  why = kernel_refusal(device);
+  if (!why.empty()) return nullptr;
   if (table.recipe() != DeviceStatsRecipe::chunk_kernel && table.recipe() != DeviceStatsRecipe::fused_scan) {
     why = std::string("the ") + to_string(table.recipe()) + " statistics recipe has no deferred form";
     return nullptr;
@@ -65,14 +75,6 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
     why = "has no device form";
     return nullptr;
   }
-  at::Device device(at::kCPU);
-  for (const auto& p : table.parameters())
-    if (p.defined()) {
-      device = p.device();
-      break;
-    }
-  why = kernel_refusal(device);  // the kernels (their CPU stand-ins on the CPU) failed to load or check
-  if (!why.empty()) return nullptr;
   rules->start(*s.scaler, device, step.counters().consecutive_skips);
   return std::unique_ptr<DeferredStep>(
       new DeferredStep(step, std::move(rules), DeviceStepRules::fused_on(device)));
