@@ -1,6 +1,6 @@
 """An optimizer's parameters as the engine's gradient table, and its step's arguments, for
 ampkit.GradScaler: bound once per optimizer, so a step's host work does not grow with the number of
-parameters (issue 41)."""
+parameters."""
 
 from __future__ import annotations
 

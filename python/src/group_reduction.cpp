@@ -1,4 +1,4 @@
-// A StatsReduction over a c10d process group: one all_gather per statistics pass (issue 43).
+// A StatsReduction over a c10d process group: one all_gather per statistics pass (FSDP2's shards).
 #include "group_reduction.h"
 
 #include <ATen/Functions.h>

@@ -1,10 +1,10 @@
-// What one healthy data-parallel step costs besides the Reducer's gradient buckets (issue 32): no
+// What one healthy data-parallel step costs besides the Reducer's gradient buckets: no
 // collective (every rank's loss and the host's values ride in the buckets, StepValuesCarrier) and
 // exactly one counted device-to-host read, on the CPU fast path and on the device statistics
-// path, with and without accumulation; none with the deferred step (issue 42), whose records are
+// path, with and without accumulation; none with the deferred step, whose records are
 // the synchronous step's. The process group's own collectives are counted too: the
-// buckets' all-reduce and nothing else. Two ranks with comm gloo, each a forked process running a
-// Trainer in-process behind a comm that counts every call.
+// buckets' all-reduce and nothing else. Two or three ranks with comm gloo, each a forked process
+// running a Trainer in-process behind a comm that counts every call.
 #define BOOST_TEST_MODULE step_collectives
 #include <ATen/record_function.h>
 #include <ampkit/comm_backend.h>
@@ -156,8 +156,8 @@ void run_rank(int rank, int port, const Case& c, const std::string& out) {
   std::ofstream(out) << steps.dump();
 }
 
-// Both steps of issue 42 on two ranks: FusedAdamW, fp16, the dynamic scaler, a clipper that clips
-// and the backoff policy; rank 1's loss is infinite at step 5 and NaN at step 8. Per step from
+// Both steps, synchronous and deferred, on `world` ranks: FusedAdamW, fp16, the dynamic scaler, a clipper
+// that clips and the backoff policy; rank 1's loss is infinite at step 5 and NaN at step 8. Per step from
 // step 2 (the Reducer's buckets are built): its collectives and reads, then every outcome (the
 // deferred step's arrive one step late), this rank's own losses and the final weights.
 nlohmann::json fused_rank(int rank, int port, bool deferred, int world = 2) {
@@ -306,7 +306,7 @@ BOOST_AUTO_TEST_CASE(a_healthy_step_makes_no_collective_besides_the_buckets_and_
   }
 }
 
-// Issue 42 on two ranks: the deferred step makes no collective besides the buckets and no host read
+// Two ranks: the deferred step makes no collective besides the buckets and no host read
 // per step (the synchronous one: one), and delivers, one step late, every outcome the synchronous
 // step gives: both ranks' values, their mean loss bit for bit, both planted faults skipped by both
 // ranks; the weights end bit for bit the same.

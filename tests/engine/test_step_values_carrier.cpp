@@ -1,4 +1,4 @@
-// The step's values carried in the gradient buckets (StepValuesCarrier, issue 32): every value
+// The step's values carried in the gradient buckets (StepValuesCarrier): every value
 // arrives bit for bit on every rank after the Reducer's all-reduce (each gradient multiplied by
 // 1 / world, then summed), for world sizes whose inverse is not exact in fp32; the loss the
 // backward starts from and the model's gradients are untouched. The Reducer is simulated here

@@ -5,11 +5,10 @@ CUDA does shows the old form, ``loss_sum / count``, giving another float32 than 
 
 from typing import Any, Dict
 
+import ampkit
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-import ampkit
 
 LOSSES = [0.8359106183052063, 2.618584394454956, 2.4094364643096924]  # float32 values
 
