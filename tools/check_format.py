@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when a C++ source of the repository is not formatted as .clang-format says (issue 31):
+"""Fails when a C++ source of the repository is not formatted as .clang-format says:
 every tracked .cpp/.h/.hpp/.cu under core/, hosts/, plugins/, python/, sdk/, tests/ and tools/. The file
 and function length gates (tools/function_lengths.py) therefore always measure formatted code.
 

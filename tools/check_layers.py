@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when core/'s layers break (issue 31, item 5; docs/architecture.md, "Layout").
+"""Fails when core/'s layers break (docs/architecture.md, "Layout").
 
 core/ is one library per part; a part may use only the parts below it:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when the modules of a Python package import each other in a cycle (issue 43): every
+"""Fails when the modules of a Python package import each other in a cycle: every
 import counts, at module level or inside a function, so a cycle cannot hide behind a lazy import.
 
     tools/check_python_imports.py [PACKAGE_DIR]   # default: python/ampkit

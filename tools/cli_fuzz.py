@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz-style command-line test (issue 21): randomly mutated command lines and environments for
+"""Fuzz-style command-line test: randomly mutated command lines and environments for
 `ampkit-train --print-config` (never trains), `ampkit-plugins show|list` and `ampkit-launch ... --
 /bin/true`, seeded so that every run is the same. Each outcome is classified by exit code, signal
 and stderr lines. It fails on:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lists C++ and Python functions by length and fails when one is longer than the limit (issue 16).
+"""Lists C++ and Python functions by length and fails when one is longer than the limit.
 
 A function's length is its lines from the first line of its signature to its closing brace;
 lambdas and local classes count towards the function they are written in. Comments, string and

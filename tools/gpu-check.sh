@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a machine with a GPU (issue 20): runs ampkit's CUDA checks from an existing build
+# One command for a machine with a GPU: runs ampkit's CUDA checks from an existing build
 # and writes a Markdown report (format: docs/benchmarks.md, "What has run on a GPU").
 #
 #   tools/gpu-check.sh [--build DIR] [--report FILE] [--steps N] [--data DIR] [--sections LIST]
@@ -234,7 +234,7 @@ PY
   done
 }
 
-# The deferred step against the synchronous one (ampkit-train --host-sync, issue 42): the same
+# The deferred step against the synchronous one (ampkit-train --host-sync): the same
 # planted faults, metrics and summary compared, host reads and throughput of each.
 run_host-sync() {
   local sync_steps mode
@@ -316,7 +316,7 @@ run_parity() {
       failed=1
     fi
   done
-  # The whole step in a CUDA graph (issue 42): torch's test_graph_grad_scaling with step() and update()
+  # The whole step in a CUDA graph: torch's test_graph_grad_scaling with step() and update()
   # inside the graph, against the uncaptured loop (on the CPU, the capture's CPU stand-ins only).
   graph_test=tests/python/test_cuda_graph.py
   if [ "$instrumented_build" = ON ]; then

@@ -1,4 +1,4 @@
-"""The step that never waits for the GPU (issue 42), for :class:`ampkit.GradScaler`.
+"""The step that never waits for the GPU, for :class:`ampkit.GradScaler`.
 
 With a fused optimizer (torch's ``_step_supports_amp_scaling``: fused Adam, AdamW, SGD) and
 strategies that all have a device form, ``step()`` hands the optimizer ``grad_scale`` and

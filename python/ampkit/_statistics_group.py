@@ -1,4 +1,4 @@
-"""The process group an optimizer's gradient statistics are reduced over (issue 43), for
+"""The process group an optimizer's gradient statistics are reduced over, for
 :class:`ampkit.GradScaler`.
 
 With FSDP2 (``fully_shard``) each rank holds a shard of every gradient, as a DTensor: the C++ side

@@ -1,4 +1,4 @@
-"""torch.amp.GradScaler's private state on ampkit.GradScaler (issue 43): what trainers and fused
+"""torch.amp.GradScaler's private state on ampkit.GradScaler: what trainers and fused
 optimizers read (``_scale``, ``_growth_tracker``, ``_get_scale_async``, ...) means what it means in
 torch, backed by the scaler plugin's state."""
 

@@ -142,7 +142,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_folder_layout_and_keep) {
   BOOST_TEST(sum.code == 0, sum.output);
 }
 
-// An old checkpoint that cannot be deleted (issue 21: it was left as .old-step-N-PID without a
+// An old checkpoint that cannot be deleted (once it was left as .old-step-N-PID without a
 // word) is named in a warning; the run goes on and `latest` is the new one. Root ignores file
 // modes, so root makes a file immutable (chattr +i); others make the folder read-only.
 BOOST_AUTO_TEST_CASE(an_undeletable_old_checkpoint_is_named_in_a_warning) {

@@ -184,7 +184,7 @@ std::vector<nlohmann::json> comparable_records(const fs::path& file) {
   return rows;
 }
 
-// Issue 42 on two ranks through ampkit-train: --host-sync deferred writes every metric and summary
+// The deferred step on two ranks through ampkit-train: --host-sync deferred writes every metric and summary
 // field that --host-sync step writes, with no host read; rank 1's NaN and rank 0's overflow are
 // skipped by both ranks, each located on both (the locator's re-run of the previous step, then
 // this step's backward again, in step on both ranks).
@@ -291,7 +291,7 @@ Survivor lose_rank(int victim, int signal_number, int timeout_seconds) {
 
 }  // namespace
 
-// Issue 18: a lost rank 0 (the rendezvous store's host) took twice the timeout (610 s with the
+// A lost rank 0 (the rendezvous store's host) once took twice the timeout (610 s with the
 // default) and wrote 592 c10d stack traces; now either survivor exits 7 in seconds, in one line.
 BOOST_AUTO_TEST_CASE(a_killed_rank_0_or_1_makes_the_survivor_exit_7_naming_it) {
   for (const int victim : {1, 0}) {
@@ -350,7 +350,7 @@ Pair two_ranks(const std::string& common, const std::array<std::string, 2>& own)
 // Ranks started with different settings are refused right after the rendezvous, on every rank,
 // naming each setting with the ranks' values: a different --precision passed unnoticed, a
 // different --steps aborted a collective at the end (SIGABRT), a different --lr or clipper option
-// diverged silently (issue 18). A different clipper has other option names altogether.
+// diverged silently. A different clipper has other option names altogether.
 BOOST_AUTO_TEST_CASE(ranks_started_with_different_settings_exit_7_before_the_first_step) {
   const std::string common = mlp + " --progress never --threads 1 --batch-size 8 --dist-timeout 20";
   const std::vector<std::pair<std::array<std::string, 2>, std::string>> cases = {
@@ -573,7 +573,7 @@ BOOST_AUTO_TEST_CASE(bad_job_layouts_and_a_busy_port_get_one_line_and_exit_2) {
        "comm 'local' runs one process but the world size is 2"},
       {"RANK=x WORLD_SIZE=2 " + train + " " + tiny_args,
        "--rank must be an integer, got 'x' from environment (RANK)"},
-      // torchrun's variables that contradict each other (issue 18: accepted, then a rendezvous failure)
+      // torchrun's variables that contradict each other (once accepted, then a rendezvous failure)
       {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 " + train + " " + tiny_args,
        "inconsistent launcher environment: RANK=3 but GROUP_RANK=0 x LOCAL_WORLD_SIZE=2 + LOCAL_RANK=0 is 0"},
       {"RANK=0 WORLD_SIZE=4 LOCAL_RANK=2 LOCAL_WORLD_SIZE=2 " + train + " " + tiny_args,
@@ -620,7 +620,7 @@ BOOST_AUTO_TEST_CASE(bad_job_layouts_and_a_busy_port_get_one_line_and_exit_2) {
 }
 
 // A rank started with another MASTER_PORT, and an address that does not resolve: one line each,
-// exit 7 within the timeout plus 10 s (issue 18: 48.6 s and a 37-line backtrace for the first,
+// exit 7 within the timeout plus 10 s (once 48.6 s and a 37-line backtrace for the first,
 // 40 lines of torch's log for the second).
 BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeout) {
   TempDir tmp;
@@ -651,7 +651,7 @@ BOOST_AUTO_TEST_CASE(a_wrong_port_or_address_fails_in_one_line_within_the_timeou
              bad.output);
 }
 
-// Issue 33, item 17: c10d's client connect retries for two rounds of its timeout, growing with
+// c10d's client connect retries for two rounds of its timeout, growing with
 // it: a wrong MASTER_PORT took 373 s against the default --dist-timeout of 300. The client now
 // waits for a listener itself, bounded by the timeout: within timeout + 2 s at 2 s and at 30 s
 // (without the wait, 30 s took about 36 s).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The nccl comm plugin on a GPU: 1 rank, and 1 vs 2 ranks where there are two GPUs; with two, the
-# 2-rank run takes the deferred step (--host-sync auto on a GPU, issue 42) and is run again with
+# 2-rank run takes the deferred step (--host-sync auto on a GPU) and is run again with
 # --host-sync step: the same losses and parameters. Without a GPU it exits 77, which ctest
 # reports as skipped (SKIP_RETURN_CODE), not as passed.
 # Usage: test_nccl.sh BIN_DIR WORK_DIR

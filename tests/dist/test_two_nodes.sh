@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two real nodes (issue 18): two network namespaces joined by a veth pair, each with its own
+# Two real nodes (multi-node launch, not only local ranks): two network namespaces joined by a veth pair, each with its own
 # address, one ampkit-launch --nnodes 2 --node-rank R in each, gloo over the veth addresses (not
 # 127.0.0.1). Checks that the result equals the single-node 2-rank run (param_sha256), then kills
 # node 1's rank and checks that node 0's rank exits 7 within --dist-timeout + 10 s naming it.

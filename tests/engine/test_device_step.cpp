@@ -1,4 +1,4 @@
-// The strategies' device forms against their host forms (issue 42): the built-in scalers (dynamic
+// The strategies' device forms against their host forms: the built-in scalers (dynamic
 // with hysteresis, bounds and its stop at min_scale; static; none), clippers (norm L2 and inf;
 // none) and NaN policies (skip with a streak limit, backoff, abort) run 300 steps through the
 // engine's host step (AmpStep) and through DeviceStepRules on CPU tensors, from the same
@@ -416,7 +416,7 @@ BOOST_AUTO_TEST_CASE(late_records_come_in_order_and_an_open_iteration_can_be_hel
 
 namespace {
 
-// Linear(8 -> 4) under FusedAdamW with built-in strategies: the Trainer both ways (issue 42).
+// Linear(8 -> 4) under FusedAdamW with built-in strategies: the Trainer both ways.
 struct FusedRun {
   std::unique_ptr<StrategySet> strategies;
   test::TinyModel model;

@@ -80,7 +80,7 @@ std::map<std::string, int> ops_of_step(AdamWRun& r, int k) {
 
 }  // namespace
 
-// Issue 32: the step counts the kernel reads stay on the parameters' device between steps and
+// The step counts the kernel reads stay on the parameters' device between steps and
 // advance by one _foreach_add_ per kernel call (per dtype here: float and double), not by a new
 // tensor per parameter and step; a state whose count changed (a load) gets its count re-made, and
 // the update then still equals LibTorch's AdamW at that count.

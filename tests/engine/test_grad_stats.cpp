@@ -136,7 +136,7 @@ BOOST_AUTO_TEST_CASE(stats_pass_counts_zeros_max_and_detects_non_finite) {
   BOOST_TEST(g.sum_squares == 4.0 * (1 << 20));
 }
 
-// The device path of the statistics pass (issues 20, 32), run on CPU tensors with both recipes:
+// The device path of the statistics pass, run on CPU tensors with both recipes:
 // the same statistics as the fast path, from one packed tensor.
 BOOST_AUTO_TEST_CASE(device_path_statistics_equal_the_fast_path) {
   for (const auto recipe : {DeviceStatsRecipe::foreach_ops, DeviceStatsRecipe::fused_scan})
@@ -196,7 +196,7 @@ BOOST_AUTO_TEST_CASE(foreach_recipe_cuts_big_gradients_and_groups_dtypes) {
   BOOST_TEST(nan.zeros == 1500);  // the bf16 gradient's 7 zeros are not counted
 }
 
-// Issue 32: the device path's operator count does not grow with the number of gradients (what a
+// The device path's operator count does not grow with the number of gradients (what a
 // GPU pays in kernel launches): 10 and 1,000 gradients of the same 400 KB take the same operators.
 BOOST_AUTO_TEST_CASE(device_path_operators_do_not_grow_with_the_tensor_count) {
   const int64_t ten = top_level_ops_of_device_stats(10, 100000);

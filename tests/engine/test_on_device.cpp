@@ -1,4 +1,4 @@
-// The checks of tools/gpu-check.sh (issue 20) on the device AMPKIT_TEST_DEVICE names: "cpu" (the
+// The checks of tools/gpu-check.sh on the device AMPKIT_TEST_DEVICE names: "cpu" (the
 // default; the device statistics path forced on CPU tensors, so CI runs every check) or "cuda"
 // (the real device path; exits 77, which ctest reports as skipped, when no GPU is visible):
 //   - GradScaler parity through the Trainer: tests/data/gradscaler_sequences.json, or the file in

@@ -1,4 +1,4 @@
-// The chunk_kernel statistics recipe (issue 32) on CPU tensors, where the host computes each
+// The chunk_kernel statistics recipe on CPU tensors, where the host computes each
 // chunk as one kernel block would: the plan (chunks of at most 65,536 elements, one launch per
 // dtype whatever the tensor count) and the combination per tensor, against the fused scan (float)
 // and the foreach recipe (half, bfloat16), special values included. test_on_device runs the
@@ -182,7 +182,7 @@ BOOST_AUTO_TEST_CASE(every_recipe_refuses_parameters_on_several_devices) {
   }
 }
 
-// The recipe is chosen once, from the parameters and the build (issue 41): automatic runs the chunk
+// The recipe is chosen once, from the parameters and the build: automatic runs the chunk
 // kernel on one CUDA device where it is built, and says why where it falls back.
 BOOST_AUTO_TEST_CASE(automatic_takes_the_chunk_kernel_on_a_gpu_where_it_is_built) {
   StatsRecipeFacts gpu;

@@ -1,4 +1,4 @@
-// The statistics reduced across ranks before the one read (StatsReduction, issue 43), for each
+// The statistics reduced across ranks before the one read (StatsReduction), for each
 // recipe on CPU tensors: a stand-in group of two ranks whose other rank holds the same gradients
 // (sums double, maxima stay, the scalars' mean is their value) or non-finite ones, and what the
 // pass hands it. python/src/group_reduction.cpp is the c10d group; tests/python/test_fsdp.py runs it.
@@ -136,7 +136,7 @@ BOOST_AUTO_TEST_CASE(a_rank_without_gradients_still_joins_the_reduction) {
 }
 
 BOOST_AUTO_TEST_CASE(the_deferred_pass_reduces_on_the_device_to_the_figures_the_reading_pass_reads) {
-  // GradStatsPass::run_on_device with a reduction (the deferred step, issue 42): the same vector
+  // GradStatsPass::run_on_device with a reduction (the deferred step): the same vector
   // goes to the group, nothing is read, and the totals left on the device are the ones run() reads,
   // with the group's element count; an inf on the other rank reaches this one's totals.
   const std::vector<at::Tensor> grads = sample_grads();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/gpu-check.sh without a GPU (issue 20): every CUDA check skips cleanly, and the whole script
+# tools/gpu-check.sh without a GPU: every CUDA check skips cleanly, and the whole script
 # runs end to end on the CPU (--dry-run-on-cpu), so a GPU machine's rare time is not lost to a
 # broken script.   test_gpu_check.sh BUILD_DIR   (run from the source root)
 set -uo pipefail

@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(bad_inputs_give_one_line_and_a_documented_exit_code) {
        "unknown key 'precison' in config file " + (tmp.path / "unknown.yaml").string() +
            "; did you mean 'precision'?"},
       {"--plugin-dir /nonexistent", 2, "--plugin-dir /nonexistent is not a folder"},
-      // A name too long or a symlink loop is the user's input, not an internal error (issue 21).
+      // A name too long or a symlink loop is the user's input, not an internal error.
       {"--plugin-dir /tmp/" + std::string(300, 'a'), 2, " cannot be used: File name too long"},
       {"--plugin-dir " + (tmp.path / "loop-a").string(), 2,
        "loop-a cannot be used: Too many levels of symbolic links"},

@@ -1,4 +1,4 @@
-// ampkit-train --host-sync (issue 42): the deferred step reads nothing on a healthy step and
+// ampkit-train --host-sync: the deferred step reads nothing on a healthy step and
 // writes the same metrics, summary and checkpoints as the synchronous one, its records never lost
 // (SIGTERM, an abort, a checkpoint every step); a strategy without a device form keeps the step
 // synchronous and says so once.

@@ -249,7 +249,7 @@ struct Scratch {
   }
 };
 
-// The defects an adversarial run found in the host's configuration (issue 21), one check each.
+// The defects an adversarial run found in the host's configuration, one check each.
 BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
   const Scratch dir;
   // Stray words were ignored: "... --steps 3 fp16" trained in fp32.
@@ -362,7 +362,7 @@ BOOST_AUTO_TEST_CASE(text_that_is_not_utf8_is_refused_where_it_enters) {
   BOOST_TEST(left == 0u);
 }
 
-// torchrun's variables that contradict each other are refused at start (issue 18: this layout
+// torchrun's variables that contradict each other are refused at start (this layout once
 // passed validation and failed at the rendezvous).
 BOOST_AUTO_TEST_CASE(an_inconsistent_torchrun_environment_is_refused) {
   {
@@ -746,7 +746,7 @@ namespace {
 
 // Rank 0 of a 2-rank job whose peer is scripted: every gather (an all_gather) gets rank 1's row
 // from `peer(call, n)`. The rank agreement
-// checks are reached in-process this way; the CLI stops differing ranks earlier (issue 18).
+// checks are reached in-process this way; the CLI stops differing ranks earlier.
 class ScriptedPeerComm final : public CommBackend {
  public:
   explicit ScriptedPeerComm(std::function<std::vector<double>(int call, size_t n)> peer)
@@ -924,7 +924,7 @@ BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace ampkit::test
 
-// Issue 32, item 4: ranks sharing a node split its cores unless told otherwise.
+// Ranks sharing a node split its cores unless told otherwise.
 BOOST_AUTO_TEST_CASE(ranks_of_a_node_split_its_cores_unless_told_otherwise) {
   using ampkit::threads_for_rank;
   BOOST_TEST(threads_for_rank(0, 2, false, 2) == 1);

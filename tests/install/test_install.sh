@@ -124,7 +124,7 @@ AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 
   "('ema_norm', '1.0.0', 5, 'completed')" ] || fail "summary: $(cat "$work/train.json")"
 [ "$(wc -l <"$work/train.jsonl")" -eq 5 ] || fail "expected 5 metrics records"
 
-step "ampkit-train --clipper ema_norm --host-sync deferred: synchronous, said once (issue 42)"
+step "ampkit-train --clipper ema_norm --host-sync deferred: synchronous, said once"
 out=$(AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 3 --clipper ema_norm \
   --host-sync deferred --synthetic-inputs 16 --synthetic-width 32 --synthetic-depth 2 --batch-size 32 \
   --progress never --summary "$work/sync.json" 2>&1) || fail "ampkit-train exited with $?: $out"

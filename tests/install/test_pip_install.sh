@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # `pip install .` as a user runs it (README, docs/python.md), in a clean virtual environment, then
-# `import ampkit` and one GradScaler step on the CPU with the installed package alone (issue 43,
-# item 5), whose plugin loads run the package's own probe program (issue 44: checked by moving it
-# away first). Nothing is downloaded: the environment sees the system's torch (the 2.11.0 wheel that
+# `import ampkit` and one GradScaler step on the CPU with the installed package alone,
+# whose plugin loads run the package's own probe program (checked by moving it away first). Nothing is downloaded: the environment sees the system's torch (the 2.11.0 wheel that
 # LibTorch is built from, far too big to fetch per run) and scikit-build-core, both installed by
 # tools/setup.sh, and pip runs with --no-index --no-build-isolation. The build goes to
 # pyproject.toml's build-pip/, beside build/, so that ccache serves it from the suite's own build.

@@ -9,7 +9,7 @@
 #     tracker continue (the scale doubles after 3 steps: tracker 7 of interval 10).
 #  3. Files that do not fit: one error line each, exit 6; a training script's extras (epoch, step,
 #     lr_scheduler) are named in a note and not loaded.
-#  4. Hostile files (issue 33), to --init-from and as a checkpoint's model.pt or optimizer.pt under
+#  4. Hostile files, to --init-from and as a checkpoint's model.pt or optimizer.pt under
 #     a consistent manifest: deep nesting, memo PUTs, a version record past 64 bits, a zero-stride view, a
 #     compressed storage, a FIFO, /dev/zero, and optimizer.pt files LibTorch's loader would crash on
 #     (nested code, a DATA.PKL, a hostile debug pickle, a state key that is not a number): exit 6

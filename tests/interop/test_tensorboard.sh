@@ -83,7 +83,7 @@ assert len(tags) == len(fields) + 3 + len(norms) + 2, sorted(tags)
 print(f"PASS: {records} records, {len(tags)} tags, {skips} skipped steps; every value equals the JSONL/CSV/summary")
 PY
 
-# Resumed (issue 33): 15 steps with a checkpoint at step 10 (and at the end), then step-10 resumed
+# Resumed after a crash: 15 steps with a checkpoint at step 10 (and at the end), then step-10 resumed
 # to 20 into the same folder, as after a crash at step 15. The resumed file's SessionLog START at
 # step 10 makes TensorBoard drop the first run's steps 10-14 and its evaluation at 15; it was
 # written as the ignored log_message, and steps 10-14 showed twice.

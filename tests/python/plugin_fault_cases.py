@@ -1,4 +1,4 @@
-"""The one list of plugin faults both hosts are held to (issue 44): ampkit-train and ampkit.GradScaler
+"""The one list of plugin faults both hosts are held to: ampkit-train and ampkit.GradScaler
 load the same broken plugins (tests/plugins/broken) and must give the same line, Python's as a
 PluginError where the interpreter can go on, as exit 3 where it cannot. test_plugin_faults.py runs
 each case in both hosts; docs/python.md's fault table is checked against this list."""
@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 
 
 class Fault(NamedTuple):
-    defect: str  # issue 44's name for it
+    defect: str  # the fault's name (P1, P2, ...), as in docs/python.md's table
     kind: str  # scaler | nan_policy
     plugin: str  # the broken plugin's name; its file is <folder>/libampkit-<kind>-<plugin>.so
     folder: str  # under build/tests/broken-plugins

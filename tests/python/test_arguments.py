@@ -1,4 +1,4 @@
-"""Python arguments checked like command-line values (issue 44): one TypeError or ValueError naming
+"""Python arguments checked like command-line values: one TypeError or ValueError naming
 the argument, never a TorchScript signature dump or a bare AttributeError, and the number grammar
 of ampkit-train's --opt (decimal only: no hex, no trailing NUL)."""
 
@@ -74,8 +74,8 @@ def test_a_malformed_ampkit_entry_is_one_value_error_and_loads_nothing(saved):
 
 
 def test_a_state_dict_window_beyond_the_options_is_refused_and_loads_nothing():
-    # A NaN policy's spike windows hold at most spike_window values (issue 44: a 1,000,000-entry
-    # window was loaded as is); the whole load_state_dict is refused and nothing changes.
+    # A NaN policy's spike windows hold at most spike_window values (a 1,000,000-entry
+    # window was once loaded as is); the whole load_state_dict is refused and nothing changes.
     scaler = ampkit.GradScaler("cpu", nan_policy="skip", opt={"nan_policy.spike_window": 16})
     before = scaler.state_dict()
     saved = before["ampkit"]
@@ -151,7 +151,7 @@ def test_plugin_dirs_and_allow_untrusted_plugins_are_type_checked(kwargs, says):
     ({"clipper": pathlib.Path("norm\0")}, "clipper"),
 ])
 def test_text_the_cpp_side_cannot_take_is_one_value_error_naming_the_argument(kwargs, name):
-    # A lone surrogate gave a multi-line TorchScript signature dump (issue 44's "\udcff"); a NUL cut
+    # A lone surrogate gave a multi-line TorchScript signature dump ("\udcff"); a NUL cut
     # the message short ("unknown scaler 'dynamic").
     with pytest.raises(ValueError) as caught:
         ampkit.GradScaler("cpu", **kwargs)

@@ -8,7 +8,7 @@
     torch.compiler.disable'd, so Dynamo breaks the graph at those calls and runs them eagerly;
     torch's own Optimizer.zero_grad and Tensor.backward break it too. The results are eager's,
     parameters included, bit for bit (torch's GradScaler, traced, differs from eager by rounding).
-(c) With the deferred step (issue 42), no graph break inside step() or update(): they are
+(c) With the deferred step (sync="deferred"), no graph break inside step() or update(): they are
     torch.compiler.disable'd, so the compiled loop breaks only at the two calls, never at a host read.
 """
 

@@ -1,4 +1,4 @@
-"""The whole step in a CUDA graph (issue 42): forward, backward, ampkit.GradScaler.step() and update()
+"""The whole step in a CUDA graph (the deferred step captured): forward, backward, ampkit.GradScaler.step() and update()
 captured with torch.cuda.graph and replayed, against the same loop uncaptured.
 
 On a GPU: torch's test_graph_grad_scaling (test/test_cuda.py), which captures forward and backward

@@ -1,4 +1,4 @@
-"""The step that never waits for the GPU (issue 42), on CPU tensors: ampkit.GradScaler(sync="deferred")
+"""The step that never waits for the GPU, on CPU tensors: ampkit.GradScaler(sync="deferred")
 with a fused AdamW makes no host read per step, and its scales, skips, parameters, plugin states and
 records equal the synchronous step's, bit for bit, over 300 steps with planted overflows, a
 non-finite loss and the backoff policy's extra backoff; the scale sequence is torch.amp.GradScaler's."""

@@ -1,7 +1,7 @@
 // guarded() (python/src/errors.h), which every binding of `import ampkit` runs its C++ in: a throw
 // of something that is not a std::exception becomes the Python exception of its category with a
 // message naming its source (ampkit.PluginError naming the plugin and the call it left, or
-// ampkit.AmpkitError), never torch's "Caught an unknown exception!" (issue 44).
+// ampkit.AmpkitError), never torch's "Caught an unknown exception!".
 #define BOOST_TEST_MODULE python_errors
 #include <ampkit/plugin_call.h>
 #include <c10/util/Exception.h>

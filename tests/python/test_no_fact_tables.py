@@ -1,4 +1,4 @@
-"""python/ampkit keeps no table of what C++ declares (issue 43, item 4; docs/python.md).
+"""python/ampkit keeps no table of what C++ declares (C++ is the one source of every fact; docs/python.md).
 
 A table is a literal list, tuple, set or dict in the package's source whose string elements (or
 keys, or values) hold two or more names of one vocabulary C++ declares: the plugin kinds, the

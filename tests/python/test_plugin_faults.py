@@ -103,7 +103,7 @@ def test_an_untrusted_plugin_folder_is_refused_unless_allowed(tmp_path):
     assert scaler.plugin_options("clipper")[0][0] == "max_norm"
 
 
-# Issue 44: each fault of the one list (plugin_fault_cases.py) in a fresh interpreter. The plugin's
+# Each fault of the one list (plugin_fault_cases.py) in a fresh interpreter. The plugin's
 # GradScaler is made with a small plugin_timeout and trained long enough for a plugin's own thread
 # (which acts after 0.3 s); a PluginError is printed, then the interpreter must still load the
 # built-in plugins and refuse the broken one again.
@@ -262,7 +262,7 @@ print("done", sorted(set(misuse)), scaler.last_step["step"] >= 0)
 
 
 def test_one_scaler_shared_by_threads_raises_torchs_misuse_errors_and_never_crashes():
-    # The adversarial rerun of issue 44 ended 3 of 37 such runs with SIGSEGV or free(): invalid
+    # Adversarial runs of threads sharing one scaler once ended 3 of 37 with SIGSEGV or free(): invalid
     # pointer: the C++ side's methods run with the GIL released. Each scaler now takes one call at
     # a time; what the interleaving breaks is torch's call order, which raises as torch's does.
     for _ in range(3):

@@ -1,4 +1,4 @@
-"""What a healthy ampkit.GradScaler step costs the host, counted (issue 41): the number of top-level
+"""What a healthy ampkit.GradScaler step costs the host, counted (host work per step must not grow with the parameters): the number of top-level
 ATen operators and of tensor allocations in ``scaler.step(opt); scaler.update()`` is the same for
 10 and for 1,000 parameters, with the GPU's statistics recipe (chunk_kernel, whose chunks the host
 computes on these CPU tensors) and a fused optimizer, as on a GPU. docs/architecture.md gives the

@@ -76,7 +76,7 @@
 #   * test_grad_scale_will_not_overflow: scaler._scale -> scaler.get_scale().
 #   * test_grad_scaling_scale: scaler._scale.device == t1.device dropped (one device).
 #   * (test_grad_scaler_pass_itself runs torch's own isinstance(grad_scaler, torch.amp.GradScaler):
-#     ampkit.GradScaler is a subclass since issue 43.)
+#     ampkit.GradScaler is a subclass, so it passes.)
 
 import contextlib
 import copy
@@ -757,7 +757,7 @@ def test_grad_scaler_pass_itself(GradScaler):
 
     class Optimizer1(_PlaceHolderOptimizer):
         def step(self, closure=None, *, grad_scaler=None):
-            # torch's own check, unchanged: ampkit.GradScaler is a torch.amp.GradScaler (issue 43)
+            # torch's own check, unchanged: ampkit.GradScaler is a torch.amp.GradScaler
             assert isinstance(grad_scaler, torch.amp.GradScaler)
             assert not hasattr(self, "grad_scale")
             assert not hasattr(self, "found_inf")

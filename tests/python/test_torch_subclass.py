@@ -1,4 +1,4 @@
-"""ampkit.GradScaler is a torch.amp.GradScaler (issue 43, item 1): the private attributes and calls that
+"""ampkit.GradScaler is a torch.amp.GradScaler (a subclass, so trainers take it): the private attributes and calls that
 trainers and fused optimizers use (Lightning's type checks, Accelerate's FSDP2 load_state, the fused
 optimizers of Apex and Transformer Engine) give what torch's give, side by side on the same steps."""
 

@@ -323,8 +323,8 @@ def test_the_example_models_export_and_train(tmp_path, script, loss, extra):
     assert math.isfinite(json.load(open(tmp_path / "s.json"))["test_loss"])
 
 
-# Issue 44: a model whose forward or backward fails, and bad data or test data, found up front or at
-# the failing step, one line each (docs/your-own-model.md, "Errors"). The models wrap the issue's
+# A model whose forward or backward fails, and bad data or test data, found up front or at
+# the failing step, one line each (docs/your-own-model.md, "Errors"). The models wrap
 # tools/models/transformer_lm.py --context 16 --width 16 --layers 1 (256 classes, [N, 16] tokens).
 sys.path.insert(0, os.path.join(ROOT, "tools", "models"))
 from transformer_lm import TransformerLM  # noqa: E402

@@ -1,6 +1,6 @@
 // Comm plugins describe themselves through the ABI 5 optional-function lookup (find_function), and
 // explain a failed collective with a typed reason: the host decides from these, never from plugin
-// names or message text (issue 31).
+// names or message text (values between our parts are typed).
 #include <ampkit/comm_backend.h>
 
 #include <boost/test/unit_test.hpp>

@@ -154,7 +154,7 @@ BOOST_AUTO_TEST_CASE(text_for_a_float_is_refused) {
                         "got 'abc' (from command line)");
 }
 
-// Decimal numbers only (issue 44): strtod alone took "0x10" as 16 and "5\0" (from Python, where a
+// Decimal numbers only: strtod alone took "0x10" as 16 and "5\0" (from Python, where a
 // string may hold a NUL) as 5.
 BOOST_AUTO_TEST_CASE(hex_and_embedded_nul_are_refused) {
   for (const std::string& text : {std::string("0x10"), std::string("0X1p4"), std::string("5\0", 2)}) {

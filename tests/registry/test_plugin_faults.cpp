@@ -100,7 +100,7 @@ int* volatile g_nowhere = reinterpret_cast<int*>(uintptr_t{64});
 
 BOOST_AUTO_TEST_SUITE(plugin_faults)
 
-// P4 of issue 44: _exit(0) in the constructor ended the host with exit 0 and no word.
+// Fault P4 (docs/python.md): _exit(0) in the constructor ended the host with exit 0 and no word.
 BOOST_AUTO_TEST_CASE(a_plugins_exit_in_a_call_is_reported_naming_it_and_the_call) {
   const std::string file = (kBrokenDir / "faults/os_exit/libampkit-scaler-create_os_exit.so").string();
   const Ended e = run_in_child([] {

@@ -1,4 +1,4 @@
-// StrategySet::reconfigure (issue 41): a strategy made again with other options is made as create()
+// StrategySet::reconfigure: a strategy made again with other options is made as create()
 // makes it (a plugin call, guarded), keeps its state, and reports a failure inside it by plugin name.
 #include <ampkit/loss_scaler.h>
 

@@ -1,4 +1,4 @@
-// Distributed benchmark (issue 6): weak and strong scaling of ampkit-train on 1 and 2 ranks with
+// Distributed benchmark: weak and strong scaling of ampkit-train on 1 and 2 ranks with
 // comm gloo, memory per rank, and all-reduce bus bandwidth through the gloo plugin vs raw c10d
 // Gloo in the same processes. Prints tables; docs/benchmarks.md records them.
 #include <ATen/Parallel.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The framework's per-step cost, with this VM's noise cancelled (issue #9, docs/benchmarks.md).
+"""The framework's per-step cost, with this VM's noise cancelled (docs/benchmarks.md).
 
 For each workload x precision, one process of build/bin/ampkit-bench-overhead trains two copies of
 the same model on the same batches, alternating step by step (ABBA): one through ampkit (plugins

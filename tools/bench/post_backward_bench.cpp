@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
     double traffic;  // minimal bytes moved, in units of the gradient bytes
     std::vector<double> ms;
   };
-  // The device statistics path on these CPU tensors (issue 32): its CPU recipe (the fused scan
+  // The device statistics path on these CPU tensors: its CPU recipe (the fused scan
   // packed into one read) and the GPU's multi-tensor recipe forced here.
   auto device_way = [&](ampkit::DeviceStatsRecipe recipe) {
     return [&, recipe] {

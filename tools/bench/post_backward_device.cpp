@@ -1,4 +1,4 @@
-// ampkit-bench-post-backward-device: the post-backward gradient pipeline on a GPU (issue 20):
+// ampkit-bench-post-backward-device: the post-backward gradient pipeline on a GPU:
 // ampkit's device path (one statistics pass of foreach kernels packed into one host read, the
 // clip coefficient, one multiply) and PyTorch's GradScaler.unscale_ + clip_grad_norm_ sequence
 // (python 2.11's foreach kernels), against the device's own copy bandwidth measured on the same
@@ -7,7 +7,7 @@
 //   ampkit-bench-post-backward-device [--device cuda|cpu] [--reps N] [--warmup N] [--tensors N]
 //
 // --tensors N cuts the same 33.7M elements into N equal gradients (default: the 128 tensors of
-// ampkit-bench-post-backward): the device path's time should not grow with N (issue 32).
+// ampkit-bench-post-backward): the device path's time should not grow with N.
 //
 // Without a GPU, --device cuda prints one line and exits 0; --device cpu runs the same code on
 // CPU tensors (the device path forced), so the program is exercised where there is none.

@@ -1,4 +1,4 @@
-// Start-up cost of the plugin system inside a training process (issue #9): with LibTorch resident
+// Start-up cost of the plugin system inside a training process: with LibTorch resident
 // (as in ampkit-train), the time the real Registry takes to discover every plugin file (scan:
 // ELF reads) and to load all of them (trust and compatibility checks, the child probe, dlopen,
 // descriptor checks), with the child probe on (ampkit-train's default) and off

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Training throughput side by side (issue #9): for each workload x precision, in the same run and
+"""Training throughput side by side: for each workload x precision, in the same run and
 interleaved, three ways train the same model on the same data with the same math (autocast,
 fp16 loss scaling from 65536, clip_grad_norm_ at 1.0, AdamW):
 

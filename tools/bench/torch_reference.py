@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch 2.11 reference for the throughput comparison (issue #9): ampkit-train's three
+"""The PyTorch 2.11 reference for the throughput comparison: ampkit-train's three
 workloads with identical architectures, shapes and data, trained by the loop the PyTorch AMP
 recipe prescribes, and nothing else:
 

@@ -1,4 +1,4 @@
-// The device path of the statistics pass (issue 32): a number of kernels that grows with bytes
+// The device path of the statistics pass: a number of kernels that grows with bytes
 // and dtypes, never with the number of gradients, packed into one host read.
 #include <ATen/Functions.h>
 

@@ -197,7 +197,7 @@ at::Tensor Trainer::rank_row() {
 // 3. Average across ranks: the gradients by the Reducer during backward, otherwise here (identity
 // for one process). Every rank's loss and the caller's values (set_rank_values) reach every rank,
 // read with the statistics in step 4, so every rank logs the same mean loss and a non-finite loss
-// on any rank makes every rank take the same decision (issue 32). With the Reducer they rode in
+// on any rank makes every rank take the same decision. With the Reducer they rode in
 // its buckets (StepValuesCarrier): no collective besides the gradients'. Without it, one small
 // all_gather. One process: the loss alone, no collective.
 void Trainer::average_across_ranks() {

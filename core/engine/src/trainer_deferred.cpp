@@ -1,4 +1,4 @@
-// The Trainer's deferred step (issue 42; trainer.h, deferred_step.h): the iteration of
+// The Trainer's deferred step (trainer.h, deferred_step.h): the iteration of
 // Trainer::step with its decisions made on the device and its records delivered one step late.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -1,4 +1,4 @@
-// Device forms of the step's strategies (issue 42): a strategy whose part of the step can run on
+// Device forms of the step's strategies: a strategy whose part of the step can run on
 // the gradients' device, with no host read, declares its rule here, as plain numbers, through
 // find_function; the engine computes that rule from device tensors into device tensors, step after
 // step (core/engine/include/ampkit/device_rules_engine.h). A declaration, not code: scalers and NaN

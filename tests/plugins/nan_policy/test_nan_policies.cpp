@@ -133,7 +133,7 @@ BOOST_AUTO_TEST_CASE(saved_detector_state_continues_identically) {
   BOOST_TEST((a->save() == b->save()));
 }
 
-// A checkpoint's windows are bounded by this run's options (issue 44): more values than
+// A checkpoint's windows are bounded by this run's options: more values than
 // spike_window, or a value no run puts there, is refused whole, and the policy keeps its own.
 BOOST_AUTO_TEST_CASE(a_detector_window_beyond_the_options_is_refused) {
   const std::map<std::string, std::string> o = {

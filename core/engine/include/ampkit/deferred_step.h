@@ -1,4 +1,4 @@
-// The step that never waits for the GPU (issue 42): the statistics, the strategies' decisions
+// The step that never waits for the GPU: the statistics, the strategies' decisions
 // (their device rules, device_step.h) and the scale's update stay on the device, and a fused
 // optimizer gets grad_scale and found_inf as device tensors, so a healthy step makes no host read.
 // Each step's figures are copied to pinned host memory without blocking and delivered to the host

@@ -1,4 +1,4 @@
-// The step's decisions computed on the gradients' device (issue 42): the device rules the three
+// The step's decisions computed on the gradients' device: the device rules the three
 // strategies declare (sdk/include/ampkit/device_rules.h), from device tensors into device
 // tensors, with no host read. The host forms stay the source of their state (save/load); this
 // starts from it and must agree with it step for step, bit for bit (test_device_step).

@@ -38,7 +38,7 @@ struct DeviceTotals {
 std::vector<double> tensor_sums(const DeviceTotals& totals, const double* chunk_sums);
 
 // Statistics reduced across the ranks a model's gradients are spread over (FSDP2's shards, or a
-// loss averaged over data-parallel ranks; issue 43), on the device, before the pass's one host read,
+// loss averaged over data-parallel ranks), on the device, before the pass's one host read,
 // so that every rank reads the same numbers and takes the same decision. The pass hands reduce()
 // this rank's figures as one float64 vector on the gradients' device, in the order of Field, then
 // the scalars' values; it returns the group's, in the same layout. The engine does not know the

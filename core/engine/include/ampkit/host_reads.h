@@ -1,5 +1,5 @@
 // Device-to-host reads of the training step, counted. On a GPU each read is a synchronisation
-// that stalls the launch queue; the step's device path makes one per healthy step (issue 20), and
+// that stalls the launch queue; the step's device path makes one per healthy step, and
 // every read the engine makes goes through these functions so tests can hold that number.
 #pragma once
 

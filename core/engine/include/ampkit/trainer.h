@@ -124,7 +124,7 @@ class Trainer {
   void set_fold_unscale(bool fold) { fold_unscale_ = fold; }
   bool folds_unscale() const { return fold_unscale_ && unscaling_ != nullptr; }
 
-  // The deferred step (issue 42, deferred_step.h): no host read on a healthy step. Returns "" when
+  // The deferred step (deferred_step.h): no host read on a healthy step. Returns "" when
   // it is on: the optimizer takes grad_scale and found_inf on the device (FusedAdamW, folded), one
   // process or the Reducer's buckets (several ranks: after enable_data_parallel; every rank's loss
   // and values ride in them and are decoded on the device, and reach the host with the record), a

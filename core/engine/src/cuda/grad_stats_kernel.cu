@@ -1,4 +1,4 @@
-// The device statistics pass as one CUDA kernel (issue 32): one read of every gradient element
+// The device statistics pass as one CUDA kernel: one read of every gradient element
 // for its sum of squares, max-abs, zero count and NaN count, whatever the number of tensors.
 // Plain CUDA C, no ATen: built by nvcc into a fatbin that grad_stats_kernel.cpp embeds and loads
 // with the driver API. The host cuts the gradients into chunks of at most 65,536 elements (one

@@ -17,8 +17,8 @@ bool given_on_command_line(const TrainConfig& cfg, const std::string& option) {
   return false;
 }
 
-// The statistics recipe and the host sync as far as the configuration decides them (issues 41,
-// 42): the strategies' device forms are known once they are made, so the summary's "step" says
+// The statistics recipe and the host sync as far as the configuration decides them
+// alone: the strategies' device forms are known once they are made, so the summary's "step" says
 // what ran.
 void print_step_config(const TrainConfig& cfg) {
   const bool cuda = cfg.device == "cuda";

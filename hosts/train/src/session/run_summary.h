@@ -33,7 +33,7 @@ struct RunSummary {
   std::string param_sha256;
   nlohmann::json located_by;  // the rank whose report located a fault first; null: none
   std::vector<std::string> warnings;
-  // The step's machinery (issues 41, 42): the statistics recipe, the host sync that ran (step |
+  // The step's machinery: the statistics recipe, the host sync that ran (step |
   // deferred) and why, and the engine's device-to-host reads over the run (host_reads.h).
   std::string stats_recipe, host_sync, host_sync_reason;
   int64_t host_reads = 0;

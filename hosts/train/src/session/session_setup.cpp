@@ -214,7 +214,7 @@ void Session::build_trainer() {
   info.rank = s.comm().rank();
   info.world_size = s.comm().world_size();
   trainer_->start(info);
-  // On a GPU, say once why the statistics do not run in ampkit's own kernel (issue 41).
+  // On a GPU, say once why the statistics do not run in ampkit's own kernel.
   if (!trainer_->stats_recipe_fallback().empty()) {
     warnings_.push_back(trainer_->stats_recipe_fallback());
     if (is_root_) std::fprintf(stderr, "ampkit-train: warning: %s\n", warnings_.back().c_str());
