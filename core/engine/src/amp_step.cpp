@@ -86,18 +86,14 @@ void AmpStep::measure(const Gradients& gradients, StepStats& stats) const {
 }
 
 // 5. The NaN policy decides; a policy may not step on non-finite gradients (the parameters would
-// be destroyed), so its proceed is overruled then.
+// be destroyed), so its proceed is overruled then. Its answer itself (an action the host can carry
+// out, a clip's norm) is checked where every call into a plugin is guarded (guarded_strategies.h).
 void AmpStep::decide(StepOutcome& out) const {
   out.decision = strategies_.nan_policy->decide(out.stats);
   const NanAction said = out.decision.action;
   if ((said == NanAction::proceed || said == NanAction::clip) && out.stats.found_inf)
     out.decision = {NanAction::skip, std::string("non-finite gradients (the policy said ") + to_string(said) +
                                          "; skipped anyway)"};
-  if (out.decision.action == NanAction::clip &&
-      (!(out.decision.clip_norm > 0.0) || !std::isfinite(out.decision.clip_norm)))
-    throw Error(ErrorCategory::plugin, "NaN policy decided clip with clip_norm " +
-                                           std::to_string(out.decision.clip_norm) +
-                                           "; it must be finite and > 0");
   out.stepped = out.decision.action == NanAction::proceed || out.decision.action == NanAction::clip;
 }
 
@@ -130,13 +126,11 @@ StepOutcome AmpStep::deliver_open(StepOutcome out) {
   return out;
 }
 
-// 6. The clipper's coefficient from the unscaled statistics, capped by a clip decision's norm.
+// 6. The clipper's coefficient from the unscaled statistics (in (0, 1], guarded_strategies.h checks
+// it), capped by a clip decision's norm.
 void AmpStep::clip_coefficient(StepOutcome& out) {
   const StepStats& stats = out.stats;
   const ClipResult clip = strategies_.clipper->clip(stats);
-  if (!(clip.coefficient > 0.0) || !std::isfinite(clip.coefficient))
-    throw Error(ErrorCategory::plugin, "clipper returned clip coefficient " +
-                                           std::to_string(clip.coefficient) + "; it must be finite and > 0");
   out.clip_coefficient = std::min(clip.coefficient, 1.0);
   out.clip_threshold = clip.threshold;
   // A spike the NaN policy lets through clipped: its norm cap wins where it is tighter.

@@ -15,6 +15,7 @@
 
 #include "ampkit/error.h"
 #include "ampkit/host_reads.h"
+#include "ampkit/plugin_description.h"
 #include "ampkit/kernel_check.h"
 #include "cuda/step_rules_abi.h"
 #include "stream_use.h"
@@ -33,6 +34,49 @@ at::Tensor exact_sqrt(const at::Tensor& x) {
 
 bool same_bits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// "scaler 'dynamic' 0.1.0 (/x/...so)" for a guarded strategy (plugin_description.h), else its kind.
+std::string plugin_of(Strategy& strategy, const char* kind) {
+  const void* description = strategy.find_function(kPluginDescriptionQuery);
+  return description != nullptr ? static_cast<const char*>(description) : std::string("the ") + kind;
+}
+
+// The host forms' decisions on a delivered record against the device's (`v`). An abort the host
+// forms decided stops the run as on the synchronous step, whatever the device did: the strategy
+// asked for it. Any other difference is the fault of the plugin whose host form and declared device
+// rule part (device_rules.h): the scaler's scales, the NaN policy's fate of the step, the clipper's
+// coefficient. Opened, the iteration has no scaler update yet: a scaler's own abort (at its
+// minimum scale) comes with the caller's finish, and the next scale is the host forms' from then on.
+void check_agreement(const AmpStrategies& s, const StepOutcome& done, const double* v, double host_scale,
+                     bool open) {
+  if (done.decision.action == NanAction::abort) return;
+  const bool device_abort = v[AMPKIT_RECORD_ABORT] > 0;
+  std::string who;
+  if (host_scale != v[AMPKIT_RECORD_SCALE])
+    who = plugin_of(*s.scaler, "loss scaler");
+  else if (device_abort && !open)
+    who = plugin_of(*s.nan_policy, "NaN policy") + " or " + plugin_of(*s.scaler, "loss scaler");
+  else if (done.stepped != (v[AMPKIT_RECORD_STEPPED] > 0) ||
+           (!(open && device_abort) &&
+            (done.decision.action == NanAction::skip_backoff) != (v[AMPKIT_RECORD_BACKOFF] > 0)))
+    who = plugin_of(*s.nan_policy, "NaN policy");
+  else if (!same_bits(done.clip_coefficient, v[AMPKIT_RECORD_COEFFICIENT]))
+    who = plugin_of(*s.clipper, "gradient clipper");
+  else if (!open && done.scale_next != v[AMPKIT_RECORD_SCALE_NEXT])
+    who = plugin_of(*s.scaler, "loss scaler");
+  else
+    return;
+  char text[512];
+  std::snprintf(text, sizeof text,
+                ": its host form and the device rule it declares disagree at deferred step %lld: the device "
+                "decided scale %.9g, stepped %g, backoff %g, abort %g, clip coefficient %.17g, next scale "
+                "%.9g; the host forms scale %.9g, action %s, clip coefficient %.17g, next scale %.9g",
+                static_cast<long long>(done.stats.step), v[AMPKIT_RECORD_SCALE], v[AMPKIT_RECORD_STEPPED],
+                v[AMPKIT_RECORD_BACKOFF], v[AMPKIT_RECORD_ABORT], v[AMPKIT_RECORD_COEFFICIENT],
+                v[AMPKIT_RECORD_SCALE_NEXT], host_scale, to_string(done.decision.action),
+                done.clip_coefficient, done.scale_next);
+  throw Error(ErrorCategory::plugin, who + text);
 }
 
 }  // namespace
@@ -235,6 +279,7 @@ void DeferredStep::deliver_into(Pending& p, std::vector<StepOutcome>& delivered,
   if (p.ready) p.ready->synchronize();
   aborted_ = p.host.data_ptr<double>()[AMPKIT_RECORD_ABORT] > 0;
   StepOutcome done = deliver_one(p, open);
+  aborted_ = aborted_ || done.decision.action == NanAction::abort;  // the host forms' own abort
   if (!open) delivered.push_back(std::move(done));  // opened: its iteration is the caller's to finish
 }
 
@@ -324,29 +369,7 @@ StepOutcome DeferredStep::deliver_one(Pending& p, bool open) {  // deliver_into 
   }
   const double host_scale = step_.scale();
   const StepOutcome done = open ? step_.deliver_open(out) : step_.deliver(out);
-  // Opened, the iteration has no scaler update yet: a scaler's own abort (at its minimum scale)
-  // comes with the caller's finish, and the next scale is the host forms' from then on.
-  const bool abort_agrees = open ? done.decision.action != NanAction::abort || v[AMPKIT_RECORD_ABORT] > 0
-                                 : (done.decision.action == NanAction::abort) == (v[AMPKIT_RECORD_ABORT] > 0);
-  const bool agree = host_scale == v[AMPKIT_RECORD_SCALE] && done.stepped == (v[AMPKIT_RECORD_STEPPED] > 0) &&
-                     abort_agrees &&
-                     (done.aborted_by_scaler || (open && v[AMPKIT_RECORD_ABORT] > 0) ||
-                      (done.decision.action == NanAction::skip_backoff) == (v[AMPKIT_RECORD_BACKOFF] > 0)) &&
-                     same_bits(done.clip_coefficient, v[AMPKIT_RECORD_COEFFICIENT]) &&
-                     (open || done.scale_next == v[AMPKIT_RECORD_SCALE_NEXT]);
-  if (!agree) {
-    char text[512];
-    std::snprintf(
-        text, sizeof text,
-        "deferred step %lld: the device decided scale %.9g, stepped %g, backoff %g, abort %g, clip "
-        "coefficient %.17g, next scale %.9g; the host forms scale %.9g, action %s, clip coefficient "
-        "%.17g, next scale %.9g",
-        static_cast<long long>(done.stats.step), v[AMPKIT_RECORD_SCALE], v[AMPKIT_RECORD_STEPPED],
-        v[AMPKIT_RECORD_BACKOFF], v[AMPKIT_RECORD_ABORT], v[AMPKIT_RECORD_COEFFICIENT],
-        v[AMPKIT_RECORD_SCALE_NEXT], host_scale, to_string(done.decision.action), done.clip_coefficient,
-        done.scale_next);
-    throw Error(ErrorCategory::internal, text);
-  }
+  check_agreement(step_.strategies(), done, v, host_scale, open);
   return done;
 }
 

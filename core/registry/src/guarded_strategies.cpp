@@ -2,16 +2,22 @@
 #include "guarded_strategies.h"
 
 #include <ampkit/comm_backend.h>
+#include <ampkit/device_rules.h>
 #include <ampkit/grad_clipper.h>
 #include <ampkit/kinds.h>
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
+#include <ampkit/options.h>
 
+#include <cmath>
 #include <exception>
+#include <string>
+#include <type_traits>
 #include <utility>
 
 #include "ampkit/error.h"
 #include "ampkit/plugin_call.h"
+#include "ampkit/plugin_description.h"
 
 namespace ampkit {
 
@@ -44,29 +50,52 @@ struct Guard {
                   description + " threw something that is not a std::exception in " + call);
     }
   }
+
+  // A value handed back that the host cannot act on is the plugin's fault, refused here, before the
+  // engine or a host uses it: one line naming the plugin, the call and the value.
+  [[noreturn]] void refuse(const char* call, const std::string& value, const std::string& rule) const {
+    throw Error(ErrorCategory::plugin, description + " answered " + value + " from " + call + ": " + rule);
+  }
 };
 
 // start/save/load, for every wrapper.
-#define AMPKIT_GUARD_STRATEGY_CALLS                                                  \
-  void start(const RunInfo& info) override {                                         \
-    g_.run("start()", [&] { g_.inner->start(info); });                               \
-  }                                                                                  \
-  State save() const override {                                                      \
-    return g_.run("save()", [&] { return g_.inner->save(); });                       \
-  }                                                                                  \
-  void load(const State& state) override {                                           \
-    g_.run("load()", [&] { g_.inner->load(state); });                                \
-  }                                                                                  \
-  void* find_function(const char* name) override {                                   \
-    return g_.run("find_function()", [&] { return g_.inner->find_function(name); }); \
+#define AMPKIT_GUARD_STRATEGY_CALLS                                                          \
+  void start(const RunInfo& info) override {                                                 \
+    g_.run("start()", [&] { g_.inner->start(info); });                                       \
+  }                                                                                          \
+  State save() const override {                                                              \
+    return g_.run("save()", [&] { return g_.inner->save(); });                               \
+  }                                                                                          \
+  void load(const State& state) override {                                                   \
+    g_.run("load()", [&] { g_.inner->load(state); });                                        \
+  }                                                                                          \
+  void* find_function(const char* name) override {                                           \
+    if (is_plugin_description_query(name)) return const_cast<char*>(g_.description.c_str()); \
+    return g_.run("find_function()", [&] { return g_.inner->find_function(name); });         \
   }
 
 class GuardedScaler final : public LossScaler {
  public:
-  explicit GuardedScaler(Guard g) : g_(std::move(g)), s_(static_cast<LossScaler&>(*g_.inner)) {}
+  explicit GuardedScaler(Guard g) : g_(std::move(g)), s_(static_cast<LossScaler&>(*g_.inner)) {
+    // Bounds a scaler declares (its dynamic device rule's): asked once, the pointer lives with it.
+    const auto* rule = static_cast<const ScalerDeviceRule*>(
+        g_.run("find_function()", [&] { return s_.find_function(kScalerDeviceRule); }));
+    if (rule != nullptr && rule->struct_size >= sizeof(ScalerDeviceRule) &&
+        rule->kind == ScalerDeviceRule::Kind::dynamic)
+      bounds_ = rule;
+  }
   AMPKIT_GUARD_STRATEGY_CALLS
+  // A scale of 0 would take a step on gradients of 0 / 0, a negative one train backwards, a
+  // non-finite one skip every step: none is trained with.
   double scale() const override {
-    return g_.run("scale()", [&] { return s_.scale(); });
+    const double s = g_.run("scale()", [&] { return s_.scale(); });
+    if (!(s > 0.0) || !std::isfinite(s))
+      g_.refuse("scale()", format_number(s), "a loss scale must be finite and > 0");
+    if (bounds_ != nullptr && (s < bounds_->min_scale || s > bounds_->max_scale))
+      g_.refuse("scale()", format_number(s),
+                "outside the bounds [" + format_number(bounds_->min_scale) + ", " +
+                    format_number(bounds_->max_scale) + "] its device rule declares");
+    return s;
   }
   void update(const StepStats& stats) override {
     g_.run("update()", [&] { s_.update(stats); });
@@ -81,22 +110,34 @@ class GuardedScaler final : public LossScaler {
  private:
   Guard g_;
   LossScaler& s_;
+  const ScalerDeviceRule* bounds_ = nullptr;
 };
 
 class GuardedClipper final : public GradClipper {
  public:
   explicit GuardedClipper(Guard g) : g_(std::move(g)), c_(static_cast<GradClipper&>(*g_.inner)) {}
   AMPKIT_GUARD_STRATEGY_CALLS
+  // The gradients are multiplied by the coefficient: 0 or less would wipe or flip them, more than 1
+  // would amplify them, NaN would destroy them.
   ClipResult clip(const StepStats& stats) override {
-    return g_.run("clip()", [&] { return c_.clip(stats); });
+    const ClipResult r = g_.run("clip()", [&] { return c_.clip(stats); });
+    if (!(r.coefficient > 0.0 && r.coefficient <= 1.0))
+      g_.refuse("clip()", "clip coefficient " + format_number(r.coefficient), "it must lie in (0, 1]");
+    if (!(r.threshold >= 0.0))
+      g_.refuse("clip()", "threshold " + format_number(r.threshold), "a clip threshold must be >= 0");
+    return r;
   }
   bool clips_elementwise() const override {
     return g_.run("clips_elementwise()", [&] { return c_.clips_elementwise(); });
   }
   double clip_unscaled_gradients(const std::vector<at::Tensor>& parameters,
                                  const std::vector<at::Tensor>& unscaled_grads) override {
-    return g_.run("clip_unscaled_gradients()",
-                  [&] { return c_.clip_unscaled_gradients(parameters, unscaled_grads); });
+    const double ratio = g_.run("clip_unscaled_gradients()",
+                                [&] { return c_.clip_unscaled_gradients(parameters, unscaled_grads); });
+    if (!(ratio >= 0.0) || !std::isfinite(ratio))
+      g_.refuse("clip_unscaled_gradients()", "norm ratio " + format_number(ratio),
+                "the ratio of the norms after and before must be finite and >= 0");
+    return ratio;
   }
 
  private:
@@ -109,13 +150,33 @@ class GuardedPolicy final : public NanPolicy {
   explicit GuardedPolicy(Guard g) : g_(std::move(g)), p_(static_cast<NanPolicy&>(*g_.inner)) {}
   AMPKIT_GUARD_STRATEGY_CALLS
   NanDecision decide(const StepStats& stats) override {
-    return g_.run("decide()", [&] { return p_.decide(stats); });
+    NanDecision d = g_.run("decide()", [&] { return p_.decide(stats); });
+    check(d);
+    return d;
   }
   RollbackPlan rollback_plan() const override {
     return g_.run("rollback_plan()", [&] { return p_.rollback_plan(); });
   }
 
  private:
+  // An action the host knows and can carry out: a rollback needs the snapshots a declared plan
+  // makes the host keep; a clip needs a norm to clip to.
+  void check(const NanDecision& d) const {
+    using Number = std::underlying_type_t<NanAction>;
+    const auto action = static_cast<Number>(d.action);
+    if (action < static_cast<Number>(NanAction::proceed) || action > static_cast<Number>(NanAction::clip))
+      g_.refuse("decide()", "action " + std::to_string(action),
+                "not one of proceed, skip, skip_backoff, rollback, abort, clip");
+    if (d.action == NanAction::rollback && !rollback_plan().enabled())
+      g_.refuse("decide()", "rollback",
+                "it declares no rollback plan (rollback_plan()), so no snapshot is kept to roll back to");
+    if (d.action == NanAction::rollback && d.skip_batches < 0)
+      g_.refuse("decide()", "rollback with skip_batches " + std::to_string(d.skip_batches),
+                "it must be >= 0");
+    if (d.action == NanAction::clip && (!(d.clip_norm > 0.0) || !std::isfinite(d.clip_norm)))
+      g_.refuse("decide()", "clip with clip_norm " + format_number(d.clip_norm), "it must be finite and > 0");
+  }
+
   Guard g_;
   NanPolicy& p_;
 };
