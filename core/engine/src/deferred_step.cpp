@@ -15,8 +15,8 @@
 
 #include "ampkit/error.h"
 #include "ampkit/host_reads.h"
-#include "ampkit/plugin_description.h"
 #include "ampkit/kernel_check.h"
+#include "ampkit/plugin_description.h"
 #include "cuda/step_rules_abi.h"
 #include "stream_use.h"
 
