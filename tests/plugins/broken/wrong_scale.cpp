@@ -1,5 +1,6 @@
 // A scaler that answers a scale the host cannot train with (0, NaN, inf, -8, or 1e30 beyond the
-// bounds its dynamic device rule declares) once `from_step` updates have run; before that 1024.
+// bounds its dynamic device rule declares), or 512, which its device rule never gives, once
+// `from_step` updates have run; before that 1024.
 // It declares a device rule, so the deferred step runs with it. The host must refuse the answer as
 // this plugin's fault, naming it, the call and the value (guarded_strategies.h), never train on it.
 #include <ampkit/device_rules.h>
@@ -17,6 +18,7 @@ double wrong_value(const std::string& answer) {
   if (answer == "inf") return std::numeric_limits<double>::infinity();
   if (answer == "-8") return -8.0;
   if (answer == "1e30") return 1e30;
+  if (answer == "512") return 512.0;
   return 0.0;
 }
 
@@ -54,7 +56,7 @@ class WrongScaler final : public ampkit::LossScaler {
 }  // namespace
 
 AMPKIT_PLUGIN(scaler, wrong_scale, WrongScaler, "Test scaler that answers a scale no host can use",
-              ampkit::OptionSpec::Choice("answer", "0", "0|nan|inf|-8|1e30", "The wrong scale."),
+              ampkit::OptionSpec::Choice("answer", "0", "0|nan|inf|-8|1e30|512", "The wrong scale."),
               ampkit::OptionSpec::Int("from_step", "2", "Updates after which scale() answers it.").min(0),
               ampkit::OptionSpec::Choice("rule", "constant", "constant|dynamic",
                                          "The device rule declared (dynamic: bounds [1, 65536])."))
