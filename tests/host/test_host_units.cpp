@@ -312,6 +312,18 @@ BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
   BOOST_TEST(error_of([&] {
                parse({"--config", opt_name});
              }) == "a key under opt.scaler in config file " + opt_name + " must be a single value");
+  // A key given twice in one mapping (yaml-cpp keeps both; the later won in silence under opt:, and
+  // a top-level one was refused naming a command-line flag).
+  for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
+           {"steps: 3\nsteps: 5\n", "steps"},
+           {"opt:\n  scaler: {init_scale: 8, init_scale: 16}\n", "opt.scaler.init_scale"},
+           {"opt:\n  scaler: {init_scale: 8}\n  scaler: {growth_interval: 4}\n", "opt.scaler"},
+           {"{\"precision\": \"bf16\", \"precision\": \"fp16\"}\n", "precision"}}) {
+    const std::string twice = dir.file("twice.yaml", text);
+    BOOST_TEST(error_of([&] {
+                 parse({"--config", twice});
+               }) == "config file " + twice + " gives key '" + key + "' twice: give each key once");
+  }
   // Deep nesting is refused with a message that says so.
   const std::string deep = dir.file("deep.yaml", std::string(5000, '[') + std::string(5000, ']') + "\n");
   BOOST_TEST(error_of([&] { parse({"--config", deep}); }).find("config file " + deep) == 0u);

@@ -6,6 +6,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <set>
+#include <string>
 
 #include "ampkit/error.h"
 #include "config/deepspeed_file.h"
@@ -28,13 +30,23 @@ std::string scalar_text(const YAML::Node& n, const std::string& where) {
 }
 
 // opt: {KIND: {OPTION: VALUE}} in the config file, kept per kind for the registry.
+// YAML forbids a key twice in one mapping, but yaml-cpp keeps both and the later would win in
+// silence: refused, naming the key with its path.
+void refuse_repeated_key(std::set<std::string>& seen, const std::string& key, const std::string& file) {
+  if (!seen.insert(key).second)
+    throw Error(ErrorCategory::usage,
+                "config file " + file + " gives key '" + key + "' twice: give each key once");
+}
+
 void read_yaml_plugin_options(const YAML::Node& node, const std::string& file, TrainConfig& cfg) {
   if (!node.IsMap())
     throw Error(ErrorCategory::usage,
                 "key 'opt' in config file " + file +
                     " must map plugin kinds to options, e.g. opt: {scaler: {scale: 512}}");
+  std::set<std::string> kinds;
   for (const auto& kind_item : node) {
     const std::string kind = scalar_text(kind_item.first, "a key under opt: in config file " + file);
+    refuse_repeated_key(kinds, "opt." + kind, file);
     if (find_kind(kind) == nullptr) {
       const std::string hint = did_you_mean(kind, kind_name_list());
       throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' under opt: in config file " +
@@ -44,8 +56,10 @@ void read_yaml_plugin_options(const YAML::Node& node, const std::string& file, T
     if (!kind_item.second.IsMap())
       throw Error(ErrorCategory::usage,
                   "opt." + kind + " in config file " + file + " must map option names to values");
+    std::set<std::string> names;
     for (const auto& o : kind_item.second) {
       const std::string name = scalar_text(o.first, "a key under opt." + kind + " in config file " + file);
+      refuse_repeated_key(names, "opt." + kind + "." + name, file);
       cfg.plugin_options_file[kind][name] =
           scalar_text(o.second, "opt." + kind + "." + name + " in config file " + file);
     }
@@ -76,10 +90,12 @@ std::vector<std::string> config_file_words(const std::string& file, TrainConfig&
     throw Error(ErrorCategory::usage, "config file " + file + " must be a mapping of option: value");
   if (is_deepspeed_file(root)) return deepspeed_file_words(file, cfg);
   std::vector<std::string> words;
+  std::set<std::string> keys;
   for (const auto& item : root) {
     if (!item.first.IsScalar())
       throw Error(ErrorCategory::usage, "config file " + file + " has a key that is not a plain name");
     const std::string key = item.first.as<std::string>();
+    refuse_repeated_key(keys, key, file);
     const std::string where = "key '" + key + "' in config file " + file;
     if (key == "opt") {
       read_yaml_plugin_options(item.second, file, cfg);
