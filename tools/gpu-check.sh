@@ -6,7 +6,7 @@
 #                      [--budget SECONDS] [--deadline SECONDS] [--dry-run-on-cpu]
 #
 # --sections LIST: which sections run, comma-separated, in the order given (default: all, in the order
-# nccl,training,host-sync,parity,post-backward,throughput,models,scaling). --budget SECONDS: a section
+# nccl,training,host-sync,parity,first-use,post-backward,throughput,models,scaling). --budget SECONDS: a section
 # that would start after SECONDS of the script's time says "not run" under its heading instead.
 # --deadline SECONDS: every program is stopped by then (its time limit is cut to what is left; a
 # section with under 20 s left is not run), so that the report is written before a caller's own
@@ -29,7 +29,7 @@ set -uo pipefail
 started=$SECONDS
 cd "$(dirname "$0")/.." || exit 2
 build=build report=gpu-report.md steps=100 device=cuda data="" budget="" deadline=""
-all_sections="nccl training host-sync parity post-backward throughput models scaling"
+all_sections="nccl training host-sync parity first-use post-backward throughput models scaling"
 sections=$all_sections
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -336,6 +336,62 @@ run_parity() {
     cp "$out/graph.log" "${report%.md}-graph.log" 2>/dev/null
     failed=1
   fi
+}
+
+# What only a GPU shows about ampkit's kernels at first use: their verdict on the device (the module
+# loaded into the primary context from a new thread, the self-check passed; test_kernel_check, which
+# also plants the fallbacks), then tools/gpu_first_use.py's checks (a new thread, a side stream, a
+# capture on a side stream replayed, no synchronisation under set_sync_debug_mode("error")) and one
+# short run under compute-sanitizer's memcheck and racecheck where it is installed; each time-boxed
+# (90 s, 180 s under the sanitizer), and none started past --budget or within 30 s of --deadline.
+# The dry run on the CPU runs test_kernel_check and lists the GPU checks as planned.
+run_first-use() {
+  local checks name what code tool sanitizer
+  {
+    echo
+    echo "## First use of the kernels on $device (test_kernel_check, tools/gpu_first_use.py)"
+    echo
+    echo '| check | result |'
+    echo '|---|---|'
+  } >> "$report"
+  if AMPKIT_PLUGIN_PATH= bounded 120 "$build/tests/test_kernel_check" > "$out/kernel-check.log" 2>&1; then
+    echo "| kernels' verdict: images, self-check, planted fallbacks (test_kernel_check) | passed |" >> "$report"
+  else
+    code=$?
+    echo "| kernels' verdict (test_kernel_check) | FAILED (exit $code$(stopped $code)): $(grep -m1 'error' "$out/kernel-check.log" | cut -c1-150) |" >> "$report"
+    failed=1
+  fi
+  checks=$("$python" tools/gpu_first_use.py --list) || { echo "| tools/gpu_first_use.py --list | FAILED |" >> "$report"; failed=1; return; }
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  for name in $(cut -f1 <<< "$checks"); do
+    what=$(grep "^$name"$'\t' <<< "$checks" | cut -f2)
+    for tool in $([ "$name" = sanitized ] && echo memcheck racecheck || echo -); do
+      [ "$tool" = - ] || what="compute-sanitizer --tool $tool: a short deferred run with a capture, no finding"
+      if [ "$device" = cpu ]; then
+        echo "| $what | planned, not run: needs a GPU (tools/gpu_first_use.py $name) |" >> "$report"
+        continue
+      elif [ "$tool" != - ] && [ -z "$sanitizer" ]; then
+        echo "| $what | not run: no compute-sanitizer on this machine |" >> "$report"
+        continue
+      elif [ -n "$(too_late 30)" ]; then
+        echo "| $what | not run: $(too_late 30) |" >> "$report"
+        not_run=$((not_run + 1))
+        continue
+      fi
+      local run=("$python" tools/gpu_first_use.py "$name")
+      [ "$tool" = - ] || run=("$sanitizer" --tool "$tool" --error-exitcode 9 --target-processes all "${run[@]}")
+      PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= bounded "$([ "$tool" = - ] && echo 90 || echo 180)" \
+        "${run[@]}" > "$out/first-use.log" 2>&1
+      code=$?
+      if [ $code = 0 ]; then
+        echo "| $what | passed: $(grep -v '^=' "$out/first-use.log" | tail -1 | cut -c1-150) |" >> "$report"
+      else
+        echo "| $what | FAILED (exit $code$(stopped $code)): $(grep -m1 -E 'FAILED|Error|differ|=========' "$out/first-use.log" | cut -c1-150) |" >> "$report"
+        cp "$out/first-use.log" "${report%.md}-first-use-$name-$tool.log" 2>/dev/null
+        failed=1
+      fi
+    done
+  done
 }
 
 # The post-backward pipeline against the device's copy bandwidth.

@@ -62,10 +62,10 @@ if [ -n "$(ls -A "$dest" 2> /dev/null)" ] && [ ! -f "$dest/$marker" ]; then
 fi
 
 # What gpu-check.sh runs: ampkit-train (training, host-sync, throughput), ampkit-launch (test_nccl
-# with two GPUs), the device benchmark, ampkit-bench-dist (scaling), test_on_device (parity), the
-# plugins and the Python package (the graph test, gpu_models.py).
+# with two GPUs), the device benchmark, ampkit-bench-dist (scaling), test_on_device (parity),
+# test_kernel_check (first use), the plugins and the Python package (the graph test, gpu_models.py).
 files=(bin/ampkit-train bin/ampkit-launch bin/ampkit-bench-post-backward-device bin/ampkit-bench-dist
-  tests/test_on_device CMakeCache.txt)
+  tests/test_on_device tests/test_kernel_check CMakeCache.txt)
 folders=(lib/ampkit/plugins python/ampkit)
 for f in "${files[@]}" "${folders[@]}"; do
   [ -e "$build/$f" ] || die "$build/$f is missing (build every target: tools/test.sh)"
@@ -101,5 +101,5 @@ every program gets its TERM by 530 s and its KILL by 545 s, so the report comes 
 device time left allows a rerun:
   carry: ["$dest"]
   timeout_s: 560
-  command: rm -rf $(printf %q "$name") && ln -s $(printf %q "$dest/build") $(printf %q "$name") && PYTHONUNBUFFERED=1 bash tools/gpu-check.sh --build $(printf %q "$name") --data $(printf %q "$dest/data") --report \$OUT/gpu-report.md --sections parity,models,post-backward,host-sync,training,nccl,throughput,scaling --budget 300 --deadline 530
+  command: rm -rf $(printf %q "$name") && ln -s $(printf %q "$dest/build") $(printf %q "$name") && PYTHONUNBUFFERED=1 bash tools/gpu-check.sh --build $(printf %q "$name") --data $(printf %q "$dest/data") --report \$OUT/gpu-report.md --sections parity,first-use,models,post-backward,host-sync,training,nccl,throughput,scaling --budget 300 --deadline 530
 EOF

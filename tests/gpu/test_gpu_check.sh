@@ -27,12 +27,16 @@ rm -f "$report"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" > "$build/gpu-check-dry-run.log" 2>&1 \
   || { cat "$build/gpu-check-dry-run.log"; fail "the dry run exited $?"; }
 for section in "## NCCL" "## Training on cpu" "## Deferred and synchronous steps" "## Parity and host reads on cpu tensors" "## Throughput:" \
-               "## Post-backward pipeline" "## Real models:"; do
+               "## Post-backward pipeline" "## Real models:" "## First use of the kernels on cpu"; do
   grep -q "^$section" "$report" || fail "the report has no '$section' section"
 done
 ! grep -q "FAILED" "$report" || fail "the dry run's report has a failure: $(grep -m1 FAILED "$report")"
 n=$(grep -c "| passed |" "$report")
-[ "$n" = 6 ] || fail "$n of the 6 parity, host-read, step-values and kernel checks passed"
+[ "$n" = 7 ] || fail "$n of the 7 parity, host-read, step-values, kernel and kernel-verdict checks passed"
+# The first-use section's GPU checks, listed as planned: a new thread, a side stream, a capture
+# replayed, the sync debug mode, memcheck and racecheck.
+n=$(grep -c "^| .* | planned, not run: needs a GPU (tools/gpu_first_use.py [a-z-]*) |$" "$report")
+[ "$n" = 6 ] || fail "$n of the 6 first-use GPU checks were listed as planned"
 n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
@@ -129,10 +133,10 @@ else
   rm -rf "$dest"
   bash tools/gpu-pack.sh --build "$rel" --dest "$dest" > /dev/null 2>&1 || fail "gpu-pack.sh exited $?"
   out=$(bash tools/gpu-pack.sh --build "$rel" --dest "$dest" 2>&1) || fail "gpu-pack.sh did not fill its own folder again: $out"
-  [[ $out == *"ln -s $dest/build $rel && "*"--report \$OUT/gpu-report.md --sections parity,models,"*"--deadline 530"* ]] ||
+  [[ $out == *"ln -s $dest/build $rel && "*"--report \$OUT/gpu-report.md --sections parity,first-use,models,"*"--deadline 530"* ]] ||
     fail "gpu-pack.sh printed no call: $out"
   for f in bin/ampkit-train bin/ampkit-launch bin/ampkit-bench-post-backward-device bin/ampkit-bench-dist \
-           tests/test_on_device lib/ampkit/plugins/libampkit-scaler-dynamic.so python/ampkit/_C.so \
+           tests/test_on_device tests/test_kernel_check lib/ampkit/plugins/libampkit-scaler-dynamic.so python/ampkit/_C.so \
            python/ampkit/grad_scaler.py CMakeCache.txt ampkit-commit.txt; do
     [ -s "$dest/build/$f" ] || fail "the pack has no build/$f"
   done
@@ -150,5 +154,5 @@ else
   rm -rf "$dest"
   pack="packs $((bytes / 1048576)) MiB that run"
 fi
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 6 checks, 3 runs, 2 throughput rows, $models;" \
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 7 checks (6 first-use GPU checks planned), 3 runs, 2 throughput rows, $models;" \
   "--sections, --budget and --deadline hold; gpu-pack.sh $pack"

@@ -133,7 +133,8 @@ Module load_module(int device) {
   const std::vector<KernelImage> images =
       fatbin_images(ampkit_grad_stats_fatbin, fatbin_size(ampkit_grad_stats_fatbin, SIZE_MAX));
   const std::string capability = std::to_string(major) + "." + std::to_string(minor);
-  if (!loadable_image(images, major, minor)) {
+  // A fatbin whose header this code cannot read (a later nvcc's layout) is left to the driver.
+  if (!images.empty() && !loadable_image(images, major, minor)) {
     m.failure = "its module holds no image for compute capability " + capability + " (it holds " +
                 describe_images(images) + ")";
     return m;
