@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <string>
@@ -61,8 +62,13 @@ std::string check_device(const at::Device& device, KernelFault fault) {
     if (!failure.empty()) return where + failure;
   }
   if (!self_check_on()) return "";
-  std::string why = check_stats_kernel(device, fault == KernelFault::stats);
-  if (why.empty()) why = check_rules_kernel(device, fault == KernelFault::rules);
+  std::string why;
+  try {
+    why = check_stats_kernel(device, fault == KernelFault::stats);
+    if (why.empty()) why = check_rules_kernel(device, fault == KernelFault::rules);
+  } catch (const std::exception& e) {  // a launch the driver refused is a reason too
+    why = std::string("their first-use self-check failed: ") + e.what();
+  }
   return why.empty() ? "" : where + why;
 }
 
