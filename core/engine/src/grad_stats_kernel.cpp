@@ -53,6 +53,7 @@ struct Driver {
                             unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
                             void* stream, void** params, void** extra) = nullptr;
   CUresult (*get_error_string)(CUresult result, const char** text) = nullptr;
+  CUresult (*stream_is_capturing)(void* stream, int* status) = nullptr;
 };
 
 template <typename F>
@@ -79,6 +80,7 @@ const Driver& driver() {
     bind(library, "cuModuleGetFunction", d.module_get_function);
     bind(library, "cuLaunchKernel", d.launch_kernel);
     bind(library, "cuGetErrorString", d.get_error_string);
+    bind(library, "cuStreamIsCapturing", d.stream_is_capturing);
     return d;
   }();
   return loaded;
@@ -192,6 +194,20 @@ std::string kernel_module_failure(int device) {
   return module_on(device).failure;
 }
 
+bool current_stream_capturing(int device) {
+  // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: the legacy stream, while a blocking stream captures.
+  constexpr CUresult kCaptureImplicit = 906;
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  try {
+    if (driver().init(0) != 0) return false;  // no device: nothing captures (and torch is not asked)
+    const CUresult result =
+        driver().stream_is_capturing(c10::cuda::getCurrentCUDAStream(device).stream(), &status);
+    return result == kCaptureImplicit || (result == 0 && status != 0);
+  } catch (const std::exception&) {  // no driver: nothing captures
+    return false;
+  }
+}
+
 at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device, const at::Tensor* staging) {
   // Copied on the stream from pinned memory; the host allocator keeps the buffer until the copy
   // has run (a staging buffer, its owner).
@@ -247,6 +263,10 @@ bool chunk_kernel_built() {
 
 std::string kernel_module_failure(int) {
   return "this build has no kernels";
+}
+
+bool current_stream_capturing(int) {
+  return false;
 }
 
 bool step_rules_kernel_built() {

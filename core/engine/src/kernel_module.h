@@ -11,4 +11,8 @@ namespace ampkit {
 // device's compute capability (naming it and the images there are), or the driver's error.
 std::string kernel_module_failure(int device);
 
+// Whether CUDA device `device`'s current stream is capturing a CUDA graph (false in a build without
+// the kernels): the first-use check's copies and reads would invalidate the capture there.
+bool current_stream_capturing(int device);
+
 }  // namespace ampkit

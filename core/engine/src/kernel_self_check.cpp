@@ -88,6 +88,11 @@ std::string kernel_refusal(const at::Device& device) {
   std::lock_guard<std::mutex> lock(v.mutex);
   const auto found = v.refusals.find(device.str());
   if (found != v.refusals.end()) return found->second;
+  // Not decided, and not kept: a step captured before any uncaptured one is the caller's mistake.
+  if (device.is_cuda() && current_stream_capturing(device.index()))
+    throw Error(ErrorCategory::usage, "ampkit's kernels on " + device.str() +
+                                          " are checked on their first use, which cannot run inside a CUDA "
+                                          "graph capture: run one step on this device before capturing");
   const auto start = std::chrono::steady_clock::now();
   const std::string why = check_device(device, planted_fault(v));
   v.cost.checks += 1;
