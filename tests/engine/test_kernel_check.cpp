@@ -39,19 +39,21 @@ std::string loads(const std::vector<KernelImage>& images, int major, int minor) 
   return image ? describe_images({*image}) : "none";
 }
 
-// A fatbin as nvcc lays it out: a 16-byte header, then entries of a 64-byte header and a payload.
+// A fatbin as nvcc 13 lays it out: a 16-byte header, then entries of a header (64 bytes for sm_75
+// to sm_90 machine code, 88 for PTX, 112 for sm_100 and later) and a payload.
 std::vector<unsigned char> fatbin_of(const std::vector<KernelImage>& images) {
   std::vector<unsigned char> body;
   for (const KernelImage& image : images) {
-    unsigned char entry[64] = {};
+    unsigned char entry[112] = {};
     const uint16_t kind = image.ptx ? 1 : 2;
-    const uint32_t header = 64, arch = static_cast<uint32_t>(image.arch);
+    const uint32_t header = image.ptx ? 88 : image.arch >= 100 ? 112 : 64;
+    const uint32_t arch = static_cast<uint32_t>(image.arch);
     const uint64_t payload = 32;
     std::memcpy(entry, &kind, 2);
     std::memcpy(entry + 4, &header, 4);
     std::memcpy(entry + 8, &payload, 8);
     std::memcpy(entry + 28, &arch, 4);
-    body.insert(body.end(), entry, entry + 64);
+    body.insert(body.end(), entry, entry + header);
     body.insert(body.end(), payload, 0xEE);
   }
   std::vector<unsigned char> out(16);
