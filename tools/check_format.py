@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fails when a C++ source of the repository is not formatted as .clang-format says:
-every tracked .cpp/.h/.hpp/.cu under core/, hosts/, plugins/, python/, sdk/, tests/ and tools/. The file
+every tracked .cpp/.h/.hpp/.cu under bench/, core/, hosts/, plugins/, python/, sdk/, tests/ and tools/. The file
 and function length gates (tools/function_lengths.py) therefore always measure formatted code.
 
     tools/check_format.py [--root DIR] [--clang-format clang-format]
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-FOLDERS = ("core", "hosts", "plugins", "python", "sdk", "tests", "tools")
+FOLDERS = ("bench", "core", "hosts", "plugins", "python", "sdk", "tests", "tools")
 SUFFIXES = (".cpp", ".h", ".hpp", ".cu")
 
 

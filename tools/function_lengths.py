@@ -16,7 +16,7 @@ own parser reports them; functions and classes nested in it count towards it.
 Exit 0 when every function is within the limit, 1 when one is not (each is named as
 "file:line: name is N lines, over the limit of 80") or a file is over --file-limit, 2 on a
 usage error. Tests and benchmark programs are not scanned: they
-live in tests/ and tools/bench/, outside the default folders.
+live in tests/ and bench/, outside the default folders.
 """
 import argparse
 import ast

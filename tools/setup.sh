@@ -42,7 +42,7 @@ if [ "$have" != "$TORCH_VERSION" ]; then
 else
   say "torch $have present"
 fi
-"$PYTHON" -c 'import matplotlib' 2>/dev/null || { say "installing matplotlib from PyPI (tools/plot_run.py, tools/bench/plot_throughput.py)"; pip_install matplotlib; }
+"$PYTHON" -c 'import matplotlib' 2>/dev/null || { say "installing matplotlib from PyPI (tools/plot_run.py, bench/plot_throughput.py)"; pip_install matplotlib; }
 TENSORBOARD_VERSION=2.21.0  # test dependency: its own reader checks --tensorboard's event files
 have_tb=$("$PYTHON" -c 'import tensorboard; print(tensorboard.__version__)' 2>/dev/null || true)
 if [ "$have_tb" != "$TENSORBOARD_VERSION" ]; then
@@ -59,12 +59,12 @@ if [ "$have_gates" != "$RUFF_VERSION $MYPY_VERSION $SKBUILD_VERSION" ]; then
   say "installing ruff==$RUFF_VERSION, mypy==$MYPY_VERSION and scikit-build-core==$SKBUILD_VERSION from PyPI (the Python package's gates and pip install test)"
   pip_install "ruff==$RUFF_VERSION" "mypy==$MYPY_VERSION" "scikit-build-core==$SKBUILD_VERSION"
 fi
-# Benchmark dependencies, only for tools/bench/gpu_models.py and its test (test_gpu_models_tiny):
+# Benchmark dependencies, only for bench/gpu_models.py and its test (test_gpu_models_tiny):
 # real models that nobody on this project wrote, randomly initialised.
 TRANSFORMERS_VERSION=5.24.0 TIMM_VERSION=1.0.31
 have_models=$("$PYTHON" -c 'from importlib.metadata import version as v; print(v("transformers"), v("timm"))' 2>/dev/null || true)
 if [ "$have_models" != "$TRANSFORMERS_VERSION $TIMM_VERSION" ]; then
-  say "installing transformers==$TRANSFORMERS_VERSION and timm==$TIMM_VERSION from PyPI (tools/bench/gpu_models.py)"
+  say "installing transformers==$TRANSFORMERS_VERSION and timm==$TIMM_VERSION from PyPI (bench/gpu_models.py)"
   pip_install "transformers==$TRANSFORMERS_VERSION" "timm==$TIMM_VERSION"
 fi
 # Trainer-integration test dependencies, only for tests/python/test_trainers_*.py (ampkit.lightning,

@@ -1,4 +1,4 @@
-"""tools/bench/gpu_models.py stopped by a time limit's SIGTERM (tools/gpu-check.sh bounds it): the
+"""bench/gpu_models.py stopped by a time limit's SIGTERM (tools/gpu-check.sh bounds it): the
 rows done so far are still printed, and the JSON file holds them after every row. A GPU machine is
 lent for minutes, so a cut-short benchmark must keep what it measured."""
 
@@ -15,7 +15,7 @@ import pytest
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.join(_HERE, "..", "..")
 _BUILD = os.path.abspath(os.environ.get("AMPKIT_BUILD_DIR", os.path.join(_ROOT, "build")))
-_BENCH = os.path.join(_ROOT, "tools", "bench", "gpu_models.py")
+_BENCH = os.path.join(_ROOT, "bench", "gpu_models.py")
 
 
 def _rows(path: str) -> dict:

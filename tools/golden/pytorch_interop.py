@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch side of ampkit's checkpoint interop (docs/configuration.md, "PyTorch interop").
 
-Plain PyTorch only: the synthetic workload's MLP and data as tools/bench/torch_reference.py
+Plain PyTorch only: the synthetic workload's MLP and data as bench/torch_reference.py
 rebuilds them from hosts/train/src/workloads/synthetic.cpp (same generators, same seeds), trained
 with torch.optim.AdamW(fused=True) in fp32.
 
@@ -23,14 +23,14 @@ import types
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import torch_reference as reference  # noqa: E402  the workloads rebuilt in PyTorch (Mlp, Synthetic)
 
 Mlp = reference.Mlp
 
 
 def synthetic(a):
-    """The synthetic workload of tools/bench/torch_reference.py, for these options."""
+    """The synthetic workload of bench/torch_reference.py, for these options."""
     return reference.Synthetic(types.SimpleNamespace(
         synthetic_inputs=a.inputs, synthetic_width=a.width, synthetic_depth=a.depth, synthetic_classes=a.classes,
         batch_size=a.batch_size, seed=a.seed))

@@ -16,7 +16,7 @@ batch, and ampkit-train's test_accuracy is zero-shot classification by caption. 
 autocast the towers' matmuls and their gradients are fp16; the logits' gradient is multiplied by
 the logit scale on its way back and the normalisations divide it by the features' norms, so at
 torch's default loss scale of 65536 the scaled gradients pass fp16's 65504 (at scale 1 the
-unscaled parameter gradients reach 5-8 in the first steps). tools/bench/stability_demo.py and
+unscaled parameter gradients reach 5-8 in the first steps). bench/stability_demo.py and
 scaler_comparison.py measure how often each loss scaler overflows on it.
 Writes model.pt (torch.jit.script), data.pt and test.pt.
 """

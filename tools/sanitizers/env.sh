@@ -8,7 +8,7 @@
 #                             (operator registries, thread pools, the CPU allocator's caches), and
 #                             plugin libraries stay loaded until exit by design (docs/architecture.md,
 #                             "The registry"); LeakSanitizer reports all of them at exit. So no
-#                             leak check runs in CI; the memory benchmark (tools/bench/memory_flat.py,
+#                             leak check runs in CI; the memory benchmark (bench/memory_flat.py,
 #                             RSS flat over 10,000 steps, docs/benchmarks.md) is the only leak evidence.
 #   handle_segv=0 handle_sigbus=0 handle_sigfpe=0 handle_abort=0 allow_user_segv_handler=1
 #                             the tests crash plugins on purpose and check that the host names the

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Grouped bar chart of the throughput comparison: reads the CSV that
-tools/bench/throughput_comparison.py --csv writes and draws samples/s per workload/precision, one
+bench/throughput_comparison.py --csv writes and draws samples/s per workload/precision, one
 bar per way (ampkit, libtorch, pytorch), with the min-max range of the repetitions as error bars.
 Each workload gets its own panel (their throughputs differ by orders of magnitude).
 
-    tools/bench/plot_throughput.py THROUGHPUT.csv [-o throughput.png] [--title TEXT]
+    bench/plot_throughput.py THROUGHPUT.csv [-o throughput.png] [--title TEXT]
 """
 import argparse
 import csv
@@ -37,7 +37,7 @@ def read_rows(path):
             missing = [k for k in NEEDED if k not in (reader.fieldnames or [])]
             if missing:
                 fail(f"{path} lacks the column(s) {', '.join(missing)}; "
-                     f"is it a tools/bench/throughput_comparison.py --csv file?")
+                     f"is it a bench/throughput_comparison.py --csv file?")
             rows = list(reader)
     except OSError as e:
         fail(f"cannot read {path}: {e.strerror}")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Plots the CSV of tools/bench/scaling.py: weak and strong scaling (speed-up against rank count,
+"""Plots the CSV of bench/scaling.py: weak and strong scaling (speed-up against rank count,
 with the ideal line) and all-reduce bus bandwidth against message size (the gloo plugin and raw
 c10d), each point the median of the runs with min-max error bars.
 
-    tools/bench/plot_scaling.py scaling.csv -o docs/img/scaling.png
+    bench/plot_scaling.py scaling.csv -o docs/img/scaling.png
 """
 import argparse
 import csv
@@ -39,7 +39,7 @@ def main():
     scaling = [r for r in rows if r["kind"] == "scaling"]
     allreduce = [r for r in rows if r["kind"] == "allreduce"]
     if not scaling or not allreduce:
-        sys.exit(f"plot_scaling.py: {args.csv} has no scaling or all-reduce rows (write it with tools/bench/scaling.py)")
+        sys.exit(f"plot_scaling.py: {args.csv} has no scaling or all-reduce rows (write it with bench/scaling.py)")
     runs = len({r["run"] for r in rows})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode, marker in (("weak", "o"), ("strong", "s")):

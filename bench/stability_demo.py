@@ -17,7 +17,7 @@ metrics file of every run (an aborted run's included). The hand-tuned static sca
 way a user would: the largest power of two <= 65536 under which seed 0 trains `--tune-steps`
 steps without one overflow (with abort), unless --static-tuned gives it.
 
-    tools/bench/stability_demo.py [--build build] [--seeds 10] [--steps 1000] [--csv out.csv]
+    bench/stability_demo.py [--build build] [--seeds 10] [--steps 1000] [--csv out.csv]
 """
 import argparse
 import csv

@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
         "Weak scaling (--batch-size per rank) and strong scaling (global batch: --batch-size x the largest\n"
         "rank count) of ampkit-train --workload synthetic on each rank count of --ranks, then the\n"
         "all-reduce bandwidth of the gloo plugin against raw c10d Gloo on max(2, largest) ranks.\n"
-        "tools/bench/scaling.py repeats it, takes medians, writes CSV; plot_scaling.py plots them.\n");
+        "bench/scaling.py repeats it, takes medians, writes CSV; plot_scaling.py plots them.\n");
     return 0;
   }
   Options o;

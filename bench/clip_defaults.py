@@ -6,7 +6,7 @@ largest gradient element on healthy steps, and a run with each clipper at its pe
 default gives how often it clips and how much (the median clip_coef: the clipped norm over the
 raw norm). Prints a Markdown table.
 
-  python3 tools/bench/clip_defaults.py [--bin build/bin] [--steps 300]
+  python3 bench/clip_defaults.py [--bin build/bin] [--steps 300]
 """
 import argparse
 import json

@@ -12,8 +12,8 @@ Prints a Markdown table per workload: non-finite (skipped) steps, where they fel
 of the scale used, the fraction of gradient elements that were exactly zero (underflow), final
 and test loss; writes a CSV of the per-run rows.
 
-    tools/bench/scaler_comparison.py [--build build] [--seeds 3] [--steps 20000] [--csv out.csv]
-    tools/bench/scaler_comparison.py --scalers "predictive:margin=64" --workloads contrastive
+    bench/scaler_comparison.py [--build build] [--seeds 3] [--steps 20000] [--csv out.csv]
+    bench/scaler_comparison.py --scalers "predictive:margin=64" --workloads contrastive
 """
 import argparse
 import csv

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ampkit.GradScaler against torch.amp.GradScaler + unscale_ + clip_grad_norm_ on GPT-2 and ViT-B/16.
 
-    PYTHONPATH=build/python python3 tools/bench/gpu_models.py [--device cuda|cpu] [--models gpt2,vit]
+    PYTHONPATH=build/python python3 bench/gpu_models.py [--device cuda|cpu] [--models gpt2,vit]
         [--precisions fp16,bf16] [--rounds 5] [--steps 10] [--warmup 3] [--compare-steps 20] [--tiny]
         [--sync auto|step|deferred] [--graph] [--json FILE]
 

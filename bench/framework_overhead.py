@@ -10,7 +10,7 @@ with the same optimizer. Load from elsewhere and a process's page placement then
 and the median of the per-pair ratios ampkit/loop measures what the framework adds around the
 same kernels. The 95% interval is a bootstrap over the pairs.
 
-    tools/bench/framework_overhead.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
+    bench/framework_overhead.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
         [--precisions fp32,bf16,fp16] [--pairs 0 (per workload)] [--threads 0]
         [--loop-optimizer fused|adamw] [--csv overhead.csv]
 """

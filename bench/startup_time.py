@@ -16,7 +16,7 @@
 (ctypes) that mirrors the registry's load without its checks (trust, compatibility, the child
 probe that RegistryOptions::probe adds before every load, Boost.DLL's bookkeeping, create()).
 
-    tools/bench/startup_time.py [--build build] [--runs 10] [--json]
+    bench/startup_time.py [--build build] [--runs 10] [--json]
 """
 import argparse
 import json

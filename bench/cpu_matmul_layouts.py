@@ -18,7 +18,7 @@ times in each of N fresh python processes, one after another, and prints each pr
 kernel's speed depends on where a process's pages land and varies between processes far more than
 within one, which is why one run per way cannot compare ways on such rows.
 
-    tools/bench/cpu_matmul_layouts.py [--batch 64] [--width 2048] [--repeats 3] [--threads 0]
+    bench/cpu_matmul_layouts.py [--batch 64] [--width 2048] [--repeats 3] [--threads 0]
         [--processes 0 [--dtype bf16]]
 """
 import argparse

@@ -5,7 +5,7 @@ run) while sampling the process's resident set (VmRSS in /proc/PID/status) every
 the RSS at 10%, 50%, 90% and 100% of the steps, the growth from the 10% mark to the end and the
 slope of a straight line fitted over that stretch; the target is no growth beyond noise.
 
-    tools/bench/memory_flat.py [--build build] [--steps 10000] [--interval 0.2] [--csv rss.csv]
+    bench/memory_flat.py [--build build] [--steps 10000] [--interval 0.2] [--csv rss.csv]
                                [-- EXTRA ampkit-train OPTIONS]
 """
 import argparse

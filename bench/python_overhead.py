@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """ampkit.GradScaler against torch.amp.GradScaler + clip_grad_norm_ in the same Python loop.
 
-    PYTHONPATH=build/python python3 tools/bench/python_overhead.py [--workload mlp-10m]
+    PYTHONPATH=build/python python3 bench/python_overhead.py [--workload mlp-10m]
         [--precision fp32|bf16|fp16] [--optimizer fused|foreach] [--threads 2] [--rounds 7] [--steps 20]
 
-Both ways train the same model (tools/bench/throughput_comparison.py's mlp presets: 4 hidden
+Both ways train the same model (bench/throughput_comparison.py's mlp presets: 4 hidden
 layers as wide as the input) with the same batches and AdamW, the loss scaled in every precision
 (fp32: no autocast, so the time is the framework's, not the CPU's fp16 emulation: an fp16 CPU step
 of mlp-10m takes seconds and buries the difference); torch's way is

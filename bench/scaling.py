@@ -2,10 +2,10 @@
 """Weak and strong scaling and all-reduce bandwidth, as medians that a rerun can check (a
 benchmark, not a test): runs `ampkit-bench-dist` --repeats times (default 5), records the
 machine's load around each run, prints Markdown tables of medians with their min-max spread and
-writes every run's rows to a CSV that tools/bench/plot_scaling.py turns into a PNG.
+writes every run's rows to a CSV that bench/plot_scaling.py turns into a PNG.
 
-    tools/bench/scaling.py [--build build] [--repeats 5] [--csv scaling.csv] [-- ampkit-bench-dist options]
-    tools/bench/scaling.py --csv scaling.csv -- --ranks 1,2,4,8 --comm nccl --device cuda   # GPUs
+    bench/scaling.py [--build build] [--repeats 5] [--csv scaling.csv] [-- ampkit-bench-dist options]
+    bench/scaling.py --csv scaling.csv -- --ranks 1,2,4,8 --comm nccl --device cuda   # GPUs
 
 Speed-up is samples/s of the job against the first rank count's; weak scaling keeps the batch per
 rank (ideal: the rank ratio), strong scaling the global batch (ideal: the same).

@@ -2,7 +2,7 @@
 """The example models of tools/models/ trained by ampkit-train (--workload torchscript) and by a
 Python eager loop with AdamW(fused=True), side by side.
 
-    python3 tools/bench/own_model_comparison.py [--build build] [--models vlm,unet] [--steps 300]
+    python3 bench/own_model_comparison.py [--build build] [--models vlm,unet] [--steps 300]
         [--batch-size 16] [--threads 2] [--precisions bf16,fp16] [--out DIR]
 
 For each model and precision, in this order: ampkit-train on the scripted model (fp16 with the
@@ -26,7 +26,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+ROOT = os.path.abspath(os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "models"))
 
 import unet_ddpm  # noqa: E402

@@ -9,7 +9,7 @@ of the medians. `import torch._dynamo` is measured too, as what an eager torch.c
 at import time would add. --also DIR adds a row for the ampkit package found in DIR (another
 build's python/ folder, e.g. one from before a change), run interleaved with the others.
 
-    PYTHONPATH=build/python tools/bench/import_time.py [--runs 5] [--also DIR] [--json]
+    PYTHONPATH=build/python bench/import_time.py [--runs 5] [--also DIR] [--json]
 """
 
 import argparse

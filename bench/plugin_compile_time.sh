@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What one plugin costs its author to build: compiles the minimal plugin of each kind in
-# tools/bench/minimal_plugins/ (each with its kind's header) three times and prints the best user
+# bench/minimal_plugins/ (each with its kind's header) three times and prints the best user
 # CPU time, the preprocessed lines, and the libraries the plugin needs once linked as
 # ampkit_add_plugin links it. With OLD_INCLUDE
 # (an older SDK's include folder, e.g. from `git worktree add /tmp/old <commit>`), the same
 # plugins are compiled against it with <ampkit/plugin.h> in the same run, for the comparison.
-#   tools/bench/plugin_compile_time.sh [OLD_INCLUDE]
+#   bench/plugin_compile_time.sh [OLD_INCLUDE]
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 old=${1:-}
 torch=$(python3 -c "import os, torch; print(os.path.dirname(torch.__file__))")
 work=$(mktemp -d /tmp/ampkit-compile-XXXXXX)
@@ -27,7 +27,7 @@ best_user_seconds() {  # INCLUDE SOURCE
 
 printf "%-12s  %-26s  %10s  %12s  %s\n" kind header "user s" "pp lines" "NEEDED"
 for kind in scaler nan_policy clipper comm; do
-  src=tools/bench/minimal_plugins/$kind.cpp
+  src=bench/minimal_plugins/$kind.cpp
   lines=$(g++ "${flags[@]}" -Isdk/include -E "$src" | wc -l)
   g++ "${flags[@]}" -Isdk/include -c "$src" -o "$work/$kind.o"
   # As ampkit_add_plugin links: LibTorch's CPU libraries only for kinds whose interface passes

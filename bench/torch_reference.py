@@ -18,13 +18,13 @@ init_process_group("gloo"), DistributedDataParallel (bucket 25 MB, as ampkit's d
 rank takes its contiguous slice of the global batch of --batch-size samples (rank r: rows
 [r*B/W, (r+1)*B/W)). Only rank 0 prints; samples/s counts the global batch:
 
-    torchrun --nproc-per-node 2 tools/bench/torch_reference.py --threads 1 ...
+    torchrun --nproc-per-node 2 bench/torch_reference.py --threads 1 ...
 
 With --device cuda the model, the autocast region and the GradScaler are CUDA's; batches are made
 on the host as on the CPU and copied like ampkit-train copies them (pinned, non-blocking), and each
 timed step ends with torch.cuda.synchronize() so that its time is the device's.
 
-    tools/bench/torch_reference.py [--workload synthetic|fashion-mnist|char-gpt] [--precision fp32|bf16|fp16]
+    bench/torch_reference.py [--workload synthetic|fashion-mnist|char-gpt] [--precision fp32|bf16|fp16]
                                    [--device cpu|cuda] [--adamw fused|default]
                                    [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0] ...
 """

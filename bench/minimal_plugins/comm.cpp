@@ -1,4 +1,4 @@
-// A minimal plugin for tools/bench/plugin_compile_time.sh: what compiling one costs.
+// A minimal plugin for bench/plugin_compile_time.sh: what compiling one costs.
 #include <ampkit/comm_plugin.h>
 namespace {
 class Alone final : public ampkit::CommBackend {

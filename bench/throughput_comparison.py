@@ -7,7 +7,7 @@ fp16 loss scaling from 65536, clip_grad_norm_ at 1.0, AdamW):
             --scaler dynamic (fp16) | none (fp32, bf16) --metrics FILE; samples/s from the metrics'
             "time" field (end of each step) between the last warm-up step and the last step
   libtorch  build/bin/ampkit-bench-handwritten: the same workloads in a hand-written LibTorch loop
-  pytorch   tools/bench/torch_reference.py: the PyTorch 2.11 AMP recipe in python, with its fastest
+  pytorch   bench/torch_reference.py: the PyTorch 2.11 AMP recipe in python, with its fastest
             optimizer, AdamW(fused=True) (--pytorch-adamw default: torch's default AdamW)
 
 With --device cuda both ampkit and pytorch train on the first GPU (autocast and GradScaler on CUDA,
@@ -27,7 +27,7 @@ the input: 1,007,010 / 10,007,730 / 100,070,010 parameters), cnn (fashion-mnist,
 ampkit/libtorch as the per-step time ratio (target <= 1.02: the framework costs at most 2%) and
 ampkit/pytorch as the throughput ratio (target >= 1).
 
-    tools/bench/throughput_comparison.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
+    bench/throughput_comparison.py [--build build] [--workloads mlp-1m,mlp-10m,cnn,gpt]
         [--precisions fp32,bf16,fp16] [--steps 20] [--warmup 3] [--batch-size 64] [--threads 0]
         [--repeats 1] [--ranks 1] [--device cpu] [--pytorch-adamw fused] [--csv throughput.csv] [--data DIR]
 
