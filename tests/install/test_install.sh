@@ -2,7 +2,7 @@
 # The installed package as a third party uses it: install the build into a fresh prefix, build
 # the SDK examples (installed under share/ampkit/examples) against that prefix alone, then load
 # the example plugin by name in the installed ampkit-train and ampkit-plugins, and train with
-# the embedding example. Usage: test_install.sh BUILD_DIR WORK_DIR GENERATOR [COMPILER_LAUNCHER]
+# the embedding example (core/examples, installed beside them). Usage: test_install.sh BUILD_DIR WORK_DIR GENERATOR [COMPILER_LAUNCHER]
 set -euo pipefail
 build=$1 work=$2 generator=$3 launcher=${4:-}
 prefix=$work/prefix
