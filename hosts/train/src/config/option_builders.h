@@ -2,9 +2,11 @@
 // workloads' own options: hosts/train/src/workloads/).
 #pragma once
 
+#include <any>
 #include <functional>
 #include <optional>
 #include <string>
+#include <typeindex>
 #include <utility>
 #include <vector>
 
@@ -48,6 +50,23 @@ Store dist_field(T DistributedConfig::*member) {
 template <class T>
 Store data_parallel_field(T DataParallelOptions::*member) {
   return [member](TrainConfig& cfg, const HostOptionValue& v) { assign(cfg.data_parallel.*member, v); };
+}
+
+// A workload's own options fill a struct of its own (declared beside its code, with defaults only
+// for a TrainConfig that was never parsed), held in TrainConfig::workload_values by its type.
+template <class Options, class T>
+Store workload_field(T Options::*member) {
+  return [member](TrainConfig& cfg, const HostOptionValue& v) {
+    std::any& held = cfg.workload_values[std::type_index(typeid(Options))];
+    if (!held.has_value()) held = Options{};
+    assign(std::any_cast<Options&>(held).*member, v);
+  };
+}
+// The workload's options as the table filled them; the struct's own defaults when it never ran.
+template <class Options>
+Options workload_values(const TrainConfig& cfg) {
+  const auto it = cfg.workload_values.find(std::type_index(typeid(Options)));
+  return it == cfg.workload_values.end() ? Options{} : std::any_cast<const Options&>(it->second);
 }
 
 inline HostOption row(const char* name, OptionType type, std::optional<std::string> def, std::string help,

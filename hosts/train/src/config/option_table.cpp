@@ -11,7 +11,7 @@
 #include "ampkit/strategy_set.h"
 #include "config/fault_spec.h"
 #include "config/option_builders.h"
-#include "workloads/registry.h"
+#include "config/workload_options.h"
 
 namespace ampkit {
 
@@ -35,7 +35,7 @@ std::vector<std::string> precisions() {
 HostOption workload_option() {
   std::vector<std::string> names;
   std::string help = "What to train:";
-  for (const auto& w : train::workload_registry()) {
+  for (const WorkloadOptions& w : workload_options()) {
     names.push_back(w.name);
     help += (names.size() == 1 ? " " : " | ") + w.name + " (" + w.summary + ")";
   }
@@ -369,7 +369,7 @@ const std::vector<HostOption>& host_option_table() {
          {run_options(), plugin_options(), output_and_workload_options(), checkpoint_and_nan_options(),
           job_layout_options(), data_parallel_and_progress_options()})
       all.insert(all.end(), part.begin(), part.end());
-    for (const auto& w : train::workload_registry())
+    for (const WorkloadOptions& w : workload_options())
       for (HostOption o : w.options()) {
         o.group = "workload " + w.name;
         all.push_back(std::move(o));

@@ -14,6 +14,7 @@
 #include "ampkit/utf8.h"
 #include "config/config_file.h"
 #include "config/option_table.h"
+#include "config/workload_options.h"
 
 namespace po = boost::program_options;
 
@@ -277,9 +278,8 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
                 std::filesystem::is_directory(cfg.tensorboard_dir, ec),
             "--tensorboard " + cfg.tensorboard_dir + " exists and is not a folder; give a folder path");
   }
-  require(cfg.gpt_width % cfg.gpt_heads == 0, "--gpt-width must be a multiple of --gpt-heads (" +
-                                                  std::to_string(cfg.gpt_heads) + "), got " +
-                                                  std::to_string(cfg.gpt_width));
+  for (const WorkloadOptions& w : workload_options())
+    if (w.check) w.check(cfg);
   require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
   require(!cfg.weights_only || (!cfg.resume.empty() && cfg.resume != "none"),
           "--weights-only needs --resume");

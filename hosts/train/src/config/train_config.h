@@ -5,9 +5,11 @@
 #include <ampkit/data_parallel.h>
 #include <ampkit/step.h>
 
+#include <any>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <typeindex>
 #include <vector>
 
 namespace ampkit {
@@ -44,29 +46,17 @@ struct TrainConfig {
   int64_t layer_norms_top_k = 0;  // "top_layers" entries per metrics record; 0: none
   std::string tensorboard_dir;    // TensorBoard event files; empty: not written
   std::string layer_norms_file;   // per-parameter norms CSV; empty: not written
-  std::string data_dir;
-  int64_t eval_batches = 0;  // 0: the whole test set
-  int64_t synthetic_width = 0;
-  int64_t synthetic_depth = 0;
-  int64_t synthetic_inputs = 0;
-  int64_t synthetic_classes = 0;
-  std::string text_dir;
-  int64_t gpt_layers = 0;
-  int64_t gpt_width = 0;
-  int64_t gpt_heads = 0;
-  int64_t gpt_context = 0;
-  std::string model_file;        // torchscript: the module torch.jit.script(m).save wrote
-  std::string data_path;         // torchscript: torch.save({"inputs": X, "targets": Y}), or a folder of them
-  std::string test_data_path;    // torchscript: the same for evaluation; empty: none
-  std::string loss;              // torchscript: cross_entropy | mse | returned
-  std::string data_order;        // torchscript: shuffled | file
-  std::string checkpoint_dir;    // empty: no checkpoints
-  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a signal
-  int keep_checkpoints = 0;      // newest complete checkpoints kept
-  std::string resume;            // empty | "auto" | a checkpoint folder
-  bool weights_only = false;     // resume loads parameters only
-  int restart_count = 0;         // restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
-  std::string init_from;         // a file python's torch.save wrote (state_dict or {model, ...})
+  int64_t eval_batches = 0;       // 0: the whole test set
+  // Each workload's own options (declared beside its code, workloads/), one struct per workload
+  // keyed by its type: read with options::workload_values<T>(cfg) (config/option_builders.h).
+  std::map<std::type_index, std::any> workload_values;
+  std::string checkpoint_dir;       // empty: no checkpoints
+  int64_t checkpoint_every = 0;     // steps between checkpoints; 0: only at the end and on a signal
+  int keep_checkpoints = 0;         // newest complete checkpoints kept
+  std::string resume;               // empty | "auto" | a checkpoint folder
+  bool weights_only = false;        // resume loads parameters only
+  int restart_count = 0;            // restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
+  std::string init_from;            // a file python's torch.save wrote (state_dict or {model, ...})
   std::vector<std::string> inject;  // --inject fault specs (parsed by parse_fault)
   int64_t nan_locate = 0;           // bad steps the locator re-runs; 0: off
   std::string host_sync;            // auto | step | deferred (Trainer::enable_deferred_step)

@@ -27,13 +27,19 @@ namespace ampkit::train {
 
 namespace {
 
+// --text-dir and --gpt-*: filled by the option table from char_gpt_options() below.
+struct CharGptOptions {
+  std::string text_dir;
+  int64_t layers = 0, width = 0, heads = 0, context = 0;
+};
+
 constexpr int64_t kVocab = 256;  // bytes: no tokenizer, every corpus works
 
 // A linear layer as Python's nn.Linear computes it: at::linear, which autocast runs as one addmm
 // over the flattened sequence with the bias cast too. The C++ frontend's nn::Linear::forward
 // multiplies, then adds the fp32 bias to the bf16/fp16 product in a second pass (F::linear for
 // inputs of more than two dimensions), and its backward sums the bias's gradient in a third: about
-// 4% of a 1-thread bf16 step, and not the math of tools/bench/torch_reference.py's model.
+// 4% of a 1-thread bf16 step, and not the math of bench/torch_reference.py's model.
 at::Tensor linear(const std::string& module, const torch::nn::Linear& m, const at::Tensor& x) {
   return tap(module, x, at::linear(x, m->weight, m->bias));
 }
@@ -125,11 +131,12 @@ class CharGpt final : public Workload {
  public:
   CharGpt(const TrainConfig& cfg, const at::Device& device)
       : cfg_(cfg),
+        opts_(options::workload_values<CharGptOptions>(cfg)),
         device_(device),
-        model_(std::make_shared<GptImpl>(cfg.gpt_layers, cfg.gpt_width, cfg.gpt_heads, cfg.gpt_context)),
+        model_(std::make_shared<GptImpl>(opts_.layers, opts_.width, opts_.heads, opts_.context)),
         view_(*model_),
         slice_(rank_slice(cfg.batch_size, cfg.dist)) {
-    const at::Tensor corpus = read_corpus(cfg.text_dir);
+    const at::Tensor corpus = read_corpus(opts_.text_dir);
     const int64_t split = corpus.size(0) * 9 / 10;
     train_ = corpus.narrow(0, 0, split);
     test_ = corpus.narrow(0, split, corpus.size(0) - split);
@@ -137,7 +144,7 @@ class CharGpt final : public Workload {
   }
   ModelView& model() override { return view_; }
   int64_t batches_per_epoch() const override {
-    return std::max<int64_t>(1, train_.size(0) / (slice_.global * cfg_.gpt_context));
+    return std::max<int64_t>(1, train_.size(0) / (slice_.global * opts_.context));
   }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
   at::Tensor loss(int64_t index) override {
@@ -145,14 +152,14 @@ class CharGpt final : public Workload {
         cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));
     // The global batch of all ranks is drawn, and each rank trains on its slice of it.
     const at::Tensor offsets =
-        at::randint(train_.size(0) - cfg_.gpt_context - 1, {slice_.global}, gen, at::kLong)
+        at::randint(train_.size(0) - opts_.context - 1, {slice_.global}, gen, at::kLong)
             .narrow(0, slice_.start, slice_.length);
     return window_loss(train_, offsets);
   }
   std::optional<Evaluation> evaluate(int64_t max_batches) override {
     torch::NoGradGuard no_grad;
     model_->eval();
-    const int64_t T = cfg_.gpt_context, stride = T * cfg_.batch_size;
+    const int64_t T = opts_.context, stride = T * cfg_.batch_size;
     int64_t batches = std::max<int64_t>(1, (test_.size(0) - 1) / stride);
     if (max_batches > 0) batches = std::min(batches, max_batches);
     double loss_sum = 0, correct = 0, count = 0;
@@ -175,16 +182,17 @@ class CharGpt final : public Workload {
 
  private:
   std::pair<at::Tensor, at::Tensor> windows(const at::Tensor& data, const at::Tensor& offsets) {
-    const at::Tensor index = offsets.unsqueeze(1) + at::arange(cfg_.gpt_context + 1, at::kLong).unsqueeze(0);
+    const at::Tensor index = offsets.unsqueeze(1) + at::arange(opts_.context + 1, at::kLong).unsqueeze(0);
     const at::Tensor w = data.index({index});
-    return {to_device(w.narrow(1, 0, cfg_.gpt_context), device_),
-            to_device(w.narrow(1, 1, cfg_.gpt_context), device_)};
+    return {to_device(w.narrow(1, 0, opts_.context), device_),
+            to_device(w.narrow(1, 1, opts_.context), device_)};
   }
   at::Tensor window_loss(const at::Tensor& data, const at::Tensor& offsets) {
     auto [x, y] = windows(data, offsets);
     return F::cross_entropy(model_->forward(x).to(at::kFloat).view({-1, kVocab}), y.reshape({-1}));
   }
   TrainConfig cfg_;
+  CharGptOptions opts_;
   at::Device device_;
   std::shared_ptr<GptImpl> model_;
   NnModuleView view_;
@@ -205,21 +213,29 @@ std::vector<HostOption> char_gpt_options() {
       text("text-dir", "/usr/share/games/fortunes",
            "char-gpt: folder of text files (Debian package fortunes); all files except *.dat and *.u8 are "
            "read.",
-           field(&TrainConfig::text_dir)),
-      integer("gpt-layers", "2", "char-gpt: transformer blocks.", field(&TrainConfig::gpt_layers))
+           workload_field(&CharGptOptions::text_dir)),
+      integer("gpt-layers", "2", "char-gpt: transformer blocks.", workload_field(&CharGptOptions::layers))
           .range(1, 64)
           .shared_by_ranks(),
       integer("gpt-width", "128", "char-gpt: embedding width (a multiple of --gpt-heads).",
-              field(&TrainConfig::gpt_width))
+              workload_field(&CharGptOptions::width))
           .range(1, 8192)
           .shared_by_ranks(),
-      integer("gpt-heads", "4", "char-gpt: attention heads.", field(&TrainConfig::gpt_heads))
+      integer("gpt-heads", "4", "char-gpt: attention heads.", workload_field(&CharGptOptions::heads))
           .range(1, 64)
           .shared_by_ranks(),
-      integer("gpt-context", "64", "char-gpt: context length in bytes.", field(&TrainConfig::gpt_context))
+      integer("gpt-context", "64", "char-gpt: context length in bytes.",
+              workload_field(&CharGptOptions::context))
           .range(2, 4096)
           .shared_by_ranks(),
   };
+}
+
+void check_char_gpt_options(const TrainConfig& cfg) {
+  const CharGptOptions o = options::workload_values<CharGptOptions>(cfg);
+  if (o.width % o.heads != 0)
+    throw Error(ErrorCategory::usage, "--gpt-width must be a multiple of --gpt-heads (" +
+                                          std::to_string(o.heads) + "), got " + std::to_string(o.width));
 }
 
 }  // namespace ampkit::train

@@ -23,6 +23,11 @@ namespace ampkit::train {
 
 namespace {
 
+// --data-dir: filled by the option table from fashion_mnist_options() below.
+struct FashionMnistOptions {
+  std::string data_dir;
+};
+
 std::vector<uint8_t> read_gz(const std::filesystem::path& file) {
   if (!std::filesystem::exists(file))
     throw Error(ErrorCategory::data, "Fashion-MNIST file " + file.string() +
@@ -94,13 +99,14 @@ class FashionMnist final : public Workload {
         seed_(cfg.seed),
         device_(device),
         view_(*model_) {
-    const std::filesystem::path dir = cfg.data_dir;
+    const std::string data_dir = options::workload_values<FashionMnistOptions>(cfg).data_dir;
+    const std::filesystem::path dir = data_dir;
     train_x_ = read_images(dir / "train-images-idx3-ubyte.gz");
     train_y_ = read_labels(dir / "train-labels-idx1-ubyte.gz");
     test_x_ = read_images(dir / "t10k-images-idx3-ubyte.gz");
     test_y_ = read_labels(dir / "t10k-labels-idx1-ubyte.gz");
     if (train_x_.size(0) != train_y_.size(0) || test_x_.size(0) != test_y_.size(0))
-      throw Error(ErrorCategory::data, "Fashion-MNIST image and label counts differ in " + cfg.data_dir);
+      throw Error(ErrorCategory::data, "Fashion-MNIST image and label counts differ in " + data_dir);
     if (batch_size_ * ranks_ > train_x_.size(0))
       throw Error(ErrorCategory::usage, "--batch-size " + std::to_string(batch_size_) + " x " +
                                             std::to_string(ranks_) + " ranks exceeds the " +
@@ -164,7 +170,7 @@ std::vector<HostOption> fashion_mnist_options() {
   return {
       text("data-dir", "/usr/share/datasets/fashion-mnist",
            "Folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).",
-           field(&TrainConfig::data_dir)),
+           workload_field(&FashionMnistOptions::data_dir)),
   };
 }
 

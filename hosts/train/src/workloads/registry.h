@@ -7,18 +7,15 @@
 #include <string>
 #include <vector>
 
-#include "config/option_table.h"
+#include "config/workload_options.h"
 
 namespace ampkit::train {
 
 class Workload;
 
-struct WorkloadInfo {
-  std::string name;     // --workload NAME
-  std::string summary;  // what it trains, for --workload's help
-  // Its own options, declared beside its code; --help shows them as a group of their own.
-  std::vector<HostOption> (*options)();
-  std::unique_ptr<Workload> (*make)(const TrainConfig& cfg, const at::Device& device);
+// What the configuration reads (config/workload_options.h), and the factory it never sees.
+struct WorkloadInfo : WorkloadOptions {
+  std::unique_ptr<Workload> (*make)(const TrainConfig& cfg, const at::Device& device) = nullptr;
 };
 
 // In --help order; --workload's choices and help come from here.
@@ -29,6 +26,7 @@ std::unique_ptr<Workload> make_workload(const TrainConfig& cfg, const at::Device
 // Each workload's options (hosts/train/src/workloads/<name>.cpp).
 std::vector<HostOption> fashion_mnist_options();
 std::vector<HostOption> char_gpt_options();
+void check_char_gpt_options(const TrainConfig& cfg);
 std::vector<HostOption> synthetic_options();
 std::vector<HostOption> torchscript_options();
 

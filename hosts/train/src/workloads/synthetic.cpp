@@ -17,6 +17,11 @@ namespace ampkit::train {
 
 namespace {
 
+// --synthetic-*: filled by the option table from synthetic_options() below.
+struct SyntheticOptions {
+  int64_t width = 0, depth = 0, inputs = 0, classes = 0;
+};
+
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t inputs, int64_t width, int64_t depth, int64_t classes) {
     int64_t in = inputs;
@@ -49,13 +54,13 @@ class Synthetic final : public Workload {
  public:
   Synthetic(const TrainConfig& cfg, const at::Device& device)
       : cfg_(cfg),
+        opts_(options::workload_values<SyntheticOptions>(cfg)),
         device_(device),
-        model_(std::make_shared<MlpImpl>(cfg.synthetic_inputs, cfg.synthetic_width, cfg.synthetic_depth,
-                                         cfg.synthetic_classes)),
+        model_(std::make_shared<MlpImpl>(opts_.inputs, opts_.width, opts_.depth, opts_.classes)),
         view_(*model_),
         slice_(rank_slice(cfg.batch_size, cfg.dist)) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg.seed ^ 0x7e4c4e5ULL);
-    teacher_ = at::randn({cfg.synthetic_inputs, cfg.synthetic_classes}, gen).to(device_);
+    teacher_ = at::randn({opts_.inputs, opts_.classes}, gen).to(device_);
     model_->to(device_);
   }
   ModelView& model() override { return view_; }
@@ -90,10 +95,11 @@ class Synthetic final : public Workload {
  private:
   std::pair<at::Tensor, at::Tensor> batch(uint64_t seed, int64_t ranks = 1) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    at::Tensor x = to_device(at::randn({cfg_.batch_size * ranks, cfg_.synthetic_inputs}, gen), device_);
+    at::Tensor x = to_device(at::randn({cfg_.batch_size * ranks, opts_.inputs}, gen), device_);
     return {x, synthetic_labels(x, teacher_)};
   }
   TrainConfig cfg_;
+  SyntheticOptions opts_;
   at::Device device_;
   std::shared_ptr<MlpImpl> model_;
   NnModuleView view_;
@@ -119,17 +125,19 @@ std::vector<HostOption> synthetic_options() {
   using namespace options;  // NOLINT: the table reads as declarations
   return {
       integer("synthetic-width", "256", "synthetic: hidden width of the MLP.",
-              field(&TrainConfig::synthetic_width))
+              workload_field(&SyntheticOptions::width))
           .range(1, 65536)
           .shared_by_ranks(),
       integer("synthetic-depth", "4", "synthetic: number of hidden layers.",
-              field(&TrainConfig::synthetic_depth))
+              workload_field(&SyntheticOptions::depth))
           .range(0, 256)
           .shared_by_ranks(),
-      integer("synthetic-inputs", "128", "synthetic: input features.", field(&TrainConfig::synthetic_inputs))
+      integer("synthetic-inputs", "128", "synthetic: input features.",
+              workload_field(&SyntheticOptions::inputs))
           .range(1, 65536)
           .shared_by_ranks(),
-      integer("synthetic-classes", "10", "synthetic: output classes.", field(&TrainConfig::synthetic_classes))
+      integer("synthetic-classes", "10", "synthetic: output classes.",
+              workload_field(&SyntheticOptions::classes))
           .range(2, 65536)
           .shared_by_ranks(),
   };

@@ -20,10 +20,24 @@ namespace ampkit::train {
 
 namespace {
 
+// --model, --data, --test-data, --loss, --data-order: filled by the option table from
+// torchscript_options() below.
+struct TorchScriptOptions {
+  std::string model_file;      // the module torch.jit.script(m).save wrote
+  std::string data_path;       // torch.save({"inputs": X, "targets": Y}), or a folder of them
+  std::string test_data_path;  // the same for evaluation; empty: none
+  std::string loss;            // cross_entropy | mse | returned
+  std::string data_order;      // shuffled | file
+};
+
 class TorchScript final : public Workload {
  public:
   TorchScript(const TrainConfig& cfg, const at::Device& device)
-      : cfg_(cfg), device_(device), module_(load_module(cfg.model_file, device)), view_(module_) {
+      : cfg_(cfg),
+        opts_(options::workload_values<TorchScriptOptions>(cfg)),
+        device_(device),
+        module_(load_module(opts_.model_file, device)),
+        view_(module_) {
     // Eager autocast and the profiling executor's fusions do not mix (fused kernels may keep
     // another dtype); the plain interpreter runs the graph op by op, as eager PyTorch does.
     torch::jit::setGraphExecutorOptimize(false);
@@ -34,7 +48,7 @@ class TorchScript final : public Workload {
           stderr,
           "ampkit-train: warning: --model %s looks traced (torch.jit.trace): it keeps the train/eval "
           "mode it was traced in (dropout, batch norm); save torch.jit.script(model) instead\n",
-          cfg.model_file.c_str());
+          opts_.model_file.c_str());
     read_data();
     order_ = at::arange(train_.size(), at::kLong);
     module_.train(true);
@@ -42,7 +56,7 @@ class TorchScript final : public Workload {
   ModelView& model() override { return view_; }
   int64_t batches_per_epoch() const override { return train_.size() / slice_.global; }
   void start_epoch(int64_t epoch) override {
-    if (cfg_.data_order == "file") return;
+    if (opts_.data_order == "file") return;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(cfg_.seed * 1000003 + static_cast<uint64_t>(epoch));
     order_ = at::randperm(train_.size(), gen, at::kLong);
   }
@@ -65,10 +79,10 @@ class TorchScript final : public Workload {
  private:
   void check_arity() const {
     const auto [required, all] = forward_arity(module_);
-    const size_t want = cfg_.loss == "returned" ? 2 : 1;
+    const size_t want = opts_.loss == "returned" ? 2 : 1;
     if (required <= want && want <= all) return;
     throw Error(ErrorCategory::usage,
-                "--loss " + cfg_.loss + " calls forward(" + (want == 2 ? "inputs, targets" : "inputs") +
+                "--loss " + opts_.loss + " calls forward(" + (want == 2 ? "inputs, targets" : "inputs") +
                     "), but the module's forward takes " + std::to_string(required) +
                     (required == all ? "" : " to " + std::to_string(all)) + " argument(s)" +
                     (want == 1 ? "; a forward(inputs, targets) that returns the loss needs --loss returned"
@@ -77,22 +91,22 @@ class TorchScript final : public Workload {
   void check_trainable() const {
     for (const auto& p : module_.named_parameters(/*recurse=*/true))
       if (p.value.requires_grad()) return;
-    throw Error(ErrorCategory::data, "--model " + cfg_.model_file +
+    throw Error(ErrorCategory::data, "--model " + opts_.model_file +
                                          " has no parameter that requires grad: there is nothing to train");
   }
   // Every file up front, with the same rules; the class range waits for the model's first output.
   void read_data() {
-    train_ = read_tensor_data(cfg_.data_path, "--data");
-    check_target_dtype(train_, cfg_.loss, "--data");
+    train_ = read_tensor_data(opts_.data_path, "--data");
+    check_target_dtype(train_, opts_.loss, "--data");
     check_some_target(train_, "--data", "train on");
     if (train_.size() < slice_.global)
       throw Error(ErrorCategory::usage, "--data holds " + std::to_string(train_.size()) +
                                             " samples, fewer than one batch of --batch-size " +
                                             std::to_string(cfg_.batch_size) + " x " +
                                             std::to_string(cfg_.dist.world_size) + " rank(s)");
-    if (cfg_.test_data_path.empty()) return;
-    test_ = read_tensor_data(cfg_.test_data_path, "--test-data");
-    check_target_dtype(*test_, cfg_.loss, "--test-data");
+    if (opts_.test_data_path.empty()) return;
+    test_ = read_tensor_data(opts_.test_data_path, "--test-data");
+    check_target_dtype(*test_, opts_.loss, "--test-data");
     if (test_->size() == 0)
       throw Error(ErrorCategory::usage,
                   "--test-data holds 0 samples: there is nothing to evaluate (leave "
@@ -107,7 +121,7 @@ class TorchScript final : public Workload {
   // Class-index targets of which none counts (every one -100, or no position at all: [N, 0]) give
   // a loss of 0/0: refused for both files, as an empty file is.
   void check_some_target(const TensorData& d, const std::string& option, const std::string& use) const {
-    if (cfg_.loss != "cross_entropy" || !at::isIntegralType(d.targets.scalar_type(), false) ||
+    if (opts_.loss != "cross_entropy" || !at::isIntegralType(d.targets.scalar_type(), false) ||
         d.size() == 0 || (d.targets != kIgnoredClass).any().item<bool>())
       return;
     throw Error(
@@ -119,7 +133,7 @@ class TorchScript final : public Workload {
   // Class-index targets of every file against the model's classes, known from its first output
   // (the size of its class dimension, last): before the first step, and before any evaluation.
   void check_classes(const at::Tensor& out) {
-    if (classes_checked_ || cfg_.loss != "cross_entropy") return;
+    if (classes_checked_ || opts_.loss != "cross_entropy") return;
     classes_checked_ = true;
     // Targets of another layout than [N, ..., C] against [N, ...] get cross_entropy's own error.
     const auto fits = [&](const TensorData& d) { return out.dim() >= 2 && out.dim() == d.targets.dim() + 1; };
@@ -131,6 +145,7 @@ class TorchScript final : public Workload {
   at::Tensor forward_output(const at::Tensor& x, const std::string& where);
 
   TrainConfig cfg_;
+  TorchScriptOptions opts_;
   at::Device device_;
   torch::jit::Module module_;
   JitModuleView view_;
@@ -147,7 +162,7 @@ class TorchScript final : public Workload {
 // ([N, C], or [N, T, C] against [N, T] targets, as language models output it).
 at::Tensor TorchScript::outputs_loss(const at::Tensor& out_any, const at::Tensor& y, bool sum) const {
   const at::Tensor out = out_any.to(at::kFloat);
-  if (cfg_.loss == "mse") {
+  if (opts_.loss == "mse") {
     // Broadcasting an [N, 1] output against [N] targets would compare every output with every
     // target (torch only warns): the shapes must agree.
     if (out.sizes() != y.sizes())
@@ -178,14 +193,14 @@ at::Tensor TorchScript::forward_output(const at::Tensor& x, const std::string& w
   if (!out.isTensor())
     throw Error(
         ErrorCategory::data,
-        "--loss " + cfg_.loss + ": the module's forward(inputs) must return a tensor, got " + out.tagKind());
+        "--loss " + opts_.loss + ": the module's forward(inputs) must return a tensor, got " + out.tagKind());
   check_real(out.toTensor(), where);
   check_classes(out.toTensor());
   return out.toTensor();
 }
 
 at::Tensor TorchScript::batch_loss(const at::Tensor& x, const at::Tensor& y, const std::string& where) {
-  if (cfg_.loss == "returned") {
+  if (opts_.loss == "returned") {
     const c10::IValue r = model_call(where, [&] { return module_.forward({x, y}); });
     if (!r.isTensor() || r.toTensor().numel() != 1)
       throw Error(ErrorCategory::data,
@@ -211,14 +226,14 @@ std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
   int64_t batches = (n + bs - 1) / bs;
   if (max_batches > 0) batches = std::min(batches, max_batches);
   const bool classes =
-      cfg_.loss == "cross_entropy" && at::isIntegralType(test_->targets.scalar_type(), false);
+      opts_.loss == "cross_entropy" && at::isIntegralType(test_->targets.scalar_type(), false);
   double loss_sum = 0, correct = 0, count = 0;
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t len = std::min(bs, n - b * bs);
     const at::Tensor x = to_device(test_->inputs.narrow(0, b * bs, len), device_);
     const at::Tensor y = to_device(test_->targets.narrow(0, b * bs, len), device_);
     const std::string where = "--test-data batch " + std::to_string(b);
-    if (cfg_.loss == "returned") {
+    if (opts_.loss == "returned") {
       loss_sum += batch_loss(x, y, where).item<double>() * static_cast<double>(len);
       count += static_cast<double>(len);
       continue;
@@ -226,9 +241,9 @@ std::optional<Evaluation> TorchScript::evaluate(int64_t max_batches) {
     const at::Tensor out = forward_output(x, where).to(at::kFloat);
     loss_sum += model_call(where, [&] { return outputs_loss(out, y, true).item<double>(); });
     if (!classes) {  // mse: every element; probabilities: every position ([N, C]: sample, [N, T, C]: token)
-      count += cfg_.loss == "mse" ? static_cast<double>(out.numel())
-               : out.dim() > 2    ? static_cast<double>(out.numel() / std::max<int64_t>(out.size(-1), 1))
-                                  : static_cast<double>(len);
+      count += opts_.loss == "mse" ? static_cast<double>(out.numel())
+               : out.dim() > 2     ? static_cast<double>(out.numel() / std::max<int64_t>(out.size(-1), 1))
+                                   : static_cast<double>(len);
       continue;
     }
     const at::Tensor counted = y != kIgnoredClass;  // ignored targets count in neither mean
@@ -249,36 +264,36 @@ std::vector<HostOption> torchscript_options() {
       text(
           "model", "",
           "torchscript: the model, a file torch.jit.script(model).save(FILE) wrote (docs/your-own-model.md).",
-          field(&TrainConfig::model_file)),
+          workload_field(&TorchScriptOptions::model_file)),
       text("data", "",
            "torchscript: training data, a file torch.save({\"inputs\": X, \"targets\": Y}) wrote, or a "
            "folder of "
            "such *.pt shards (concatenated in name order). Read without running pickled code.",
-           field(&TrainConfig::data_path)),
+           workload_field(&TorchScriptOptions::data_path)),
       text("test-data", "", "torchscript: evaluation data in the same form; empty: no evaluation.",
-           field(&TrainConfig::test_data_path)),
+           workload_field(&TorchScriptOptions::test_data_path)),
       text(
           "loss", "cross_entropy",
           "torchscript: cross_entropy (on forward(inputs), class dimension last, targets class indices or "
           "probabilities) | mse (on forward(inputs)) | returned (forward(inputs, targets) returns the loss). "
           "Computed in fp32.",
-          field(&TrainConfig::loss))
+          workload_field(&TorchScriptOptions::loss))
           .one_of({"cross_entropy", "mse", "returned"})
           .shared_by_ranks(),
       text("data-order", "shuffled",
            "torchscript: shuffled (a seeded permutation per epoch) | file (batch i is samples i*B..(i+1)*B-1 "
            "in "
            "file order, to compare step for step with another trainer).",
-           field(&TrainConfig::data_order))
+           workload_field(&TorchScriptOptions::data_order))
           .one_of({"shuffled", "file"})
           .shared_by_ranks(),
   };
 }
 
 std::unique_ptr<Workload> make_torchscript(const TrainConfig& cfg, const at::Device& device) {
-  if (cfg.model_file.empty()) throw Error(ErrorCategory::usage, "--workload torchscript needs --model FILE");
-  if (cfg.data_path.empty())
-    throw Error(ErrorCategory::usage, "--workload torchscript needs --data FILE|DIR");
+  const TorchScriptOptions o = options::workload_values<TorchScriptOptions>(cfg);
+  if (o.model_file.empty()) throw Error(ErrorCategory::usage, "--workload torchscript needs --model FILE");
+  if (o.data_path.empty()) throw Error(ErrorCategory::usage, "--workload torchscript needs --data FILE|DIR");
   return std::make_unique<TorchScript>(cfg, device);
 }
 
