@@ -11,6 +11,12 @@ Three views of that rule are checked, so a break shows whichever way it was made
   * includes: every #include of an ampkit/ header in core/<part>/, resolved to the part that holds it;
   * the build: the include folders ninja compiles each part's objects with (build.ninja).
 
+The SDK sits below all of core/: every C++ file under sdk/ (headers and examples) includes only
+the SDK's own ampkit/ headers, nothing that core/ or hosts/ holds, so a plugin author needs no more.
+python/ sits beside the hosts, on core/: its C++ includes nothing that hosts/ holds.
+ampkit-train's folders (hosts/train/src) are layered by their includes as well:
+config <- workloads <- session (the workload registry gives config/ its list, config/workload_options.h).
+
     tools/check_layers.py --root DIR --build BUILD_DIR
     tools/check_layers.py --self-test     # an engine linking metrics, metrics including the
                                           # engine, a widened include path and a part missing
@@ -32,7 +38,11 @@ ALLOWED = {
     "checkpoint": {"common"},
     "metrics": {"common"},
 }
+CXX = (".h", ".hpp", ".cpp", ".cc", ".cu")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](ampkit/[^">]+)[">]')
+# ampkit-train's folders and the folders each may include (besides itself and ampkit/ headers).
+HOST_FOLDERS = {"config": set(), "workloads": {"config"}, "session": {"config", "workloads"}}
+HOST_INCLUDE = re.compile(r'^\s*#\s*include\s*"((\w+)/[^"]+)"')
 
 
 def read_layers(path):
@@ -89,6 +99,54 @@ def include_breaks(root):
     return breaks
 
 
+def ampkit_headers(folder):
+    """{'ampkit/NAME': path} for every header under each FOLDER/**/include/ampkit/."""
+    found = {}
+    for where, _, files in os.walk(folder):
+        head, tail = os.path.split(where)
+        if tail == "ampkit" and os.path.basename(head) == "include":
+            found.update({"ampkit/" + name: os.path.join(where, name) for name in files})
+    return found
+
+
+def upward_breaks(root, part, above, rule):
+    """C++ files under PART including an ampkit/ header that one of the ABOVE folders holds."""
+    own = ampkit_headers(os.path.join(root, part))
+    above = {k: v for a in above for k, v in ampkit_headers(os.path.join(root, a)).items() if k not in own}
+    breaks = []
+    for folder, _, files in sorted(os.walk(os.path.join(root, part))):
+        for name in sorted(n for n in files if n.endswith(CXX)):
+            path = os.path.join(folder, name)
+            with open(path, errors="replace") as f:
+                for number, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if m and m.group(1) in above:
+                        owner = os.path.relpath(above[m.group(1)], root)
+                        breaks.append(f"{os.path.relpath(path, root)}:{number} includes {m.group(1)} ({owner}); {rule}")
+    return breaks
+
+
+def sdk_and_python_breaks(root):
+    return (upward_breaks(root, "sdk", ["core", "hosts"], "the SDK may include only its own headers")
+            + upward_breaks(root, "python", ["hosts"], "python/ may include core and the SDK, not the hosts"))
+
+
+def host_folder_breaks(root):
+    """hosts/train/src: each folder includes only the folders below it (HOST_FOLDERS)."""
+    breaks = []
+    for part, below in sorted(HOST_FOLDERS.items()):
+        for folder, _, files in sorted(os.walk(os.path.join(root, "hosts", "train", "src", part))):
+            for name in sorted(n for n in files if n.endswith(CXX)):
+                path = os.path.join(folder, name)
+                with open(path, errors="replace") as f:
+                    for number, line in enumerate(f, 1):
+                        m = HOST_INCLUDE.match(line)
+                        if m and m.group(2) in HOST_FOLDERS and m.group(2) != part and m.group(2) not in below:
+                            breaks.append(f"{os.path.relpath(path, root)}:{number} includes {m.group(1)}; "
+                                          f"{part}/ may include only {', '.join(sorted(below)) or 'itself'}")
+    return breaks
+
+
 def build_breaks(ninja, targets):
     """The include folders of each part's objects in build.ninja: no other part's, above it."""
     part_of = {target: part for target, (part, _) in targets.items()}
@@ -113,7 +171,8 @@ def check(root, build):
     targets = read_layers(os.path.join(build, "ampkit_layers.txt"))
     missing = sorted(set(ALLOWED) - {part for part, _ in targets.values()})
     breaks = [f"no library for part {p} in ampkit_layers.txt" for p in missing]
-    breaks += link_breaks(targets) + include_breaks(root)
+    breaks += link_breaks(targets) + include_breaks(root) + sdk_and_python_breaks(root)
+    breaks += host_folder_breaks(root)
     ninja = os.path.join(build, "build.ninja")
     if os.path.exists(ninja):
         breaks += build_breaks(ninja, targets)
@@ -131,6 +190,11 @@ def self_test():
         for part in ALLOWED:
             write(f"{tmp}/core/{part}/include/ampkit/{part}.h", "#pragma once\n")
         write(f"{tmp}/core/engine/include/ampkit/trainer.h", '#include <ampkit/common.h>\n')
+        write(f"{tmp}/sdk/include/ampkit/plugin.h", "#pragma once\n")
+        write(f"{tmp}/hosts/common/include/ampkit/exit_codes.h", "#pragma once\n")
+        write(f"{tmp}/sdk/examples/mine/mine.cpp", '#include <ampkit/plugin.h>\n#include <vector>\n')
+        write(f"{tmp}/python/src/library.cpp", '#include <ampkit/trainer.h>\n')
+        write(f"{tmp}/hosts/train/src/workloads/registry.h", '#include "config/option_table.h"\n')
         write(f"{tmp}/build/ampkit_layers.txt",
               "ampkit_common common\nampkit_registry registry ampkit_common\n"
               "ampkit_engine engine ampkit_common\nampkit_checkpoint checkpoint ampkit_common\n"
@@ -142,6 +206,11 @@ def self_test():
             print("self-test: the layered fixture was refused:", check(tmp, f"{tmp}/build"))
             return 1
         write(f"{tmp}/core/metrics/src/metrics.cpp", '#include "ampkit/metrics.h"\n#include "ampkit/trainer.h"\n')
+        write(f"{tmp}/sdk/examples/mine/mine.cpp", '#include <ampkit/plugin.h>\n#include <ampkit/trainer.h>\n'
+              '#include "ampkit/exit_codes.h"\n')
+        write(f"{tmp}/python/src/library.cpp", '#include <ampkit/trainer.h>\n#include "ampkit/exit_codes.h"\n')
+        write(f"{tmp}/hosts/train/src/config/option_table.cpp", '#include "config/option_table.h"\n'
+              '#include "workloads/registry.h"\n')
         with open(f"{tmp}/build/ampkit_layers.txt", "a") as f:
             f.write("ampkit_engine_extra engine ampkit_engine ampkit_metrics\n")
         with open(f"{tmp}/build/build.ninja", "a") as f:
@@ -151,13 +220,18 @@ def self_test():
         expected = ["ampkit_engine_extra (engine) links ampkit_metrics (metrics)",
                     "core/metrics/src/metrics.cpp:2 includes ampkit/trainer.h (engine)",
                     "build.ninja: ampkit_metrics (metrics) compiles with core/engine/include",
-                    "build.ninja: no objects of ampkit_engine_extra found"]  # a check that read nothing
+                    "build.ninja: no objects of ampkit_engine_extra found",  # a check that read nothing
+                    "sdk/examples/mine/mine.cpp:2 includes ampkit/trainer.h (core/engine/include/ampkit/trainer.h)",
+                    "sdk/examples/mine/mine.cpp:3 includes ampkit/exit_codes.h (hosts/common/include/",
+                    "python/src/library.cpp:2 includes ampkit/exit_codes.h (hosts/common/include/",
+                    "hosts/train/src/config/option_table.cpp:2 includes workloads/registry.h; config/"]
         for e in expected:
             if not any(b.startswith(e) for b in found):
                 print(f"self-test: not reported: {e}\n  found: {found}")
                 return 1
     print("self-test: ok (a layered fixture passes; an upward link, include and include path fail, "
-          "and so does a part whose objects the build does not show)")
+          "and so do a part whose objects the build does not show, an SDK file including core or hosts "
+          "and python/ including the hosts, and ampkit-train's config/ including its workloads/)")
     return 0
 
 
@@ -177,7 +251,8 @@ def main():
     if breaks:
         print(f"{len(breaks)} layering break(s); the layers are in docs/architecture.md, \"Layout\"")
         return 1
-    print(f"layers hold: {', '.join(f'{p} <- {sorted(ALLOWED[p])}' for p in ALLOWED)}")
+    print(f"layers hold: {', '.join(f'{p} <- {sorted(ALLOWED[p])}' for p in ALLOWED)}; "
+          "sdk/ <- sdk/ only; python/ <- not hosts/")
     return 0
 
 

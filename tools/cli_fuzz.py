@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-DOCUMENTED = {  # hosts/common/include/ampkit/exit_codes.h and each program's --help
+DOCUMENTED = {  # core/common/include/ampkit/exit_codes.h and each program's --help
     "ampkit-train": {0, 2, 3, 4, 5, 6, 7, 9, 130},
     "ampkit-plugins": {0, 2, 3, 8},
     "ampkit-launch": {0, 2, 7},

@@ -1,5 +1,7 @@
 // Exit codes of ampkit's programs: the one list, the mapping from error categories, and the
 // "Exit codes: ..." lines of their help texts (docs/configuration.md documents the same table).
+// Beside the categories, so every program (the hosts, and the Python package's interpreter when a
+// plugin faults) reads one table; library code itself never exits with one.
 #pragma once
 
 #include <initializer_list>
