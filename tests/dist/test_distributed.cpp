@@ -225,8 +225,9 @@ BOOST_AUTO_TEST_CASE(two_deferred_ranks_write_what_two_synchronous_ranks_write_w
   BOOST_TEST(sa["step"]["host_sync"] == "step");
   BOOST_TEST(sb["step"]["host_sync"] == "deferred");
   // One read per synchronous step, none deferred; the run's own gathers (its settings and layout
-  // checked, the summary's ranks) are the same few in both.
-  BOOST_TEST(sa["step"]["host_reads"].get<int>() - sb["step"]["host_reads"].get<int>() == 40);
+  // checked, the summary's ranks) are the same few in both, but for the deferred run's one more: the
+  // kernels' verdict agreed (every rank's reason empty, so their lengths only).
+  BOOST_TEST(sa["step"]["host_reads"].get<int>() - sb["step"]["host_reads"].get<int>() == 40 - 1);
   BOOST_TEST(sb["ranks_identical"].get<bool>());
   BOOST_TEST(sa["param_sha256"] == sb["param_sha256"]);
   BOOST_TEST(sa["skipped_steps"] == sb["skipped_steps"]);
@@ -242,9 +243,10 @@ struct Survivor {
   std::string log;
 };
 
-// Starts ranks 0 and 1 directly (no launcher), each with its own arguments after the common ones.
+// Starts ranks 0 and 1 directly (no launcher), each with its own arguments after the common ones
+// and its own environment variable where `env` names one ("NAME=VALUE").
 std::vector<pid_t> spawn_two_ranks(const std::string& common, const std::array<std::string, 2>& own,
-                                   const TempDir& tmp) {
+                                   const TempDir& tmp, const std::array<std::string, 2>& env = {}) {
   const int port = ampkit::test::free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
@@ -255,7 +257,11 @@ std::vector<pid_t> spawn_two_ranks(const std::string& common, const std::array<s
     ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     std::vector<std::string> args = {train};
     for (const auto& w : words(common + " " + own[static_cast<size_t>(r)])) args.push_back(w);
+    const std::string& var = env[static_cast<size_t>(r)];
+    const std::string var_name = var.substr(0, var.find('='));
+    if (!var.empty()) ::setenv(var_name.c_str(), var.substr(var.find('=') + 1).c_str(), 1);
     pids.push_back(spawn(args, tmp.path / ("rank" + std::to_string(r) + ".log")));
+    if (!var.empty()) ::unsetenv(var_name.c_str());
   }
   for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
   return pids;
@@ -334,9 +340,10 @@ struct Pair {
   std::string log[2];
 };
 
-Pair two_ranks(const std::string& common, const std::array<std::string, 2>& own) {
+Pair two_ranks(const std::string& common, const std::array<std::string, 2>& own,
+               const std::array<std::string, 2>& env = {}) {
   TempDir tmp;
-  const std::vector<pid_t> pids = spawn_two_ranks(common, own, tmp);
+  const std::vector<pid_t> pids = spawn_two_ranks(common, own, tmp, env);
   Pair p;
   for (int r = 0; r < 2; ++r) {
     p.code[r] = wait_exit_code(pids[static_cast<size_t>(r)]);
@@ -346,6 +353,38 @@ Pair two_ranks(const std::string& common, const std::array<std::string, 2>& own)
 }
 
 }  // namespace
+
+// One verdict on ampkit's kernels for all ranks: a first-use check that refuses them on rank 1 only
+// (its statistics kernel's CPU stand-in planted wrong) makes both ranks take the synchronous step,
+// rank 0 saying it for rank 1, and the run ends with --host-sync step's parameters. Each rank
+// deciding alone left rank 0 on the deferred step and rank 1 on the synchronous one: on a GPU
+// their sums of squares, and so their clip coefficients and parameters, differ in the last bits.
+BOOST_AUTO_TEST_CASE(a_kernel_check_refused_on_one_rank_makes_both_ranks_fall_back) {
+  TempDir tmp;
+  const std::string common = mlp +
+                             " --progress never --threads 1 --steps 20 --batch-size 16 --precision fp16"
+                             " --clipper norm --opt clipper.max_norm=0.2 --dist-timeout 30 --summary ";
+  std::map<std::string, nlohmann::json> summaries;
+  for (const std::string mode : {"step", "deferred"}) {
+    const std::string own = (tmp.path / (mode + ".json")).string() + " --host-sync " + mode;
+    const Pair p = two_ranks(common + own, {"", ""}, {"", "AMPKIT_TEST_KERNEL_FAULT=stats"});
+    for (int r = 0; r < 2; ++r) BOOST_REQUIRE_MESSAGE(p.code[r] == 0, "rank " << r << ":\n" << p.log[r]);
+    summaries[mode] = read_json(tmp.path / (mode + ".json"));
+    if (mode == "step") continue;
+    const std::string said =
+        "ampkit-train: warning: the step stays synchronous: rank 1: the CPU stand-ins of "
+        "ampkit's kernels: the statistics kernel disagrees with its host form";
+    BOOST_TEST(p.log[0].find(said) != std::string::npos, p.log[0]);
+  }
+  const nlohmann::json& sync = summaries["step"];
+  const nlohmann::json& deferred = summaries["deferred"];
+  BOOST_TEST(deferred["step"]["host_sync"] == "step", deferred.dump());
+  BOOST_TEST(deferred["step"]["host_sync_reason"].get<std::string>().find("rank 1: ") != std::string::npos);
+  BOOST_TEST(deferred["ranks_identical"].get<bool>());
+  BOOST_TEST(deferred["param_sha256"] == sync["param_sha256"]);
+  // One read per step in both runs; the deferred run's two more are the verdicts' gathers (lengths, text).
+  BOOST_TEST(deferred["step"]["host_reads"].get<int>() - sync["step"]["host_reads"].get<int>() == 2);
+}
 
 // Ranks started with different settings are refused right after the rendezvous, on every rank,
 // naming each setting with the ranks' values: a different --precision passed unnoticed, a

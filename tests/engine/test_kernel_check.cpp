@@ -148,6 +148,23 @@ BOOST_AUTO_TEST_CASE(the_cpu_stand_ins_pass_the_self_check_and_a_planted_fault_i
   set_kernel_fault(KernelFault::none);
 }
 
+// The ranks' verdicts agreed: the first refusing rank's reason, named, becomes every rank's, a rank
+// whose own check passed included; where none refused, nothing changes (and nothing is checked again).
+BOOST_AUTO_TEST_CASE(one_refusing_rank_is_every_ranks_verdict) {
+  const at::Device cpu(at::kCPU);
+  set_kernel_fault(KernelFault::none);
+  BOOST_TEST(kernel_refusal(cpu) == "");
+  const int checks = kernel_check_cost().checks;
+  BOOST_TEST(agree_kernel_refusal(cpu, {"", "", ""}) == "");
+  BOOST_TEST(kernel_refusal(cpu) == "");
+  const std::string why =
+      agree_kernel_refusal(cpu, {"", "the statistics kernel disagrees", "", "its module did not load"});
+  BOOST_TEST(why == "rank 1: the statistics kernel disagrees");
+  BOOST_TEST(kernel_refusal(cpu) == why);  // kept in place of this rank's passed check
+  BOOST_TEST(kernel_check_cost().checks == checks);
+  set_kernel_fault(KernelFault::none);
+}
+
 // The deferred step refused with the reason, once, and the synchronous step it leaves is the
 // synchronous step: every outcome and the parameters, bit for bit.
 BOOST_AUTO_TEST_CASE(a_refused_kernel_keeps_the_trainers_step_synchronous_with_its_numbers) {

@@ -100,6 +100,18 @@ std::string kernel_refusal(const at::Device& device) {
   return v.refusals.emplace(device.str(), why).first->second;
 }
 
+std::string agree_kernel_refusal(const at::Device& device, const std::vector<std::string>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].empty()) continue;
+    const std::string why = "rank " + std::to_string(r) + ": " + ranks[r];
+    Verdicts& v = verdicts();
+    std::lock_guard<std::mutex> lock(v.mutex);
+    v.refusals[device.str()] = why;
+    return why;
+  }
+  return "";
+}
+
 KernelCheckCost kernel_check_cost() {
   Verdicts& v = verdicts();
   std::lock_guard<std::mutex> lock(v.mutex);

@@ -51,6 +51,13 @@ void set_kernel_fault(KernelFault fault);
 // build without the kernels has nothing to check (""): the foreach recipe and the ATen rules run.
 std::string kernel_refusal(const at::Device& device);
 
+// The verdict all ranks of a job share, from each rank's own (kernel_refusal, in rank order): ""
+// where none refused the kernels, else the first refusing rank's reason, naming that rank, which is
+// then kept as `device`'s verdict in this process in place of its own. One rank on the kernels and
+// another on the foreach recipe and the synchronous step would sum their squares in another order:
+// their clip coefficients, and then their parameters, would drift apart in the last bits.
+std::string agree_kernel_refusal(const at::Device& device, const std::vector<std::string>& ranks);
+
 // How many self-checks ran in this process, and the seconds they took together (docs/gpu.md).
 struct KernelCheckCost {
   int checks = 0;

@@ -23,6 +23,7 @@
 #include "ampkit/device_support.h"
 #include "ampkit/error.h"
 #include "ampkit/fused_adamw.h"
+#include "ampkit/kernel_check.h"
 #include "ampkit/plugin_call.h"
 #include "config/fault_spec.h"
 #include "config/option_table.h"
@@ -166,6 +167,11 @@ void Session::rendezvous() {
   if (comm.world_size() > 1) multi_rank_comm = &comm;
   is_root_ = comm.rank() == 0;
   check_same_settings(comm, device_, shared_settings());
+  // One verdict on ampkit's kernels for all ranks (kernel_check.h): where any rank's check refused
+  // them, every rank takes the foreach recipe and the synchronous step, or their sums would differ.
+  // Only where a verdict is asked for later: a GPU's statistics, or the deferred step.
+  if (comm.world_size() > 1 && (device_.is_cuda() || cfg_.host_sync == "deferred"))
+    agree_kernel_refusal(device_, gather_strings(comm, kernel_refusal(device_), device_));
   std::vector<PrecisionAdvice> advice;
   for (const auto& w : cfg_.config_warnings) advice.push_back({PrecisionAdvice::Level::warning, w});
   for (auto& a : precision_warnings(precision_facts(cfg_, *strategies_))) advice.push_back(std::move(a));
