@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "ampkit/deepspeed_config.h"
+#include "ampkit/device_waits.h"
 #include "ampkit/exit_codes.h"
 #include "ampkit/host_reads.h"
 #include "ampkit/plugin_call.h"
@@ -86,6 +87,8 @@ TORCH_LIBRARY(ampkit, m) {
   m.def("install_fault_reporter", &ampkit::python::install_fault_reporter);
   // Device-to-host reads the engine made in this process (ampkit/host_reads.h): tests count them.
   m.def("host_reads", [] { return ampkit::host_reads(); });
+  // Waits for a whole device (ampkit/device_waits.h), counted on the CPU too: tests count them.
+  m.def("device_waits", [] { return ampkit::device_waits(); });
   m.def("deepspeed_mapping", &ampkit::python::deepspeed_mapping);
   m.def("list_plugins", &ampkit::python::list_plugins);
   m.def("plugin_options", &ampkit::python::plugin_options);

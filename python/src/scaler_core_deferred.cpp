@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "ampkit/device_waits.h"
 #include "ampkit/error.h"
 #include "errors.h"
 #include "scaler_core.h"
@@ -102,6 +103,9 @@ at::Tensor ScalerCore::device_scale() const {
 int64_t ScalerCore::deliver(bool wait) {
   return locked([&] {
     raise_pending_abort();
+    // One wait for the device, then every step's count and rows as of that moment: a wait per
+    // step captured before a state change would stall every stream again for each of them.
+    const DeviceWaitScope one_wait;
     if (wait)
       for (const auto& retired : retired_graph_steps_)
         if (retired->unread_rows() > 0)

@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "ampkit/device_waits.h"
+
 namespace ampkit {
 
 // Tells the caching allocator that `t`'s memory is used by its device's current stream. A buffer
@@ -18,13 +20,12 @@ inline void mark_used_on_current_stream(const at::Tensor& t) {
   guard.recordDataPtrOnStream(t.storage().data_ptr(), guard.getStream(t.device()));
 }
 
-// Waits for the work queued on every stream of `t`'s device (nothing on the CPU). A CUDA graph is
-// replayed on whatever stream is current at the replay, with no host code of ours between replays to
-// record an event there: a read that waits on one stream only could miss what a replay on another
-// wrote.
+// Waits for the work queued on every stream of `t`'s device (nothing on the CPU; counted there too:
+// device_waits.h). A CUDA graph is replayed on whatever stream is current at the replay, with no host
+// code of ours between replays to record an event there: a read that waits on one stream only could
+// miss what a replay on another wrote.
 inline void wait_for_every_stream(const at::Tensor& t) {
-  if (!t.defined() || t.is_cpu()) return;
-  c10::impl::VirtualGuardImpl(t.device().type()).synchronizeDevice(t.device().index());
+  if (t.defined()) wait_for_device(t.device());
 }
 
 }  // namespace ampkit
