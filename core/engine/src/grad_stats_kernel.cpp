@@ -15,6 +15,7 @@
 #include "step_rules_kernel.h"
 
 #if AMPKIT_HAS_STATS_KERNEL
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
 
@@ -208,6 +209,15 @@ bool current_stream_capturing(int device) {
   }
 }
 
+SyncDebugModeSuspended::SyncDebugModeSuspended()
+    : saved_(static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode())) {
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+}
+
+SyncDebugModeSuspended::~SyncDebugModeSuspended() {
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(saved_));
+}
+
 at::Tensor upload_chunk_table(const StatsPlan& plan, const at::Device& device, const at::Tensor* staging) {
   // Copied on the stream from pinned memory; the host allocator keeps the buffer until the copy
   // has run (a staging buffer, its owner).
@@ -268,6 +278,9 @@ std::string kernel_module_failure(int) {
 bool current_stream_capturing(int) {
   return false;
 }
+
+SyncDebugModeSuspended::SyncDebugModeSuspended() = default;
+SyncDebugModeSuspended::~SyncDebugModeSuspended() = default;
 
 bool step_rules_kernel_built() {
   return false;

@@ -63,6 +63,7 @@ std::string check_device(const at::Device& device, KernelFault fault) {
   }
   if (!self_check_on()) return "";
   std::string why;
+  const SyncDebugModeSuspended own_syncs;  // the check's copies and reads, not the user's step
   try {
     why = check_stats_kernel(device, fault == KernelFault::stats);
     if (why.empty()) why = check_rules_kernel(device, fault == KernelFault::rules);
