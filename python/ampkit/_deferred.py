@@ -18,15 +18,27 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, TypeVar
 
 import torch
 
-from ._errors import TrainingAborted, cpp
+from ._errors import TrainingAborted
+from ._iteration import deferred_open, unscaled_optimizers
+
+if TYPE_CHECKING:
+    from ._scaler_core import DeviceDecision, ScalerCore
 
 __all__ = ["SYNC_MODES", "DeferredMode", "capturing"]
 
 SYNC_MODES = ("auto", "step", "deferred")
+
+T = TypeVar("T")
+
+
+class GradientTables(Protocol):
+    """What the deferred step needs of OptimizerTables (which calls into this module)."""
+
+    def give_local_gradients(self, optimizer: torch.optim.Optimizer, slot: int) -> None: ...
 
 
 def capturing(cuda: bool) -> bool:
@@ -49,24 +61,21 @@ class DeferredMode:
             raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
         self.sync = sync
         self.cuda = cuda  # a CUDA scaler, whose steps a graph may capture
-        self.core: Any = None
+        self.core: "Optional[ScalerCore]" = None
         self.single_optimizer: Optional[bool] = None  # learnt from the first synchronous iteration
         self.slot: Optional[int] = None  # the optimizer's table the deferred step serves
         self.scale: Optional[torch.Tensor] = None  # the device scale the next backward uses
         self.refused: Dict[int, str] = {}  # slot -> why it stays synchronous
         self.said: set = set()  # the reasons warned about (each once)
-        self.in_iteration = False  # a deferred step ran in this iteration, its update() has not
-        self.steps_in_iteration = 0  # optimizers stepped (or unscaled) since the last update()
         self.momentum_ready: set = set()  # slots of a fused SGD whose momentum buffers exist
         self.momentum_hooked: set = set()  # ...whose load_state_dict makes it ask again
         self.why = "the first iteration is synchronous, to see how many optimizers it steps" if sync == "auto" else ""
         self.last = "step"  # how the last step ran (last_step's host_sync), and why (host_sync_reason)
         self.last_reason = "no step yet"
 
-    def reset(self, core: Any) -> None:
+    def reset(self, core: "ScalerCore") -> None:
         """A new C++ side (a new scaler, or after unpickling)."""
-        self.core, self.slot, self.scale, self.refused, self.in_iteration = core, None, None, {}, False
-        self.steps_in_iteration = 0
+        self.core, self.slot, self.scale, self.refused = core, None, None, {}
 
     def forget(self) -> None:
         """After the strategies' state changed from outside the step, or a synchronous step ran (the
@@ -100,19 +109,20 @@ class DeferredMode:
         optimizer.register_load_state_dict_post_hook(loaded)
         self.momentum_hooked.add(slot)
 
-    def applies(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
-        """Whether this step of ``optimizer`` (bound as ``slot``) runs deferred; says why in
-        ``last`` and ``last_reason``."""
-        deferred = self._decide(optimizer, slot)
+    def applies(self, optimizer: torch.optim.Optimizer, slot: int, unscaled: int) -> bool:
+        """Whether this step of ``optimizer`` (bound as ``slot``) runs deferred, ``unscaled`` other
+        optimizers having been unscaled since the last update(); says why in ``last`` and
+        ``last_reason``."""
+        deferred = self._decide(optimizer, slot, unscaled)
         self.last = "deferred" if deferred else "step"
         self.last_reason = f"sync={self.sync!r}" + (f": {self.why}" if self.why else "")
         return deferred
 
-    def _decide(self, optimizer: torch.optim.Optimizer, slot: int) -> bool:
+    def _decide(self, optimizer: torch.optim.Optimizer, slot: int, unscaled: int) -> bool:
         if self.sync == "step":
             self.why = ""
             return False
-        if self.steps_in_iteration > 0 or self.single_optimizer is False:
+        if unscaled > 0 or self.single_optimizer is False:
             # A second optimizer: the deferred step serves one per iteration. One that already ran
             # deferred in this iteration is taken over by the host forms (the C++ side's settle()),
             # and this one's synchronous step joins the iteration; later iterations stay synchronous.
@@ -142,13 +152,13 @@ class DeferredMode:
             self.why = self.refused[slot]
             return False
         if self.slot != slot:
-            why = self.settling(self.core.prepare_deferred, slot)
+            why = self.settling(self._core().prepare_deferred, slot)
             if why:
                 self.refused[slot] = why
                 self.why = why
                 self._warn(why)
                 return False
-            self.slot, self.scale = slot, cpp(self.core.device_scale)()
+            self.slot, self.scale = slot, self._core().device_scale()
         self.why = "every strategy has a device form and the optimizer is fused"
         return True
 
@@ -178,18 +188,33 @@ class DeferredMode:
             )
         return True
 
-    def unscale(self, slot: int, loss: Optional[torch.Tensor], graph: bool = False) -> Any:
+    def try_unscale(
+        self,
+        optimizer: torch.optim.Optimizer,
+        slot: int,
+        states: Mapping[int, Dict[str, Any]],
+        tables: GradientTables,
+        loss: Callable[[], Optional[torch.Tensor]],
+    ) -> bool:
+        """step()'s unscale of ``optimizer`` (bound as ``slot``), deferred where it applies: the
+        device's decision goes to its record in ``states`` (this iteration's, torch's
+        ``_per_optimizer_states``). False where the step stays synchronous."""
+        graph = self.check_capture(optimizer, slot)
+        if not self.applies(optimizer, slot, unscaled_optimizers(states)):
+            return False
+        tables.give_local_gradients(optimizer, slot)
+        state = states[id(optimizer)]
+        state["deferred"] = self.unscale(slot, loss(), graph)
+        state.update(step=True if state["deferred"] is not None else None, unscaled=True)
+        return True
+
+    def unscale(self, slot: int, loss: Optional[torch.Tensor], graph: bool = False) -> "Optional[DeviceDecision]":
         """The deferred step's decision on the device: (grad_scale, found_inf, stepped) for the fused
         optimizer, ``stepped`` a bool tensor (reading it waits for the device). ``graph``: the step
         is being captured in a CUDA graph. None when the optimizer has no gradient: nothing is
         recorded (torch's fused step with no gradient; an update() with nothing else raises)."""
         with torch.no_grad():
-            decided = cpp(self.core.unscale_deferred)(slot, loss, graph)
-        self.steps_in_iteration += 1  # counted as the synchronous step counts one without gradients
-        if decided is None:
-            return None
-        self.in_iteration = True  # recorded on the device: update() delivers it, whatever the optimizer does
-        return decided
+            return self._core().unscale_deferred(slot, loss, graph)
 
     @staticmethod
     def step(optimizer: torch.optim.Optimizer, decided: Any, args: Any, kwargs: Any) -> torch.Tensor:
@@ -199,36 +224,56 @@ class DeferredMode:
         fused_step(optimizer, grad_scale, found_inf, args, kwargs)
         return stepped
 
-    def finish_iteration(self, graph: bool = False) -> bool:
-        """update() of a deferred iteration: the records that have arrived are delivered (an abort
-        among them raises TrainingAborted); in a capture, none (nothing has run). False when the
-        iteration was not deferred."""
-        self.steps_in_iteration = 0
-        if not self.in_iteration:
-            return False
-        self.in_iteration = False
-        if not graph:
-            self._delivering(self.core.end_deferred_iteration)
-        return True
+    def finish_iteration(self, states: Mapping[int, Dict[str, Any]], graph: bool = False) -> None:
+        """update() of the iteration whose optimizers' records are ``states`` (torch's
+        ``_per_optimizer_states``). Deferred (a step recorded on the device: update() delivers it,
+        whatever the optimizer did): the records that have arrived are delivered (an abort among
+        them raises TrainingAborted); in a capture, none (nothing has run). Synchronous: the scaler's
+        update with the iteration's statistics, after which auto learns how many optimizers it steps."""
+        if deferred_open(states):
+            if not graph:
+                self._delivering(self._core().end_deferred_iteration)
+            return
+        recorded = [s for s in states.values() if s["step"] is not None]
+        if len(recorded) == 0:
+            raise AssertionError("No inf checks were recorded prior to update.")
+        self._core().update()
+        self.learn(len(recorded))
 
-    def settling(self, call: Any, *args: Any, refusals: bool = False) -> Any:
+    def record(self, states: Mapping[int, Dict[str, Any]]) -> Dict[str, Any]:
+        """The C++ side's last step record, with how the step ran (host_sync, host_sync_reason). A
+        deferred iteration still open (in ``states``) is taken over by the host forms first, so the
+        record describes this step while the state stays the one before the update."""
+        core = self._core()
+        if deferred_open(states):
+            self.settling(core.settle_iteration)
+        self.drain()
+        record = core.record()
+        record["host_sync"], record["host_sync_reason"] = self.last, self.last_reason
+        return record
+
+    def settling(self, call: Callable[..., T], *args: Any, refusals: bool = False) -> T:
         """A C++ call that settles the deferred step first (its records delivered, the step dropped)
         and may fail after that: whatever it raises, this side forgets the step too (and with
         ``refusals``, after a state change, why a strategy refused one)."""
         try:
-            return cpp(call)(*args)
+            return call(*args)
         finally:
             if refusals or self.slot is not None:
                 self.forget()
 
-    def _delivering(self, call: Any, *args: Any) -> Any:
+    def _delivering(self, call: Callable[..., T], *args: Any) -> T:
         """A C++ call that delivers records: an abort among them drops the C++ side's deferred
         step (the next step makes it again from the host forms), and so this side's."""
         try:
-            return cpp(call)(*args)
+            return call(*args)
         except TrainingAborted:
             self.forget()
             raise
+
+    def _core(self) -> "ScalerCore":
+        assert self.core is not None, "a disabled GradScaler has no C++ side"
+        return self.core
 
     def learn(self, optimizers: int) -> None:
         """After a synchronous iteration: auto goes deferred from the next one with one optimizer."""

@@ -7,177 +7,142 @@ from __future__ import annotations
 import operator
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from torch.amp.grad_scaler import OptState
 
-from ._deferred import fused_step
-from ._errors import cpp
+from ._deferred import DeferredMode, fused_step
+from ._scaler_core import ScalerCore
+from ._statistics_group import StatisticsGroup
 
-__all__ = ["OptimizerTables"]
-
-
-def _refresh_per_optimizer_state() -> Dict[str, Any]:
-    # torch's keys (stage: torch's OptState; found_inf_per_device: _check_inf_per_device's), then ours.
-    # deferred: the device's (grad_scale, found_inf, stepped) of a deferred step.
-    return {
-        "stage": OptState.READY,
-        "found_inf_per_device": {},
-        "step": None,
-        "factor": 1.0,
-        "folded": False,
-        "deferred": None,
-    }
+__all__ = ["OptimizerTables", "step_taking_scaler"]
 
 
 class OptimizerTables:
-    """A mixin of :class:`ampkit.GradScaler`: the C++ side's tables of its optimizers."""
+    """The C++ side's (``core``'s) tables of one GradScaler's optimizers, one slot each. Made again
+    with a new C++ side: the slots are that side's."""
 
-    _core: Any
-    _device: str
-    _names: Dict[int, str]
-    _bound: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]"
-    _next_slot: int
-    _fused_args: Dict[torch.device, Any]
-    _fallback_said: bool
-    _loss_sum: Optional[torch.Tensor]
-    _loss_count: int
-    _pass_loss: bool
-    _group: Any  # StatisticsGroup
-    _deferred: Any  # DeferredMode
-    _per_optimizer_states: Dict[int, Dict[str, Any]]
-    _core_world: int  # the world size the C++ side was made for
-    _core_generation: int  # how many C++ sides this scaler has made (the bindings name theirs)
-    _last_taken: "weakref.WeakKeyDictionary[Any, Any]"
+    def __init__(self, core: ScalerCore, group: StatisticsGroup, names: Dict[int, str], device: str) -> None:
+        self.core = core
+        self.group = group
+        self.names = names
+        self.device = device
+        # optimizer (a weak key) -> (slot, its parameters when bound, DTensor parameters): its
+        # parameters are handed to the C++ side once, and again only when they change.
+        self.bound: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
+        self.next_slot = 0
+        self.fused_args: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor]] = {}  # grad_scale, found_inf
+        self.fallback_said = False
 
-    if TYPE_CHECKING:  # GradScaler's and the other mixins', which this one calls
-
-        def _make_core(self) -> Any: ...
-        def state_dict(self) -> Dict[str, Any]: ...
-        def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
-
-    def _grads_device(self, optimizer: torch.optim.Optimizer) -> torch.device:
+    def grads_device(self, optimizer: torch.optim.Optimizer) -> torch.device:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     return p.grad.device
-        return torch.device(self._device)
+        return torch.device(self.device)
 
-    def _fused_step_args(self, device: torch.device) -> Any:
+    def _fused_step_args(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         """grad_scale and found_inf for a fused optimizer on ``device``: made once, filled per step
         (found_inf stays 0: a bad step never reaches the optimizer)."""
-        args = self._fused_args.get(device)
+        args = self.fused_args.get(device)
         if args is None:
             args = (
                 torch.ones((), dtype=torch.float32, device=device),
                 torch.zeros((), dtype=torch.float32, device=device),
             )
-            self._fused_args[device] = args
+            self.fused_args[device] = args
         return args
 
-    def _step_folded(self, optimizer: torch.optim.Optimizer, factor: float, args: Any, kwargs: Any) -> None:
+    def step_folded(self, optimizer: torch.optim.Optimizer, factor: float, args: Any, kwargs: Any) -> None:
         """A fused optimizer's step with the unscale and clip folded in: grad_scale is 1 / ``factor``
         (torch always hands it grad_scale)."""
-        grad_scale, found_inf = self._fused_step_args(self._grads_device(optimizer))
+        grad_scale, found_inf = self._fused_step_args(self.grads_device(optimizer))
         grad_scale.fill_(1.0 / factor)
         fused_step(optimizer, grad_scale, found_inf, args, kwargs)
 
-    def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
-        self._deferred.refuse_in_capture("stepped() (it reads the device)")
-        return bool(self._last_taken.get(optimizer, True))  # deferred: a device tensor, read here
-
-    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[Any, Any]:
-        """torch's: after unscale_() (or step()), {device: 1.0 where the step is skipped, else 0.0},
-        float32. Made when asked, so a step that nobody asks does not make it."""
-        state = self._per_optimizer_states[id(optimizer)]
-        found = state["found_inf_per_device"]  # what torch's _check_inf_per_device filled, if it ran
-        if found or state["step"] is None:
-            return found
-        if state["deferred"] is not None:
-            found[state["deferred"][1].device] = state["deferred"][1]
-        else:
-            device = self._grads_device(optimizer)
-            found[device] = torch.full((), 0.0 if state["step"] else 1.0, dtype=torch.float32, device=device)
-        return found
-
-    def _slot(self, optimizer: torch.optim.Optimizer) -> int:
+    def slot(self, optimizer: torch.optim.Optimizer) -> int:
         """The C++ side's table of ``optimizer``'s parameters, bound on its first step and again
         when its parameters change (a group added, a parameter added, removed or replaced: one
         identity pass, C-level, about 35 µs per 1,000 parameters). DTensor parameters (FSDP2) are bound as their local
         shards. The binding lives as long as the optimizer: a garbage-collected optimizer's table
         is released, and a new one never takes it over (an id() can be reused, a weak key cannot)."""
         groups = optimizer.param_groups
-        bound = self._bound.get(optimizer)
+        bound = self.bound.get(optimizer)
         if bound is not None and _same_parameters(groups, bound[1]):
-            return bound[0]
+            return int(bound[0])
         if bound is None:
-            if self._next_slot == 0:
-                self._follow_world()
-            slot, self._next_slot = self._next_slot, self._next_slot + 1
-            weakref.finalize(optimizer, _unbind, weakref.ref(self), self._core_generation, slot)
+            slot, self.next_slot = self.next_slot, self.next_slot + 1
+            weakref.finalize(optimizer, _unbind, weakref.ref(self), slot)
         else:
             slot = bound[0]
         params = [p for group in groups for p in group["params"]]
         names = [
-            self._names.get(id(p), f"param_groups[{g}][{i}]")
+            self.names.get(id(p), f"param_groups[{g}][{i}]")
             for g, group in enumerate(groups)
             for i, p in enumerate(group["params"])
         ]
-        group_name, sharded, dtensors = self._group.plan(params)
+        group_name, sharded, dtensors = self.group.plan(params)
         with torch.no_grad():  # DTensors: the C++ side sees their local shards
             bound_params = [p.to_local() for p in params] if dtensors else params
-        _, fallback = cpp(self._core.bind)(slot, bound_params, names)
-        if fallback and not self._fallback_said:  # once: the GPU path without ampkit's kernel
-            warnings.warn(fallback, stacklevel=3)
-            self._fallback_said = True
+        _, fallback = self.core.bind(slot, bound_params, names)
+        if fallback and not self.fallback_said:  # once: the GPU path without ampkit's kernel
+            warnings.warn(fallback, stacklevel=4)
+            self.fallback_said = True
         if group_name:
-            cpp(self._core.reduce_across)(slot, group_name, sharded)
-        self._bound[optimizer] = (slot, [list(group["params"]) for group in groups], params if dtensors else None)
+            self.core.reduce_across(slot, group_name, sharded)
+        self.bound[optimizer] = (slot, [list(group["params"]) for group in groups], params if dtensors else None)
         return slot
 
-    def _follow_world(self) -> None:
-        """Before the first step: a process group started after the scaler was made (Lightning
-        makes its precision plugin before its strategy starts the group) is the one the step serves:
-        the C++ side is made again for it, with the scaler's state, so that under DDP the NaN policy
-        reads the gradients every rank shares, not its own loss."""
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        world = torch.distributed.get_world_size() if distributed else 1
-        if world == self._core_world:
-            return
-        saved = self.state_dict()
-        self._core = self._make_core()
-        self._deferred.reset(self._core)
-        self.load_state_dict(saved)
-
-    def _iteration_loss(self) -> Optional[torch.Tensor]:
-        """The mean of this iteration's losses given to scale() (None under DDP: each rank's own)."""
-        if self._loss_sum is None or not self._pass_loss:
-            return None
-        if self._loss_count == 1:
-            return self._loss_sum  # read, never written, by the C++ side
-        # Divided by a tensor on the losses' device: CUDA multiplies by the reciprocal of a plain
-        # number, which is not the correctly rounded mean the CPU gives.
-        count = torch.full((), float(self._loss_count), dtype=self._loss_sum.dtype, device=self._loss_sum.device)
-        return self._loss_sum / count
-
-    def _give_local_gradients(self, optimizer: torch.optim.Optimizer, slot: int) -> None:
+    def give_local_gradients(self, optimizer: torch.optim.Optimizer, slot: int) -> None:
         """DTensor parameters: this step's local gradient shards to the C++ side, which measures them
         (new tensors each step, a list per step). Plain parameters: their .grad is read there."""
-        dtensors = self._bound[optimizer][2]
+        dtensors: Optional[List[torch.Tensor]] = self.bound[optimizer][2]
         if dtensors is not None:
-            cpp(self._core.set_gradients)(slot, self._group.local_gradients(dtensors))
+            self.core.set_gradients(slot, self.group.local_gradients(dtensors))
 
-    def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
-        slot = self._slot(optimizer)
-        self._give_local_gradients(optimizer, slot)
+    def unscale(
+        self,
+        optimizer: torch.optim.Optimizer,
+        slot: int,
+        fold: bool,
+        loss: Optional[torch.Tensor],
+        deferred: DeferredMode,
+    ) -> Tuple[bool, bool, float]:
+        """The engine's synchronous step for ``optimizer``'s gradients (bound as ``slot``; ``loss``:
+        the iteration's mean loss where the NaN policy reads it): (recorded, step, factor)."""
+        self.give_local_gradients(optimizer, slot)
         with torch.no_grad():  # a deferred step of this iteration or before is settled first (C++)
-            recorded, step, factor = self._deferred.settling(self._core.unscale, slot, fold, self._iteration_loss())
-        self._deferred.steps_in_iteration += 1
-        state["step"] = bool(step) if recorded else None
-        state["factor"] = float(factor)
-        state["folded"] = fold
+            return deferred.settling(self.core.unscale, slot, fold, loss)
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], deferred: DeferredMode, args: Any, kwargs: Any
+    ) -> Any:
+        """``optimizer.step`` as its record ``state`` decided (torch's per-optimizer step): deferred,
+        with the device's grad_scale and found_inf; fused, with the unscale and clip folded in; or
+        plain. Returns whether it stepped (a device tensor when deferred)."""
+        if state["deferred"] is not None:
+            return deferred.step(optimizer, state["deferred"], args, kwargs)
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        if state["step"] is None and not fused:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
+        stepped = state["step"] is None or bool(state["step"])  # torch steps a fused one with no gradients
+        if stepped and fused and state["folded"]:
+            self.step_folded(optimizer, state["factor"], args, kwargs)
+        elif stepped:
+            optimizer.step(*args, **kwargs)
+        return stepped
+
+
+def step_taking_scaler(optimizer: torch.optim.Optimizer, scaler: Any, args: Any, kwargs: Any) -> Any:
+    """torch's older contract, an optimizer whose step takes ``grad_scaler`` and unscales itself."""
+    warnings.warn(
+        "GradScaler is going to stop passing itself as a keyword argument to the passed "
+        "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+        "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return optimizer.step(*args, **dict(kwargs, grad_scaler=scaler))
 
 
 def _same_parameters(groups: Any, bound: Any) -> bool:
@@ -187,12 +152,12 @@ def _same_parameters(groups: Any, bound: Any) -> bool:
     )
 
 
-def _unbind(scaler: "weakref.ref[Any]", generation: int, slot: int) -> None:
-    """An optimizer is gone: its table's tensors are released, where its scaler's C++ side still is
-    the one it was bound on (a generation, not the side itself: a finalizer keeps what it holds)."""
-    owner = scaler()
-    if owner is not None and owner._core is not None and owner._core_generation == generation:
+def _unbind(tables: weakref.ref[OptimizerTables], slot: int) -> None:
+    """An optimizer is gone: its table's tensors are released, where the tables it was bound in (and
+    so their C++ side) are still in use (a weak reference: a finalizer keeps what it holds)."""
+    owner = tables()
+    if owner is not None:
         try:
-            owner._core.unbind(slot)  # raises nothing but at interpreter shutdown
+            owner.core.unbind(slot)  # raises nothing but at interpreter shutdown
         except Exception:  # noqa: BLE001 (nothing left to release then)
             pass

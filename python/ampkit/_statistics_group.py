@@ -57,8 +57,9 @@ class StatisticsGroup:
         return self.process_group
 
     def passes_loss(self, world_size: int) -> bool:
-        """Whether the NaN policy reads the loss: one rank, or the loss averaged over the ranks
-        (each rank's own loss would let the ranks decide apart)."""
+        """Whether the NaN policy reads the loss: one rank, or the loss averaged over the ranks. Under
+        DDP every rank sees the same averaged gradients but its own loss: a decision that read the
+        loss could differ between ranks, so the policy sees the gradients only."""
         return world_size == 1 or self.average_loss
 
     def plan(self, params: Sequence[torch.Tensor]) -> Tuple[str, bool, bool]:

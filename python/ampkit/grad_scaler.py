@@ -1,10 +1,11 @@
 """ampkit.GradScaler: torch.amp.GradScaler's interface over ampkit's plugins.
 
 The call order, the misuse errors, the in-place ``unscale_`` and the per-optimizer skips are
-torch/amp/grad_scaler.py's (torch 2.11). What happens after backward is the C++ AmpStep
-(core/engine/include/ampkit/amp_step.h): one statistics pass, the NaN policy's decision, the
-named clipper on unscaled gradients, unscale and clip in one multiply (or folded into a fused
-optimizer's ``grad_scale``), and the scaler plugin's update once per iteration.
+torch/amp/grad_scaler.py's (torch 2.11); what happens after backward is the C++ AmpStep
+(core/engine/include/ampkit/amp_step.h). One object: the class owns torch's call-order state
+machine and calls, never inherits, its helpers: the C++ side (``_scaler_core``, where the plugins'
+and the step's state live), the plugins' options and states (``_plugin_access``), the optimizers'
+gradient tables (``_optimizer_tables``), the deferred step (``_deferred``).
 """
 
 from __future__ import annotations
@@ -14,86 +15,68 @@ import os
 import warnings
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.amp.grad_scaler import OptState
 
-from . import _library
 from ._arguments import check_arguments
 from ._deferred import DeferredMode
-from ._errors import cpp
-from ._facts import STEP_KINDS, passthrough_record
-from ._optimizer_tables import OptimizerTables, _refresh_per_optimizer_state
-from ._plugin_access import PluginAccess, option_text
+from ._facts import passthrough_record
+from ._iteration import IterationLosses, found_inf_per_device, fresh_optimizer_state
+from ._optimizer_tables import OptimizerTables, step_taking_scaler
+from ._plugin_access import PluginSettings, check_state_dict, plugin_config
+from ._scaler_core import ScalerCore, make_scaler_core, world_size
 from ._statistics_group import StatisticsGroup
-from ._torch_state import TorchPrivateState
+from ._torch_state import GrowthTracker, ScaleTensor, TorchOption, check_new_scale, scale_outputs
 from ._tracing import not_traced
 from .deepspeed import scaler_kwargs_from_deepspeed
 from .locator import nan_report
 
 __all__ = ["GradScaler", "OptState"]
 
-# torch.amp.GradScaler's constructor defaults, read from its signature: an argument left at its
-# default leaves the plugin's own default (or AMPKIT_SCALER_<OPTION>) in force.
-_TORCH_DEFAULTS = {name: p.default for name, p in inspect.signature(torch.amp.GradScaler.__init__).parameters.items()}
+# What a pickled GradScaler keeps: its arguments; its plugins' states ride as a state_dict.
+_PICKLED = (
+    "_device _enabled _sync _config _torch_args _group _passthrough_steps _init_scale _init_growth_tracker".split()
+)
 
 
-def _scaler_options(torch_args: Mapping[str, Any]) -> Dict[str, str]:
-    """The scaler plugin's options that torch's arguments set: those given other than their default."""
-    return {"scaler." + k: option_text(v, k) for k, v in torch_args.items() if v != _TORCH_DEFAULTS[k]}
-
-
-class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.GradScaler):
+class GradScaler(torch.amp.GradScaler):
     """A :class:`torch.amp.GradScaler` whose strategies are ampkit plugins.
 
-    A subclass, so every type check and private call trainers and fused optimizers make works and
-    means what it means in torch: ``_scale`` (the scale, float32 on the device, made by the first
-    :meth:`scale`), ``_growth_tracker``, ``_per_optimizer_states`` (torch's ``OptState`` stages),
-    ``_lazy_init_scale_growth_tracker``, ``_get_scale_async``, ``_check_inf_per_device``, and the
-    ``_step_supports_amp_scaling`` protocol. torch's ``__init__`` is not run: the scale and its
-    counters are the scaler plugin's state, and ``_init_scale``, ``_growth_factor``,
-    ``_backoff_factor``, ``_growth_interval`` and ``_init_growth_tracker`` read it.
+    A subclass, so every type check and private call that trainers and fused optimizers make works and means
+    what it means in torch (docs/python.md, "GradScaler", lists them). torch's ``__init__`` is not run: the
+    scale and its counters are the scaler plugin's state, which ``_init_scale``, ``_growth_factor``, ... read.
 
     Args:
         device: the device of the parameters ("cuda" or "cpu"), as torch's.
-        init_scale, growth_factor, backoff_factor, growth_interval: torch's arguments; each one
-            given with a value other than torch's default sets the scaler plugin's option of the
-            same name (``scaler.init_scale``, ...).
+        init_scale, growth_factor, backoff_factor, growth_interval: torch's arguments; each one given with a value
+            other than torch's default sets the scaler plugin's option of the same name (``scaler.init_scale``,
+            ...).
         enabled: False makes every method a pass-through, as torch's.
         scaler: the loss scaler plugin, by name or path (``dynamic`` is torch's, exactly).
-        clipper: the gradient clipper plugin; it clips inside :meth:`unscale_`/:meth:`step`,
-            always on unscaled gradients (``none``: no clipping).
-        nan_policy: what a step with a non-finite gradient or loss (or a spike) does (``skip``: torch's,
-            but a non-finite loss skips too; ``backoff``, ``abort``; ``rollback`` is refused here).
+        clipper: the gradient clipper plugin; it clips inside :meth:`unscale_`/:meth:`step`, always on unscaled
+            gradients (``none``: no clipping).
+        nan_policy: what a step with a non-finite gradient or loss (or a spike) does (``skip``: torch's, but a
+            non-finite loss skips too; ``backoff``, ``abort``; ``rollback`` is refused here).
         precision: "fp16", "bf16" or "fp32"; picks per-precision option defaults. None: fp16.
-        opt: plugin options as ``{"KIND.OPTION": value}``, the names and checks of
-            ampkit-train's ``--opt`` (values also come from ``AMPKIT_<KIND>_<OPTION>``).
+        opt: plugin options as ``{"KIND.OPTION": value}``, the names and checks of ampkit-train's ``--opt`` (values
+            also come from ``AMPKIT_<KIND>_<OPTION>``).
         plugin_dirs: folders searched for plugins before ``AMPKIT_PLUGIN_PATH``.
         allow_untrusted_plugins: load plugin files that are writable by others (loud warning).
         model: names the gradients in :attr:`last_step` ("top_layers") by module path.
-        stats_recipe: how the gradient statistics are computed (``automatic``: ``fused_scan`` for
-            fp32 CPU parameters, ``chunk_kernel`` on a GPU where this build holds ampkit's kernel,
-            ``foreach_ops`` otherwise; docs/architecture.md). Chosen once per optimizer, on its
-            first step; :attr:`last_step` says which ran.
-        sync: ``"auto"`` (default): with one fused optimizer (``fused=True``) whose scaler, clipper
-            and NaN policy all have a device form, from the second iteration on the step makes no
-            host read: statistics, decisions and the scale's update stay on the device, :meth:`step`
-            returns a bool tensor; the host state read between step() and update() is the one before
-            the update, as torch's. ``"deferred"``: the same from the first step (where it cannot
-            run, one warning says why); ``"step"``: one host read per step, as torch's.
-        process_group: the ``torch.distributed`` group the gradient statistics are reduced over, before
-            the one host read, so every rank decides on the same numbers. None (default): FSDP2's
-            DTensor gradients (``fully_shard``) are reduced over their device mesh's group (squares,
-            zeros and elements summed, max-abs the largest; one all_gather per optimizer and step),
-            plain gradients (DDP, one process) are not reduced unless ``average_loss``, then over the
-            default group. A group given must hold the mesh's ranks; plain gradients are then
-            reduced over it too (the largest of each figure: equal on every rank under DDP).
-        average_loss: True: the loss given to :meth:`scale` is averaged over the ranks in the same
-            collective, and the NaN policy reads it (a NaN in one rank's loss alone makes every rank
-            skip). False (default): with more than one rank the policy reads the gradients only.
-        plugin_timeout: seconds a plugin may take to load (in a child process), to construct, and in
-            any later call (ampkit-train's ``--plugin-timeout``, same default); past it, one line
+        stats_recipe: how the gradient statistics are computed (``automatic``: chosen per optimizer on its first
+            step, docs/architecture.md); :attr:`last_step` says which ran.
+        sync: ``"auto"`` (default): with one fused optimizer whose strategies all have a device form, from the
+            second iteration on the step makes no host read and :meth:`step` returns a bool tensor; ``"deferred"``:
+            from the first step; ``"step"``: one host read per step, as torch's (docs/python.md, "A step that never
+            waits for the GPU").
+        process_group: the ``torch.distributed`` group the gradient statistics are reduced over, so every rank
+            decides on the same numbers. None (default): FSDP2's DTensor gradients over their device mesh's group,
+            plain gradients not (docs/python.md, "Sharded models").
+        average_loss: True: the NaN policy reads the loss averaged over the ranks. False (default): with more than
+            one rank it reads the gradients only.
+        plugin_timeout: seconds a plugin may take to load, construct, and in any later call; past it, one line
             naming the plugin and the call, and Python exits with code 3. None: no limit.
 
     Raises:
@@ -133,118 +116,75 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             # torch's warning, issued as torch issues it (no stacklevel).
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.")  # noqa: B028
             self._enabled = False
-        torch_args = {
-            "init_scale": init_scale,
-            "growth_factor": growth_factor,
-            "backoff_factor": backoff_factor,
-            "growth_interval": growth_interval,
-        }
-        self._config: Dict[str, Any] = {
-            # Each kind's plugin is the keyword argument of the kind's name (scaler=, clipper=, ...).
-            "plugins": {kind: str(arguments[kind]) for kind in STEP_KINDS},
-            # opt= wins over torch's arguments.
-            "opt": {
-                **_scaler_options(torch_args),
-                **{str(k): option_text(v, f"opt[{k!r}]") for k, v in (opt or {}).items()},
-            },
-            "precision": "fp16" if precision is None else precision,  # "" is refused, not fp16
-            "plugin_dirs": _library.plugin_folders(plugin_dirs),
-            "allow_untrusted": bool(allow_untrusted_plugins),
-            "stats_recipe": str(stats_recipe),
-            "plugin_timeout": -1 if plugin_timeout is None else plugin_timeout,
-        }
-        self._torch_args = torch_args
+        names = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+        self._torch_args: Dict[str, Any] = {name: arguments[name] for name in names}
+        self._config = plugin_config(arguments, self._torch_args)
+        self._sync = str(sync)
         self._model = model
-        self._names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
-        self._core: Any = None
-        self._scale: Optional[torch.Tensor] = None  # torch's: None until the first scale()
-        self._scale_per_device: Dict[torch.device, torch.Tensor] = {}
-        self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
-        self._last_taken: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # bool or device tensor
-        self._loss_sum: Optional[torch.Tensor] = None  # this iteration's losses given to scale()
-        self._loss_count = 0
-        self._pass_loss = True
-        # optimizer (a weak key) -> (slot, its parameters' ids when bound, DTensor parameters): its
-        # parameters are handed to the C++ side once, and again only when they change.
-        self._bound: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]" = weakref.WeakKeyDictionary()
-        self._next_slot = 0
-        self._fused_args: Dict[torch.device, Any] = {}  # grad_scale, found_inf for fused optimizers
-        self._fallback_said = False
-        self._deferred = DeferredMode(str(sync), cuda=self._device.startswith("cuda"))
         self._group = StatisticsGroup(process_group, average_loss)
-        self._initial = (float(init_scale), 0)  # torch's _init_scale, _init_growth_tracker
         self._passthrough_steps = 0  # a disabled scaler's steps (its last_step's step)
-        core = self._make_core()  # a disabled scaler's too: its arguments are refused on any machine
+        self._init_scale, self._init_growth_tracker = float(init_scale), 0  # torch's
+        self._begin(check_plugins=True)  # a disabled scaler's too: its arguments are refused on any machine
+        if self._enabled:
+            self._init_scale = self._plugins.scale()
+
+    def _begin(self, check_plugins: bool = False) -> None:
+        """The state of a scaler that has not stepped, over a new C++ side."""
+        self._names = {id(p): n for n, p in self._model.named_parameters()} if self._model is not None else {}
+        self._scales = ScaleTensor()  # torch's _scale
+        self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(fresh_optimizer_state)
+        self._last_taken: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # bool or device tensor
+        self._losses = IterationLosses()  # this iteration's losses given to scale()
+        self._deferred = DeferredMode(self._sync, cuda=self._device.startswith("cuda"))
+        self._core: Optional[ScalerCore] = None
+        self._tables: Optional[OptimizerTables] = None
+        self._core_world, self._pass_loss = 1, True
+        self._plugins = PluginSettings(None, self._deferred, self._torch_args)  # a disabled scaler's
+        if self._enabled or check_plugins:
+            self._start_core()
+
+    def _start_core(self) -> None:
+        """A C++ side for the process group in force, and the helpers over it."""
+        core, self._core_world = make_scaler_core(self._config, self._device.startswith("cuda"))
+        self._pass_loss = self._group.passes_loss(self._core_world)
         if self._enabled:
             self._core = core
+            self._plugins = PluginSettings(core, self._deferred, self._torch_args)
+            self._tables = OptimizerTables(core, self._group, self._names, self._device)
             self._deferred.reset(core)
-            self._initial = (self._core_scale(), 0)
 
-    def _make_core(self) -> Any:
-        c = self._config
-        dirs = c["plugin_dirs"] + [_library.builtin_plugin_dir()]
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        rank = torch.distributed.get_rank() if distributed else 0
-        world = torch.distributed.get_world_size() if distributed else 1
-        # Under DDP every rank sees the same averaged gradients but its own loss: a decision that
-        # read the loss could differ between ranks, so the policy sees the gradients only, unless
-        # the loss is averaged over the ranks (average_loss).
-        self._pass_loss = self._group.passes_loss(world)
-        self._core_world, self._core_generation = world, getattr(self, "_core_generation", 0) + 1
-        self._bound = weakref.WeakKeyDictionary()
-        make = cpp(
-            lambda: torch.classes.ampkit.ScalerCore(
-                c["plugins"],
-                c["opt"],
-                c["precision"],
-                dirs,
-                c["allow_untrusted"],
-                self._device.startswith("cuda"),
-                rank,
-                world,
-                c["stats_recipe"],
-                c["plugin_timeout"],
-            )
-        )
-        return make()
+    def _slot(self, optimizer: torch.optim.Optimizer) -> Tuple[OptimizerTables, int]:
+        """``optimizer``'s table. Before the first: a process group started after the scaler was made
+        (Lightning starts it after making its precision plugin) is the one the step serves: the C++ side
+        is made again for it, with the scaler's state (under DDP the NaN policy reads no rank's own loss)."""
+        tables = self._tables
+        assert tables is not None, "a disabled GradScaler binds no optimizer"
+        if tables.next_slot == 0 and optimizer not in tables.bound and world_size() != self._core_world:
+            saved = self.state_dict()
+            self._start_core()
+            self.load_state_dict(saved)
+        assert self._tables is not None
+        return self._tables, self._tables.slot(optimizer)
 
     @classmethod
     def from_deepspeed_config(
         cls, config: Union[str, os.PathLike, Mapping[str, Any]], device: str = "cuda", **kwargs: Any
     ) -> "GradScaler":
-        """A GradScaler from a DeepSpeed config's ``fp16``/``bf16``/``gradient_clipping`` keys
-        (a path to its JSON, or the dict); unmapped keys are named in one warning
-        (ampkit/deepspeed.py). ``kwargs`` win over the mapped values."""
+        """A GradScaler from a DeepSpeed config's ``fp16``/``bf16``/``gradient_clipping`` keys (a path to its
+        JSON, or the dict); unmapped keys are named in one warning. ``kwargs`` win over the mapped values."""
         return cls(device=device, **scaler_kwargs_from_deepspeed(config, **kwargs))
-
-    # --- torch.amp.GradScaler's methods -------------------------------------------------------
 
     def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor, or the tensors of a nested list/tuple, by the loss scale."""
         if not self._enabled:
             return outputs
-        if isinstance(outputs, torch.Tensor):
-            if self._scale is None:
-                self._lazy_init_scale_growth_tracker(outputs.device)
-            if outputs.numel() == 1 and outputs.requires_grad:  # a loss (not a logged value): the NaN policy reads it
-                loss = outputs.detach().float().reshape(())
-                self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-                self._loss_count += 1
-            return outputs * self._scale_on(outputs.device)
+        self._losses.take(outputs)
+        return scale_outputs(outputs, self._scaled)
 
-        def apply_scale(val: Any) -> Any:
-            if isinstance(val, torch.Tensor):
-                if self._scale is None:
-                    self._lazy_init_scale_growth_tracker(val.device)
-                return val * self._scale_on(val.device)
-            if isinstance(val, Iterable):
-                iterable = map(apply_scale, val)
-                if isinstance(val, (list, tuple)):
-                    return type(val)(iterable)
-                return iterable
-            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
-
-        return apply_scale(outputs)
+    def _scaled(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(tensor.device)
+        return tensor * self._scales.on(tensor.device, self._deferred.scale)
 
     @not_traced
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
@@ -267,6 +207,12 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             "unscale_() was called before step() (clip with clipper= to stay on the device)"
         )
 
+    def _unscale(self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], fold: bool) -> None:
+        """The engine's synchronous step for ``optimizer``, its decision kept in ``state``."""
+        tables, slot = self._slot(optimizer)
+        recorded, step, factor = tables.unscale(optimizer, slot, fold, self._iteration_loss(), self._deferred)
+        state.update(step=step if recorded else None, factor=factor, folded=fold, unscaled=True)
+
     @not_traced
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Steps ``optimizer`` unless this iteration's gradients were not finite (or the NaN
@@ -282,43 +228,20 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
-        if getattr(optimizer, "_step_supports_amp_scaling", False) and (
-            "grad_scaler" in inspect.signature(optimizer.step).parameters
-        ):
-            # torch's older contract: the optimizer gets the scaler and unscales itself.
-            warnings.warn(
-                "GradScaler is going to stop passing itself as a keyword argument to the passed "
-                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
-                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
-                FutureWarning,
-                stacklevel=2,
-            )
-            retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        if fused and "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            retval = step_taking_scaler(optimizer, self, args, kwargs)
             state["stage"] = OptState.STEPPED
             return retval
         if state["stage"] is OptState.READY:
-            slot = self._slot(optimizer)
-            graph = self._deferred.check_capture(optimizer, slot)
-            if self._deferred.applies(optimizer, slot):  # no host read: docs/python.md
-                self._give_local_gradients(optimizer, slot)
-                state["deferred"] = self._deferred.unscale(slot, self._iteration_loss(), graph)
-                state["step"] = True if state["deferred"] is not None else None
-            else:
-                self._unscale(optimizer, state, fold=bool(getattr(optimizer, "_step_supports_amp_scaling", False)))
+            tables, slot = self._slot(optimizer)
+            if not self._deferred.try_unscale(
+                optimizer, slot, self._per_optimizer_states, tables, self._iteration_loss
+            ):
+                self._unscale(optimizer, state, fold=fused)
             state["stage"] = OptState.UNSCALED  # a step() retried after optimizer.step raised does not unscale again
-        if state["deferred"] is not None:
-            stepped_on_device = self._deferred.step(optimizer, state["deferred"], args, kwargs)
-            state["stage"] = OptState.STEPPED
-            self._last_taken[optimizer] = stepped_on_device
-            return stepped_on_device
-        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-        if state["step"] is None and not fused:
-            raise AssertionError("No inf checks were recorded for this optimizer.")
-        stepped = state["step"] is None or bool(state["step"])  # torch steps a fused one with no gradients
-        if stepped and fused and state["folded"]:
-            self._step_folded(optimizer, state["factor"], args, kwargs)
-        elif stepped:
-            optimizer.step(*args, **kwargs)
+        assert self._tables is not None
+        stepped = self._tables.step(optimizer, state, self._deferred, args, kwargs)  # deferred: a device tensor
         state["stage"] = OptState.STEPPED
         self._last_taken[optimizer] = stepped
         return stepped
@@ -334,28 +257,12 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
             self._deferred.refuse_in_capture("update(new_scale) (set the scale before capturing)")
         try:
             if new_scale is not None:
-                if isinstance(new_scale, float):
-                    value = new_scale
-                else:
-                    reason = (
-                        "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
-                        "torch.FloatTensor with requires_grad=False."
-                    )
-                    assert isinstance(new_scale, torch.Tensor), reason
-                    assert new_scale.device.type == self._device, reason
-                    assert new_scale.numel() == 1, reason
-                    assert new_scale.requires_grad is False, reason
-                    value = float(new_scale.item())
-                self._set_scale_to(value)
-            elif not self._deferred.finish_iteration(graph):
-                recorded = [s for s in self._per_optimizer_states.values() if s["step"] is not None]
-                if len(recorded) == 0:
-                    raise AssertionError("No inf checks were recorded prior to update.")
-                cpp(self._core.update)()
-                self._deferred.learn(len(recorded))
+                self._plugins.set_scale(check_new_scale(new_scale, self._device))
+            else:
+                self._deferred.finish_iteration(self._per_optimizer_states, graph)
         finally:
-            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-            self._loss_sum, self._loss_count = None, 0
+            self._per_optimizer_states = defaultdict(fresh_optimizer_state)
+            self._losses.clear()
             self._refresh_scale()
 
     def get_scale(self) -> float:
@@ -363,37 +270,128 @@ class GradScaler(TorchPrivateState, PluginAccess, OptimizerTables, torch.amp.Gra
         if not self._enabled:
             return 1.0
         self._deferred.drain()
-        return self._core_scale()
+        return self._plugins.scale()
 
-    def is_enabled(self) -> bool:
-        return self._enabled
+    def state_dict(self) -> Dict[str, Any]:
+        """torch.amp.GradScaler's state_dict, plus ``"ampkit"``: every plugin's name and state.
+        Loads with ``torch.load(weights_only=True)``."""
+        if not self._enabled:
+            return {}
+        self._deferred.drain()
+        return self._plugins.state_dict(self.get_scale())
 
-    # --- what ampkit adds -----------------------------------------------------------------------
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads torch.amp.GradScaler's state_dict (ampkit-train's scaler_state_dict.pt too) or
+        one of ours, whose plugin states are restored where the plugins are the same."""
+        if not isinstance(state_dict, Mapping):  # torch's raises TypeError too (a str is not indexable by key)
+            raise TypeError(f"load_state_dict: state_dict must be a dict, got {type(state_dict).__name__}")
+        if not self._enabled:
+            return
+        try:
+            self._init_scale, self._init_growth_tracker = self._plugins.load_state_dict(check_state_dict(state_dict))
+        finally:
+            self._refresh_scale()
+
+    # torch's private state, which trainers and fused optimizers read. Read and assigned by torch's own
+    # get_/set_ methods (inherited, not overridden): the scaler plugin's options of those names.
+    _growth_factor = TorchOption("growth_factor", float)
+    _backoff_factor = TorchOption("backoff_factor", float)
+    _growth_interval = TorchOption("growth_interval", int)
+    _growth_tracker = GrowthTracker()
+
+    def _get_growth_tracker(self) -> int:
+        return self._plugins.growth_tracker()
+
+    def _plugin(self, kind: str) -> List[str]:
+        return self._plugins.plugin(kind)  # name, version and file of the ``kind`` plugin
+
+    def _check_scale_growth_tracker(self, funcname: str) -> Any:
+        fix = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
+        if self._scale is None:
+            raise AssertionError(f"Attempted {funcname} but _scale is None.  {fix}")
+        # torch returns its tracker tensor too; ours is the plugin's state, read only where asked
+        # for (_growth_tracker), never per step: a deferred step must not wait for the device.
+        return (self._scale, None)
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        """torch's lazy start of ``_scale`` on ``dev`` (the first scale(), or a trainer that
+        places it, as Accelerate's FSDP2 load_state does), from the scaler plugin's scale."""
+        self._scales.place(dev, self._plugins.scale())
+
+    @property
+    def _scale(self) -> Optional[torch.Tensor]:
+        """torch's: the scale, float32 on the device of the first scale() (None before)."""
+        return self._scales.tensor
+
+    @_scale.setter
+    def _scale(self, value: Optional[torch.Tensor]) -> None:
+        self._scales.tensor, self._scales.per_device = value, {}
+
+    def _get_scale_async(self) -> Optional[torch.Tensor]:
+        """torch's scale without waiting for it (fused optimizers of Apex and Transformer Engine read it)."""
+        return self._scale
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[Any, Any]:
+        """torch's: after unscale_() (or step()), {device: 1.0 where the step is skipped, else 0.0}."""
+        return found_inf_per_device(self._per_optimizer_states[id(optimizer)], optimizer, self._tables)
+
+    def _refresh_scale(self) -> None:
+        if self._scale is not None:
+            self._scales.refresh(self._plugins.scale, self._deferred.scale)
+
+    def _iteration_loss(self) -> Optional[torch.Tensor]:
+        return self._losses.mean() if self._pass_loss else None  # None under DDP: each rank's own loss
+
+    def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` stepped in the last iteration (True before the first)."""
+        self._deferred.refuse_in_capture("stepped() (it reads the device)")
+        return bool(self._last_taken.get(optimizer, True))  # deferred: a device tensor, read here
+
+    def set_plugin_option(self, key: str, value: Any) -> None:
+        """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
+        the plugin is made again with it, its other options and its state kept (as a resumed run
+        would make it), and stays guarded. Raises ValueError for an unknown kind, option or value."""
+        key, text = self._plugins.set_option(key, value)
+        if key:
+            self._config["opt"][key] = text  # a C++ side made again (unpickling) has it too
+
+    def plugin_options(self, kind: str) -> List[tuple]:
+        """The effective options of the ``kind`` plugin: (name, value, source) rows."""
+        return self._plugins.settings(kind)
 
     @property
     def last_step(self) -> Dict[str, Any]:
-        """The last unscale's record, the keys of ampkit-train's metrics record (docs/configuration.md)
-        but the host's (epoch, lr, samples_per_second, time): step, loss, scale, scale_next,
-        grad_norm (unscaled), grad_norm_clipped, grad_max_abs, zero_fraction, clip_coef,
-        clip_threshold, clipped, found_inf, action, reason ("" where the policy gave none), stepped,
-        skipped_steps, top_layers ([{name, grad_norm}], largest first); plus layer_norms
-        ({name: grad_norm} for every parameter; names need ``model=``), stats_recipe (the
-        statistics recipe that ran), host_sync (``"step"`` or ``"deferred"``: how it ran) and
-        host_sync_reason (why); after a deferred step, this step's. Disabled: NaN figures at scale 1."""
+        """The last unscale's record: ampkit-train's metrics record but the host's fields, plus
+        layer_norms, stats_recipe, host_sync and host_sync_reason (docs/python.md, "GradScaler");
+        after a deferred step, this step's. Disabled: NaN figures at scale 1."""
         if not self._enabled:
             return passthrough_record(self._passthrough_steps)
-        if self._deferred.in_iteration:
-            self._deferred.settling(self._core.settle_iteration)
-        self._deferred.drain()
-        record = dict(cpp(self._core.record)())
-        record["host_sync"], record["host_sync_reason"] = self._deferred.last, self._deferred.last_reason
-        return record
+        return self._deferred.record(self._per_optimizer_states)
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
         """After a skipped step: re-runs it (``closure``: its forward under its autocast, returning
         the loss) with every submodule of ``model`` observed, backward at the step's scale; returns
-        ampkit-train's NaN report (step, rank, detection, action, loss_scale, precision, located,
-        module, module_type, phase, finding, observation, forward, backward; ampkit.NanLocator)."""
+        ampkit-train's NaN report (docs/python.md, "Finding the first bad layer")."""
         if self._model is None:
             raise ValueError("locate() needs the model: create the GradScaler with model=...")
         return nan_report(self._model, closure, self.last_step, self._config["precision"])
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if self._enabled:
+            self._deferred.drain()
+            assert len(self._per_optimizer_states) == 0, (
+                "A GradScaler instance may only be pickled at the beginning of an iteration, "
+                "or at the end after scaler.update()."
+            )
+        state = {name: self.__dict__[name] for name in _PICKLED}
+        state["_cuda"] = self._deferred.cuda  # a CUDA scaler: a graph capture may hold its steps
+        state["_saved_state_dict"] = self.state_dict() if self._enabled else None
+        return state  # the model is not the scaler's to pickle
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update({name: state[name] for name in _PICKLED})
+        self._model = None
+        self._begin()  # a disabled scaler's C++ side is not made again
+        self._deferred.cuda = state["_cuda"]
+        if state["_saved_state_dict"]:
+            self.load_state_dict(state["_saved_state_dict"])

@@ -121,6 +121,7 @@ class GradientClipper:
         if any(p.grad is not None and p.grad.is_sparse for _, p in named):
             raise ValueError("GradientClipper does not clip sparse gradients; use ampkit.GradScaler(clipper=...)")
         core, group = self._scaler._core, self._scaler._group
+        assert core is not None  # an enabled scaler's
         params = [p for _, p in named]
         key = tuple(id(p) for p in params)
         if key != self._bound:  # the engine's gradient table, made again only for other parameters
