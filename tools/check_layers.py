@@ -3,7 +3,7 @@
 
 core/ is one library per part; a part may use only the parts below it:
 
-    common  <-  registry  <-  engine          checkpoint, metrics: common only
+    common  <-  registry  <-  engine          checkpoint, metrics, config: common only
 
 Three views of that rule are checked, so a break shows whichever way it was made:
   * links: each part's libraries and what they link (LINK_LIBRARIES, written by core/CMakeLists.txt
@@ -37,6 +37,7 @@ ALLOWED = {
     "engine": {"common", "registry"},
     "checkpoint": {"common"},
     "metrics": {"common"},
+    "config": {"common"},
 }
 CXX = (".h", ".hpp", ".cpp", ".cc", ".cu")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](ampkit/[^">]+)[">]')
@@ -198,7 +199,7 @@ def self_test():
         write(f"{tmp}/build/ampkit_layers.txt",
               "ampkit_common common\nampkit_registry registry ampkit_common\n"
               "ampkit_engine engine ampkit_common\nampkit_checkpoint checkpoint ampkit_common\n"
-              "ampkit_metrics metrics ampkit_common\n")
+              "ampkit_metrics metrics ampkit_common\nampkit_config config ampkit_common\n")
         write(f"{tmp}/build/build.ninja", "".join(
             f"build core/CMakeFiles/ampkit_{p}.dir/{p}.cpp.o: CXX {p}.cpp\n"
             f"  INCLUDES = -I{tmp}/core/{p}/include -I{tmp}/core/common/include\n" for p in ALLOWED))
