@@ -18,8 +18,8 @@
 # without tools/setup.sh's datasets (copy them into the checkout and carry them); by default the
 # workloads read /usr/share/datasets/fashion-mnist and /usr/share/games/fortunes.
 #
-# --dry-run-on-cpu runs every check but NCCL on the CPU, with short runs, to test this script on a
-# machine without a GPU (ctest's test_gpu_check); its figures mean nothing.
+# --dry-run-on-cpu runs every check but NCCL on the CPU, with short runs on one thread each, to test
+# this script on a machine without a GPU (ctest's test_gpu_check); its figures mean nothing.
 #
 # Without a GPU it prints "no GPU: nothing to check" and exits 0 (CI runs it that way). The build
 # may come from another machine (Release, Boost and yaml-cpp linked statically, carried over):
@@ -62,7 +62,12 @@ for name in $sections; do
 done
 [ -n "${sections// /}" ] || { echo "gpu-check.sh: --sections names no section" >&2; exit 2; }
 python=${PYTHON:-python3}
-gpus=$(timeout -k 5 120 "$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+# Only a GPU run counts the GPUs: importing torch takes seconds (tens under load), which a dry run's
+# --deadline would spend before its first section.
+gpus=""
+if [ "$device" = cuda ]; then
+  gpus=$(timeout -k 5 120 "$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+fi
 if [ "${gpus:-0}" = 0 ] && [ "$device" = cuda ]; then
   echo "no GPU: nothing to check"
   exit 0
@@ -72,7 +77,8 @@ if [ -n "$data" ] && [ ! -d "$data/fashion-mnist" -o ! -d "$data/fortunes" ]; th
   exit 2
 fi
 [ -x "$build/bin/ampkit-train" ] || { echo "gpu-check.sh: no build in $build (run tools/test.sh or carry one)" >&2; exit 2; }
-torch_lib=$(timeout -k 5 60 "$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+# torch's folder, found without importing torch.
+torch_lib=$(timeout -k 5 60 "$python" -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("torch").origin), "lib"))')
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # A build carried from another machine has that machine's absolute paths compiled into its tests
 # (plugin folder, golden files) and its CTest files: make them resolve to this checkout.
@@ -147,23 +153,29 @@ workloads="synthetic fashion-mnist char-gpt"
 if [ "$device" = cpu ]; then
   steps=5 workloads=synthetic
   quick="--workloads mlp-1m --precisions fp32,fp16 --steps 3 --warmup 1 --repeats 1 --batch-size 64"
-  bench_quick="--reps 2 --warmup 1"
+  bench_quick="--reps 1 --warmup 0"
+  # One thread per program: on a loaded machine LibTorch's waiting threads spin on the cores the
+  # others need, which made a dry run several times slower (its figures mean nothing anyway).
+  export OMP_NUM_THREADS=1
 fi
 {
   if [ "$device" = cpu ]; then
     echo "# ampkit's GPU checks, dry run on the CPU: $(date -u +%Y-%m-%d) (figures mean nothing)"
     echo
-    echo "Device: the CPU ($(nproc) cores)"
+    echo "Device: the CPU ($(env -u OMP_NUM_THREADS nproc) cores, one thread per program)"
+    # Importing torch takes seconds (as for the GPU count above): its package's version instead.
+    visible="GPUs not counted" version=$(timeout -k 5 60 "$python" -c 'import importlib.metadata as m; print(m.version("torch"))')
   else
     echo "# ampkit on a GPU: $(date -u +%Y-%m-%d)"
     echo
     echo "Device: $(timeout -k 5 60 "$python" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB")')"
+    visible="$gpus GPUs visible" version=$(timeout -k 5 60 "$python" -c 'import torch; print(torch.__version__)')
   fi
   # A packed build (tools/gpu-pack.sh) names the commit it was packed at (the device's copy of the
   # checkout has no .git); the scripts are the checkout's.
   commit="commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   [ -s "$build/ampkit-commit.txt" ] && commit="build packed at commit $(head -c 40 "$build/ampkit-commit.txt"); scripts at $commit"
-  echo "($gpus GPUs visible); torch $(timeout -k 5 60 "$python" -c 'import torch; print(torch.__version__)'); $commit."
+  echo "($visible); torch $version; $commit."
   [ "$sections" = "$all_sections" ] || echo "Sections, in this order: ${sections// /, }."
 } > "$report"
 
@@ -418,12 +430,12 @@ run_throughput() {
   local code lim
   {
     echo
-    echo "## Throughput: ampkit-train against PyTorch's recipe on $device (tools/bench/throughput_comparison.py)"
+    echo "## Throughput: ampkit-train against PyTorch's recipe on $device (bench/throughput_comparison.py)"
     echo
   } >> "$report"
   lim=$(limit 480)
   # shellcheck disable=SC2086  # $quick is a list of options
-  if bounded 480 "$python" tools/bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
+  if bounded 480 "$python" bench/throughput_comparison.py --build "$build" --device "$device" --ways ampkit,pytorch \
       --workloads mlp-10m,cnn,gpt --precisions fp32,bf16,fp16 --steps 50 --warmup 5 --repeats 3 --batch-size 256 \
       --csv "${report%.md}-throughput.csv" \
       ${data:+--data "$data"} $quick > "$out/throughput.md" 2> "$out/throughput.log"; then
@@ -448,7 +460,7 @@ run_throughput() {
 
 # Two real models (transformers' GPT-2 124M, timm's ViT-B/16; random weights) under ampkit.GradScaler
 # and torch's GradScaler + unscale_ + clip_grad_norm_, fp16 and bf16, plus the skip decisions of both
-# in lockstep around a planted overflow (tools/bench/gpu_models.py; about 1-2 minutes on an H200).
+# in lockstep around a planted overflow (bench/gpu_models.py; about 1-2 minutes on an H200).
 run_models() {
   local models_args syncs sync extra code why
   models_args=()
@@ -461,7 +473,7 @@ run_models() {
   if [ ${#syncs[@]} = 0 ]; then
     {
       echo
-      echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py)"
+      echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (bench/gpu_models.py)"
       echo
       echo "not run: $build is an instrumented build (AMPKIT_INSTRUMENT=ON), whose Python extension needs the sanitizer runtime preloaded"
     } >> "$report"
@@ -478,10 +490,10 @@ run_models() {
     [ "$sync" = auto ] && [ "$device" = cuda ] && extra=(--graph)
     {
       echo
-      echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (tools/bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"
+      echo "## Real models: ampkit.GradScaler against torch.amp.GradScaler on $device (bench/gpu_models.py --sync $sync ${extra[*]} ${models_args[*]})"
       echo
     } >> "$report"
-    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= bounded 300 "$python" tools/bench/gpu_models.py \
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= bounded 300 "$python" bench/gpu_models.py \
       --device "$device" --sync "$sync" --json "${report%.md}-models-$sync.json" "${extra[@]}" "${models_args[@]}" \
       > "$out/models.md" 2> "$out/models.log"
     code=$?
@@ -504,7 +516,7 @@ run_models() {
 }
 
 # Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and
-# PNG beside the report (tools/bench/scaling.py, plot_scaling.py).
+# PNG beside the report (bench/scaling.py, plot_scaling.py).
 run_scaling() {
   local scaling_csv scaling_args ranks r
   scaling_csv="${report%.md}-scaling.csv"
@@ -520,13 +532,13 @@ run_scaling() {
   fi
   {
     echo
-    echo "## Scaling on $device (tools/bench/scaling.py ${scaling_args[*]})"
+    echo "## Scaling on $device (bench/scaling.py ${scaling_args[*]})"
     echo
   } >> "$report"
   if [ ${#scaling_args[@]} = 0 ]; then
     echo "Not run: one GPU visible, nothing to scale over." >> "$report"
-  elif bounded 480 "$python" tools/bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
-      bounded 60 "$python" tools/bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
+  elif bounded 480 "$python" bench/scaling.py --build "$build" "${scaling_args[@]}" > "$out/scaling.md" 2> "$out/scaling.log" &&
+      bounded 60 "$python" bench/plot_scaling.py "$scaling_csv" -o "${scaling_csv%.csv}.png" >> "$out/scaling.log" 2>&1; then
     cat "$out/scaling.md" >> "$report"
     echo "(every run: $scaling_csv; plot: ${scaling_csv%.csv}.png)" >> "$report"
   else
