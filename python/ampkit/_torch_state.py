@@ -5,11 +5,11 @@ state."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
 
 import torch
 
-__all__ = ["GrowthTracker", "ScaleTensor", "TorchOption", "check_new_scale", "scale_outputs"]
+__all__ = ["GrowthTracker", "ScaleTensor", "TorchOption", "check_new_scale", "pickled_state", "scale_outputs"]
 
 
 class ScaleTensor:
@@ -119,3 +119,22 @@ def check_new_scale(new_scale: Union[float, torch.Tensor], device: str) -> float
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"ampkit.GradScaler: new_scale must be a finite number > 0, got {value!r}")
     return value
+
+
+def pickled_state(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A pickled GradScaler's state in this version's layout. One pickled by an ampkit whose
+    GradScaler was assembled from mixins holds its whole ``__dict__``: its sync mode and CUDA mark on
+    its deferred step, torch's initial scale and growth tracker as one pair."""
+    if "_sync" in state:
+        return state
+    deferred = state["_deferred"]
+    init_scale, init_growth_tracker = state["_initial"]
+    return {
+        **{name: state[name] for name in ("_device", "_enabled", "_config", "_torch_args", "_group")},
+        "_sync": deferred.sync,
+        "_cuda": deferred.cuda,
+        "_passthrough_steps": state.get("_passthrough_steps", 0),
+        "_init_scale": init_scale,
+        "_init_growth_tracker": init_growth_tracker,
+        "_saved_state_dict": state.get("_saved_state_dict"),
+    }

@@ -28,7 +28,7 @@ from ._optimizer_tables import OptimizerTables, step_taking_scaler
 from ._plugin_access import PluginSettings, check_state_dict, plugin_config
 from ._scaler_core import ScalerCore, make_scaler_core, world_size
 from ._statistics_group import StatisticsGroup
-from ._torch_state import GrowthTracker, ScaleTensor, TorchOption, check_new_scale, scale_outputs
+from ._torch_state import GrowthTracker, ScaleTensor, TorchOption, check_new_scale, pickled_state, scale_outputs
 from ._tracing import not_traced
 from .deepspeed import scaler_kwargs_from_deepspeed
 from .locator import nan_report
@@ -388,7 +388,8 @@ class GradScaler(torch.amp.GradScaler):
         state["_saved_state_dict"] = self.state_dict() if self._enabled else None
         return state  # the model is not the scaler's to pickle
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        state = pickled_state(state)  # one pickled by an ampkit whose GradScaler had mixins, too
         self.__dict__.update({name: state[name] for name in _PICKLED})
         self._model = None
         self._begin()  # a disabled scaler's C++ side is not made again
