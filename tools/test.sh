@@ -51,11 +51,17 @@ if [ "$PWD" != "$root" ]; then
   touch "$root/build-instrumented/.ampkit-instrumented-root"
   exec 9> "$root.lock"
   flock 9
+  # tar keeps each file's time from the checkout, which can be older than an object built from the
+  # previous copy (a file edited, then copied only after that build): ninja would keep the stale
+  # object. Files whose content differs from the previous copy (its git index) are touched below.
+  previous=$(git -C "$root" ls-files -s 2> /dev/null || true)
   find "$root" -mindepth 1 -maxdepth 1 ! -name build-instrumented -exec rm -rf {} +
   git ls-files -z --cached --others --exclude-standard |
     tar --null --ignore-failed-read -T - -cf - 2> /dev/null | tar -xf - -C "$root"
   # The source checks list the files with git (check_format): the copy is a repository of its own.
   git -C "$root" init -q && git -C "$root" add -A
+  comm -13 <(echo "$previous" | sort) <(git -C "$root" ls-files -s | sort) | cut -f2- |
+    (cd "$root" && xargs -r -d '\n' touch --)
   echo "instrumented: this checkout's files copied to $root, where the instrumented tree is built and tested"
   cd "$root"
   export CCACHE_BASEDIR="$root"
