@@ -9,6 +9,10 @@
                                   (count, scales, skips, state) equal N eager steps'
   gpu_first_use.py sync-debug     with torch.cuda.set_sync_debug_mode("error") after the warm-up (the
                                   self-check reads once, at first use), 30 deferred steps read nothing
+  gpu_first_use.py sync-debug-first
+                                  with set_sync_debug_mode("error") from before the first ampkit call,
+                                  the self-check's own copies pass (the mode is suspended for it and
+                                  restored): 30 deferred steps, none falling back
   gpu_first_use.py sanitized      a short deferred run with a capture, for compute-sanitizer
   gpu_first_use.py --list         the checks, one per line: NAME<TAB>what it shows (no torch import)
 
@@ -25,6 +29,7 @@ CHECKS = {
     "side-stream": "deferred steps on a non-default stream = on the default stream",
     "graph": "capture on a side stream, N replays: records (count, scales, skips, state) = N eager steps",
     "sync-debug": 'set_sync_debug_mode("error"): 30 deferred steps after the warm-up make no synchronisation',
+    "sync-debug-first": 'set_sync_debug_mode("error") before first use: the kernels pass their check, mode restored',
     "sanitized": "a short deferred run with a capture (run under compute-sanitizer)",
 }
 STEPS = 30
@@ -168,6 +173,36 @@ def sync_debug() -> str:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     return f"{STEPS} deferred steps under set_sync_debug_mode('error'): no synchronisation"
+
+
+def sync_debug_first() -> str:
+    import warnings
+
+    import torch
+
+    model, opt, scaler, x, y = _setup()
+    overflows = [_overflow(i, x) for i in range(STEPS)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # before ampkit's first use: its self-check runs under it
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(STEPS):
+                _step(model, opt, scaler, x, y, overflows[i])
+        mode = torch.cuda.get_sync_debug_mode()
+    except RuntimeError as e:
+        return f"FAILED: a step under set_sync_debug_mode('error') from the first one synchronised: {e}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    said = [str(w.message) for w in caught if "stays synchronous" in str(w.message)]
+    if said:
+        return f"FAILED: {said[0]}"
+    if mode != 2:
+        return f"FAILED: the sync debug mode is {mode} after the first use, not 2 (error)"
+    host_sync = scaler.last_step["host_sync"]
+    if host_sync != "deferred":
+        return f"FAILED: the last step's host_sync is {host_sync!r}, not 'deferred'"
+    return f"{STEPS} deferred steps under set_sync_debug_mode('error') from the first: the kernels kept, mode restored"
 
 
 def sanitized() -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/gpu-check.sh without a GPU: every CUDA check skips cleanly, and the whole script
 # runs end to end on the CPU (--dry-run-on-cpu), so a GPU machine's rare time is not lost to a
-# broken script.   test_gpu_check.sh BUILD_DIR   (run from the source root)
+# broken script.   test_gpu_check.sh BUILD_DIR   (run from the source root; its time: docs/development.md)
 set -uo pipefail
 build=$1
 fail() { echo "FAIL: $*"; exit 1; }
@@ -13,18 +13,44 @@ bash tools/gpu-check.sh --bogus 2>/dev/null
 [ $? = 2 ] || fail "a bad argument did not exit 2"
 out=$(CUDA_VISIBLE_DEVICES= "$build/bin/ampkit-bench-post-backward-device") || fail "the device benchmark exited $?"
 [ "$(echo "$out" | wc -l)" = 1 ] && [[ $out == "no GPU: nothing to measure"* ]] || fail "the device benchmark printed '$out'"
-out=$(CUDA_VISIBLE_DEVICES= python3 tools/bench/throughput_comparison.py --build "$build" --device cuda) ||
+out=$(CUDA_VISIBLE_DEVICES= python3 bench/throughput_comparison.py --build "$build" --device cuda) ||
   fail "the CUDA throughput comparison exited $?"
 [ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the CUDA throughput comparison printed '$out'"
-out=$(CUDA_VISIBLE_DEVICES= python3 tools/bench/gpu_models.py --device cuda) || fail "the real-model benchmark exited $?"
+out=$(CUDA_VISIBLE_DEVICES= python3 bench/gpu_models.py --device cuda) || fail "the real-model benchmark exited $?"
 [ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the real-model benchmark printed '$out'"
 CUDA_VISIBLE_DEVICES= AMPKIT_TEST_DEVICE=cuda AMPKIT_PLUGIN_PATH= "$build/tests/test_on_device" > /dev/null
 [ $? = 77 ] || fail "test_on_device on cuda without a GPU did not exit 77 (skipped)"
 
-# 2. The dry run: every section, every check passed, exit 0.
+# A program that takes TERM as "stop after this step" and never ends (a hung ampkit-train, under a
+# shell that dies at once), run by gpu-check with --deadline 45: checked in part 3. It sleeps, so it
+# runs beside the dry run (its own build folder, report and processes, each sleeper's pid noted).
+fake=$(mktemp -d)
+trap 'wait; rm -rf "$fake"' EXIT
+mkdir -p "$fake/bin" && cp "$build/CMakeCache.txt" "$fake/" && sed -i '/^CMAKE_HOME_DIRECTORY/d' "$fake/CMakeCache.txt"
+cat > "$fake/bin/ampkit-train" << SH
+#!/usr/bin/env bash
+bash -c 'trap "" TERM; echo \$\$ >> "$fake/sleepers"; exec sleep 300' &
+wait
+SH
+chmod +x "$fake/bin/ampkit-train"
+(
+  t0=$SECONDS
+  bash tools/gpu-check.sh --build "$fake" --dry-run-on-cpu --report "$fake/report.md" --sections host-sync,training \
+    --deadline 45 > /dev/null 2>&1
+  took=$((SECONDS - t0)) left=0
+  for pid in $(cat "$fake/sleepers" 2> /dev/null); do  # alive: a zombie's command line is empty
+    [ "$(tr '\0' ' ' 2> /dev/null < "/proc/$pid/cmdline")" = "sleep 300 " ] && left=$((left + 1)) && kill -KILL "$pid"
+  done
+  echo "$took $left" > "$fake/outcome"
+) &
+deadline_run=$!
+
+# 2. The dry run: every section, every check passed, exit 0. Its sections are named with --sections,
+# post-backward first (part 3 checks the order on this run rather than on one more).
 report="$build/gpu-check-dry-run.md"
 rm -f "$report"
-bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" > "$build/gpu-check-dry-run.log" 2>&1 \
+bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" \
+  --sections post-backward,nccl,training,host-sync,parity,first-use,throughput,models,scaling > "$build/gpu-check-dry-run.log" 2>&1 \
   || { cat "$build/gpu-check-dry-run.log"; fail "the dry run exited $?"; }
 for section in "## NCCL" "## Training on cpu" "## Deferred and synchronous steps" "## Parity and host reads on cpu tensors" "## Throughput:" \
                "## Post-backward pipeline" "## Real models:" "## First use of the kernels on cpu"; do
@@ -34,9 +60,9 @@ done
 n=$(grep -c "| passed |" "$report")
 [ "$n" = 7 ] || fail "$n of the 7 parity, host-read, step-values, kernel and kernel-verdict checks passed"
 # The first-use section's GPU checks, listed as planned: a new thread, a side stream, a capture
-# replayed, the sync debug mode, memcheck and racecheck.
+# replayed, the sync debug mode (after the warm-up; from before the first use), memcheck and racecheck.
 n=$(grep -c "^| .* | planned, not run: needs a GPU (tools/gpu_first_use.py [a-z-]*) |$" "$report")
-[ "$n" = 6 ] || fail "$n of the 6 first-use GPU checks were listed as planned"
+[ "$n" = 7 ] || fail "$n of the 7 first-use GPU checks were listed as planned"
 n=$(grep -c "^| synthetic | \(fp32\|bf16\|fp16\) | completed |" "$report")
 [ "$n" = 3 ] || fail "$n of the 3 training runs completed"
 grep -q "^| mlp-1m | fp16 |" "$report" || fail "no throughput row"
@@ -60,6 +86,8 @@ fi
 # did not start; the report's last line says the script ended.
 grep -q "^gpu-check.sh ended at [0-9]* s: every check that ran passed; 0 of the sections (and benchmark runs) asked for not run.$" "$build/gpu-check-dry-run.md" ||
   fail "the dry run's report has no closing line: $(tail -1 "$build/gpu-check-dry-run.md")"
+order=$(grep '^## ' "$build/gpu-check-dry-run.md" | head -2 | cut -c1-16 | tr '\n' '/')
+[ "$order" = "## Post-backward/## NCCL/" ] || fail "--sections post-backward,nccl,... ran the sections '$order'"
 for bad in "--sections parity,bogus:unknown section 'bogus'" "--sections nccl,nccl:names 'nccl' twice" \
            "--budget soon:--budget takes whole seconds" "--deadline -1:--deadline takes whole seconds" \
            "--sections:--sections needs a value" "--steps 0:--steps takes a whole number above 0"; do
@@ -68,40 +96,41 @@ for bad in "--sections parity,bogus:unknown section 'bogus'" "--sections nccl,nc
   [ $? = 2 ] && [[ $out == *"${bad#*:}"* ]] || fail "gpu-check.sh ${bad%%:*} said '$out'"
 done
 report="$build/gpu-check-sections.md"
-bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections post-backward,nccl > /dev/null 2>&1 ||
-  fail "the dry run of two sections exited $?"
-order=$(grep '^## ' "$report" | cut -c1-16 | tr '\n' '/')
-[ "$order" = "## Post-backward/## NCCL/" ] || fail "--sections post-backward,nccl ran the sections '$order'"
-grep -q "^copy: flat tensor copy_" "$report" || fail "the post-backward section of --sections ran no benchmark"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections models,training --budget 0 > /dev/null 2>&1 ||
   fail "the dry run with a spent budget exited $?"
 n=$(grep -c "^not run: the --budget of 0 s was spent" "$report")
 [ "$n" = 2 ] && ! grep -q "^| synthetic" "$report" || fail "with --budget 0, $n of 2 sections said they were not run"
 grep -q "2 of the sections (and benchmark runs) asked for not run.$" "$report" || fail "with --budget 0: $(tail -1 "$report")"
-bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --sections post-backward,training --deadline 19 > /dev/null 2>&1 ||
+# Without --sections: every section, in the documented order.
+bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --deadline 19 > /dev/null 2>&1 ||
   fail "the dry run with a near deadline exited $?"
 n=$(grep -c "^not run: under 20 s were left before the --deadline of 19 s" "$report")
-[ "$n" = 2 ] && ! grep -q "^copy: flat" "$report" || fail "with --deadline 19, $n of 2 sections said they were not run"
-# A program that takes TERM as "stop after this step" and never ends (a hung ampkit-train, under a
-# shell that dies at once): killed 15 s after the deadline, with what it started, and nothing else
-# starts after the deadline.
-fake=$(mktemp -d)
-mkdir -p "$fake/bin" && cp "$build/CMakeCache.txt" "$fake/" && sed -i '/^CMAKE_HOME_DIRECTORY/d' "$fake/CMakeCache.txt"
-cat > "$fake/bin/ampkit-train" << 'SH'
-#!/usr/bin/env bash
-bash -c 'trap "" TERM; exec sleep 300' &
-wait
-SH
-chmod +x "$fake/bin/ampkit-train"
-t0=$SECONDS
-bash tools/gpu-check.sh --build "$fake" --dry-run-on-cpu --report "$report" --sections host-sync,training --deadline 45 > /dev/null 2>&1
-took=$((SECONDS - t0))
-left=$(pgrep -f "^sleep 300$" | wc -l)
-pkill -f "^sleep 300$"; rm -rf "$fake"
-[ "$took" -le $((45 + 15 + 10)) ] || fail "with --deadline 45 and a program that ignores TERM, gpu-check took $took s"
+order=$(grep '^## ' "$report" | tr '\n' ' ')
+[ "$n" = 9 ] && ! grep -q "^copy: flat" "$report" || fail "with --deadline 19, $n of the 9 sections said they were not run"
+[ "$order" = "## nccl ## training ## host-sync ## parity ## first-use ## post-backward ## throughput ## models ## scaling " ] ||
+  fail "without --sections, the sections in the order '$order'"
+# The program that ignores TERM (started before part 2): killed 15 s after the deadline, with what it
+# started, and nothing else starts after the deadline. What is expected follows from what the report
+# says started: host-sync starts when its 20 s are left after gpu-check's start-up (which imports no
+# torch), and a machine loaded enough to take 25 s for that sees both sections not run. Its time:
+# the deadline, the 15 s before the KILL and 30 s for the rest on a loaded machine; a program that
+# outlived the deadline would hold gpu-check for its 300 s.
+wait "$deadline_run"
+read -r took left < "$fake/outcome"
+report="$fake/report.md"
+[ "$took" -le $((45 + 15 + 30)) ] || fail "with --deadline 45 and a program that ignores TERM, gpu-check took $took s"
 [ "$left" = 0 ] || fail "a program that ignored TERM outlived gpu-check's deadline ($left left)"
-grep -q "^| deferred = step | FAILED" "$report" && grep -q "^## training" "$report" ||
-  fail "the cut host-sync section or the training section that could not start is not in the report"
+grep -q "^## training" "$report" && ! grep -q "^## Training on" "$report" ||
+  fail "the training section that could not start is not in the report as not run"
+if grep -q "^## Deferred and synchronous steps" "$report"; then
+  grep -q "^| deferred = step | FAILED" "$report" && [ -s "$fake/sleepers" ] ||
+    fail "the host-sync section cut at the deadline is not in the report as failed, or its program never ran"
+  deadline="a program ignoring TERM killed at the --deadline"
+else
+  grep -q "^not run: under 20 s were left before the --deadline of 45 s" "$report" && [ ! -e "$fake/sleepers" ] ||
+    fail "host-sync neither started nor said why not: $(grep -m1 -A2 '^## host-sync' "$report" | tail -1)"
+  deadline="--deadline 45 near before the first section, at $(grep -m1 -o '([0-9]* s)' "$report" | tr -d '()'): the kill not exercised"
+fi
 
 # 4. tools/gpu-pack.sh: the folder a lent machine is given holds what gpu-check runs and fits the
 # device tool's 64 MiB; two sections run from the packed build (here the build it was packed from
@@ -154,5 +183,5 @@ else
   rm -rf "$dest"
   pack="packs $((bytes / 1048576)) MiB that run"
 fi
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 7 checks (6 first-use GPU checks planned), 3 runs, 2 throughput rows, $models;" \
-  "--sections, --budget and --deadline hold; gpu-pack.sh $pack"
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 7 checks (7 first-use GPU checks planned), 3 runs, 2 throughput rows, $models;" \
+  "--sections, --budget and --deadline hold ($deadline); gpu-pack.sh $pack"
