@@ -30,14 +30,6 @@ OVERFLOWS = {7, 8, 40, 41, 42, 120, 200, 201, 260}
 NAN_LOSS = {90, 150}
 
 
-@pytest.fixture
-def capture_flag(monkeypatch):
-    """A switch that makes ampkit.GradScaler see a CUDA graph capture under way (CPU tensors)."""
-    flag = {"on": False}
-    monkeypatch.setattr(deferred_module, "capturing", lambda cuda: flag["on"])
-    return flag
-
-
 def _run(sync: str, flag=None, capture_from: int = 2, steps: int = 300, read_every: int = 0) -> Dict[str, Any]:
     """300 fp16-like steps with planted overflows, NaN losses and clipping, the backoff policy; with
     ``flag``, every step from ``capture_from`` on runs as captured."""

@@ -10,25 +10,8 @@ it would make on a GPU (torch.ops.ampkit.device_waits)."""
 from typing import Any, Dict
 
 import ampkit
-import ampkit._deferred as deferred_module
-import pytest
 import torch
-
-
-@pytest.fixture
-def capture_flag(monkeypatch):
-    """A switch that makes ampkit.GradScaler see a CUDA graph capture under way (CPU tensors)."""
-    flag = {"on": False}
-    monkeypatch.setattr(deferred_module, "capturing", lambda cuda: flag["on"])
-    return flag
-
-
-def _step(opt: torch.optim.Optimizer, scaler: Any) -> None:
-    opt.zero_grad(set_to_none=False)
-    loss = sum((p * p).sum() for group in opt.param_groups for p in group["params"])
-    scaler.scale(loss).backward()
-    scaler.step(opt)
-    scaler.update()
+from test_graph_lifetime import _step
 
 
 def _captures(flag: Dict[str, bool], opt: torch.optim.Optimizer, scaler: Any) -> None:

@@ -11,17 +11,7 @@ import weakref
 from typing import Any, Dict, List, Tuple
 
 import ampkit
-import ampkit._deferred as deferred_module
-import pytest
 import torch
-
-
-@pytest.fixture
-def capture_flag(monkeypatch):
-    """A switch that makes ampkit.GradScaler see a CUDA graph capture under way (CPU tensors)."""
-    flag = {"on": False}
-    monkeypatch.setattr(deferred_module, "capturing", lambda cuda: flag["on"])
-    return flag
 
 
 def _step(opt: torch.optim.Optimizer, scaler: Any) -> None:
