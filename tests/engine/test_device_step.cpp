@@ -25,6 +25,7 @@
 #include "ampkit/host_reads.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "fused_run.h"
 #include "trainer_fixture.h"
 
 using namespace ampkit;
@@ -414,24 +415,8 @@ BOOST_AUTO_TEST_CASE(late_records_come_in_order_and_an_open_iteration_can_be_hel
   BOOST_TEST(host.scale() == sync.scale());
 }
 
-namespace {
-
 // Linear(8 -> 4) under FusedAdamW with built-in strategies: the Trainer both ways.
-struct FusedRun {
-  std::unique_ptr<StrategySet> strategies;
-  test::TinyModel model;
-  FusedAdamW optimizer;
-  Trainer trainer;
-  FusedRun(Plugins& plugins, const std::map<std::string, StrategyChoice>& choices, test::TinyModel& from)
-      : strategies(plugins.strategies(choices)),
-        optimizer(model.params(), torch::optim::AdamWOptions(1e-2)),
-        trainer(Precision::fp16, 1, model.params(), model.names(), optimizer, Plugins::of(*strategies),
-                test::constant_lr(1e-2)) {
-    model.copy_weights_from(from);
-  }
-};
-
-}  // namespace
+using test::FusedRun;
 
 // Trainer::deferred_backward/deferred_update against Trainer::step over 80 fp16 steps with
 // overflows, a NaN loss and clipping, for both deferred recipes: every outcome (per-gradient norms

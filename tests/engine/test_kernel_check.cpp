@@ -23,6 +23,7 @@
 #include "ampkit/kernel_check.h"
 #include "ampkit/trainer.h"
 #include "builtin_plugins.h"
+#include "fused_run.h"
 #include "trainer_fixture.h"
 
 using namespace ampkit;
@@ -68,19 +69,7 @@ std::vector<unsigned char> fatbin_of(const std::vector<KernelImage>& images) {
   return out;
 }
 
-struct FusedRun {
-  std::unique_ptr<StrategySet> strategies;
-  test::TinyModel model;
-  FusedAdamW optimizer;
-  Trainer trainer;
-  FusedRun(Plugins& plugins, const std::map<std::string, StrategyChoice>& choices, test::TinyModel& from)
-      : strategies(plugins.strategies(choices)),
-        optimizer(model.params(), torch::optim::AdamWOptions(1e-2)),
-        trainer(Precision::fp16, 1, model.params(), model.names(), optimizer, Plugins::of(*strategies),
-                test::constant_lr(1e-2)) {
-    model.copy_weights_from(from);
-  }
-};
+using test::FusedRun;
 
 // 30 fp16 steps with overflows and clipping.
 std::vector<StepOutcome> train(FusedRun& run) {
