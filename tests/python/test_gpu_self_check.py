@@ -82,3 +82,21 @@ def test_the_check_switched_off_lets_a_wrong_kernel_result_through():
     assert run["said"] == []
     assert run["reads"] == [0] * 40  # deferred: the comparison that would refuse it did not run
     assert run["same"]  # the planted error lives in the check only, never in a step
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"AMPKIT_TEST_KERNEL_FAULT": "stat"}, "AMPKIT_TEST_KERNEL_FAULT must be load, stats or rules, not 'stat'"),
+        ({"AMPKIT_GPU_SELF_CHECK": "nope"}, "AMPKIT_GPU_SELF_CHECK must be true or false"),
+    ],
+)
+def test_a_misspelt_switch_is_one_usage_error(env, says):
+    """A misspelt fault would let a test pass without its failure, and a misspelt AMPKIT_GPU_SELF_CHECK
+    would leave the check on in silence: both are ampkit-train's usage error (exit 2), in one line."""
+    args = [os.path.join(_BUILD, "bin", "ampkit-train"), "--workload", "synthetic", "--precision", "fp16"]
+    args += ["--steps", "3", "--progress", "never", "--host-sync", "deferred"]
+    proc = subprocess.run(args, env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and says in errors[0], proc.stderr

@@ -55,6 +55,7 @@ std::vector<RulesCase> rules_cases() {
   cases[2].scale = 16777216.0f;
   cases[3].inputs[0] = inf;                                              // an overflow spends hysteresis
   cases[4].inputs[0] = inf, cases[4].state[AMPKIT_RULE_HYSTERESIS] = 1;  // ...and backs off
+  cases[4].rules.backoff_factor = 1.0 / 3.0;                             // by an inexact factor
   cases[5].inputs[0] = nan, cases[5].inputs[1] = nan;                    // NaN
   cases[6].inputs[3] = inf, cases[6].rules.policy_backoff = 1;           // the policy's backoff
   cases[7].inputs[3] = nan, cases[7].rules.abort_on_nonfinite_loss = 1;
@@ -67,7 +68,7 @@ std::vector<RulesCase> rules_cases() {
   cases[13].loss = false, cases[13].group = true, cases[13].inputs[4] = 123457.0;
   cases[14].inputs[0] = 1e-300, cases[14].scale = 3.0f, cases[14].rules.max_norm = 1e-160;
   cases[15].rules.growth_factor = 1.1, cases[15].state[AMPKIT_RULE_GROWTH] = 2;  // awkward products
-  cases[15].scale = 3.0f, cases[4].rules.backoff_factor = 1.0 / 3.0;
+  cases[15].scale = 3.0f;
   return cases;
 }
 

@@ -12,12 +12,14 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ampkit/error.h"
 #include "ampkit/grad_stats_chunks.h"
 #include "ampkit/kernel_check.h"
+#include "ampkit/option_text.h"
 #include "kernel_module.h"
 
 namespace ampkit {
@@ -41,15 +43,24 @@ KernelFault planted_fault(const Verdicts& v) {
   if (v.fault_set) return v.fault;
   const char* env = std::getenv("AMPKIT_TEST_KERNEL_FAULT");
   const std::string name = env != nullptr ? env : "";
+  if (name.empty()) return KernelFault::none;
   if (name == "load") return KernelFault::load;
   if (name == "stats") return KernelFault::stats;
   if (name == "rules") return KernelFault::rules;
-  return KernelFault::none;
+  // A misspelt fault would let a test pass without the failure it means to plant.
+  throw Error(ErrorCategory::usage,
+              "AMPKIT_TEST_KERNEL_FAULT must be load, stats or rules, not '" + name + "'");
 }
 
 bool self_check_on() {
   const char* env = std::getenv("AMPKIT_GPU_SELF_CHECK");
-  return env == nullptr || std::string(env) != "0";
+  if (env == nullptr || *env == '\0') return true;
+  const std::optional<bool> on = parse_bool_text(env);
+  if (!on)
+    throw Error(
+        ErrorCategory::usage,
+        std::string("AMPKIT_GPU_SELF_CHECK must be true or false (1/0, yes/no, on/off), not '") + env + "'");
+  return *on;
 }
 
 // Why the kernels may not run on `device`: they do not load, or they disagree with the host forms.

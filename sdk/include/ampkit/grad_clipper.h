@@ -10,7 +10,7 @@
 namespace ampkit {
 
 struct ClipResult {
-  double coefficient = 1.0;  // the unscaled gradients are multiplied by this (<= 1 clips)
+  double coefficient = 1.0;  // unscaled gradients are multiplied by this, in (0, 1] (1: no clip)
   double threshold = 0.0;    // the threshold in force this step (for metrics), 0 if none
 };
 
