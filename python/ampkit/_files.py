@@ -72,19 +72,24 @@ def read_text(path: Union[str, os.PathLike], what: str, limit: int = MAX_CONFIG_
         raise FileNotFoundError(f"{what} {name}: no such file") from None
     except OSError as e:
         raise ValueError(f"{what} {name}: cannot be read: {e.strerror}") from None
-    try:
+    try:  # checked on the descriptor; a file object (which owns it from then on) only for a regular file
         info = os.fstat(fd)
         _refuse_irregular(what, name, info.st_mode)
         if info.st_size > limit:
             raise ValueError(
                 f"{what} {name}: {info.st_size} bytes, more than the {limit} a configuration file may hold"
             )
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise ValueError(f"{what} {name}: cannot be read: {e.strerror}") from None
-    finally:
+        f = os.fdopen(fd, "rb")
+    except BaseException as e:
         os.close(fd)
+        if isinstance(e, OSError):
+            raise ValueError(f"{what} {name}: cannot be read: {e.strerror}") from None
+        raise
+    with f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ValueError(f"{what} {name}: cannot be read: {e.strerror}") from None
     if len(data) > limit:  # grew since the fstat
         raise ValueError(f"{what} {name}: more than the {limit} bytes a configuration file may hold")
     try:
@@ -129,6 +134,8 @@ def load_yaml(path: Union[str, os.PathLike], what: str) -> Tuple[str, Any]:
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by the base class
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 if isinstance(key, (str, int, float, bool)) and key in seen:
                     raise ValueError(f"{what} {name}: the key {key!r} appears twice in one mapping")

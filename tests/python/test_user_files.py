@@ -133,3 +133,10 @@ def test_a_good_file_still_reads_and_its_field_errors_name_it(tmp_path):
     with pytest.raises(TypeError) as caught:
         DistributedConfig.from_file(dy)
     assert _one_line(caught) == f"distributed config {dy}: DistributedConfig: world_size must be an int, got float 1.5"
+
+
+def test_a_yaml_merge_key_is_not_a_repeated_key(tmp_path):
+    """`<<: *anchor` is YAML's merge, not a key given twice: it reads as PyYAML's safe loader reads it."""
+    dy = tmp_path / "d.yaml"
+    dy.write_text("base: &base\n  backend: gloo\n  world_size: 2\ndistributed:\n  <<: *base\n  rank: 1\n")
+    assert DistributedConfig.from_file(dy) == DistributedConfig(backend="gloo", world_size=2, rank=1)
