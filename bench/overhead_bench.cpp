@@ -141,8 +141,8 @@ int run(int argc, char** argv) {
   registry_options.allow_untrusted = cfg.allow_untrusted_plugins;
   ampkit::Registry registry(registry_options);
   std::vector<ampkit::PluginInfo> selected;
-  for (const auto& kind : ampkit::kKinds)
-    selected.push_back(registry.find(kind.name, cfg.plugins[kind.name]));
+  for (const auto& kind : ampkit::kKinds)  // the four step kinds, as ampkit-train selects them
+    if (!ampkit::optional_kind(kind)) selected.push_back(registry.find(kind.name, cfg.plugins[kind.name]));
   const std::vector<const ampkit::LoadedPlugin*> loaded = registry.load_all(selected);
   std::vector<std::unique_ptr<ampkit::Strategy>> strategies;
   for (size_t i = 0; i < loaded.size(); ++i) {

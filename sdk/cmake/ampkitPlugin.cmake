@@ -3,11 +3,11 @@
 # interface passes tensors: ampkit's build reads them here, and the installed ampkitConfig.cmake
 # carries the lists it read (AMPKIT_KINDS, AMPKIT_TENSOR_KINDS).
 function(ampkit_read_kinds header out tensor_out)
-  file(STRINGS "${header}" _lines REGEX "^ *\\{\"[a-z_]+\", \"[^\"]+\", (true|false)\\},")
+  file(STRINGS "${header}" _lines REGEX "^ *\\{\"[a-z][a-z0-9_]*\", \"[^\"]+\", (true|false)\\},")
   set(_kinds "")
   set(_tensor_kinds "")
   foreach(_line IN LISTS _lines)
-    string(REGEX MATCH "\\{\"([a-z_]+)\".*, (true|false)\\}" _match "${_line}")
+    string(REGEX MATCH "\\{\"([a-z][a-z0-9_]*)\".*, (true|false)\\}" _match "${_line}")
     if(NOT _match)
       message(FATAL_ERROR "ampkit_read_kinds: cannot read '${_line}' in ${header}")
     endif()

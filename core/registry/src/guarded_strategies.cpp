@@ -3,6 +3,7 @@
 
 #include <ampkit/comm_backend.h>
 #include <ampkit/device_rules.h>
+#include <ampkit/fp8_recipe.h>
 #include <ampkit/grad_clipper.h>
 #include <ampkit/kinds.h>
 #include <ampkit/loss_scaler.h>
@@ -10,10 +11,12 @@
 #include <ampkit/options.h>
 
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ampkit/error.h"
 #include "ampkit/plugin_call.h"
@@ -218,6 +221,52 @@ class GuardedComm final : public CommBackend {
   CommBackend& c_;
 };
 
+// The caller sizes its buffers by history_length() and casts by format() and the scales update()
+// writes: each answer is checked where it leaves the plugin.
+class GuardedFp8Recipe final : public Fp8Recipe {
+ public:
+  explicit GuardedFp8Recipe(Guard g) : g_(std::move(g)), r_(static_cast<Fp8Recipe&>(*g_.inner)) {}
+  AMPKIT_GUARD_STRATEGY_CALLS
+  int64_t history_length() const override {
+    const int64_t w = g_.run("history_length()", [&] { return r_.history_length(); });
+    if (w < 0) g_.refuse("history_length()", std::to_string(w), "a history length is 0 or more");
+    return w;
+  }
+  bool current_scaling() const override {
+    return g_.run("current_scaling()", [&] { return r_.current_scaling(); });
+  }
+  double current_eps() const override {
+    const double eps = g_.run("current_eps()", [&] { return r_.current_eps(); });
+    if (!(std::isfinite(eps) && eps >= 0))
+      g_.refuse("current_eps()", std::to_string(eps), "eps is finite and >= 0");
+    return eps;
+  }
+  const char* format(int64_t role) const override {
+    const char* f = g_.run("format()", [&] { return r_.format(role); });
+    if (fp8_format_max(f) == 0.0)
+      g_.refuse("format()", f == nullptr ? "null" : "'" + std::string(f) + "'", "a format is e4m3 or e5m2");
+    return f;
+  }
+  int64_t update(int64_t n, const int64_t* roles, const float* amax, float* history, float* scale) override {
+    // Only the scales it wrote are its answers: one the caller handed in unchanged is the caller's.
+    const std::vector<float> before(scale, scale + (n > 0 ? n : 0));
+    const int64_t bad = g_.run("update()", [&] { return r_.update(n, roles, amax, history, scale); });
+    for (int64_t i = 0; i < n; ++i)
+      if (std::memcmp(&scale[i], &before[i], sizeof(float)) != 0 &&
+          !(std::isfinite(scale[i]) && scale[i] > 0))
+        g_.refuse("update()", "scale " + format_number(scale[i]) + " for tensor " + std::to_string(i),
+                  "a scale is finite and > 0");
+    if (bad < 0 || bad > n)
+      g_.refuse("update()", std::to_string(bad) + " bad amaxes of " + std::to_string(n),
+                "the count is between 0 and the number of tensors");
+    return bad;
+  }
+
+ private:
+  Guard g_;
+  Fp8Recipe& r_;
+};
+
 #undef AMPKIT_GUARD_STRATEGY_CALLS
 
 }  // namespace
@@ -231,6 +280,7 @@ std::unique_ptr<Strategy> guard_strategy(const std::string& kind, std::unique_pt
   if (kind == "scaler") return std::make_unique<GuardedScaler>(std::move(g));
   if (kind == "clipper") return std::make_unique<GuardedClipper>(std::move(g));
   if (kind == "nan_policy") return std::make_unique<GuardedPolicy>(std::move(g));
+  if (kind == "fp8_recipe") return std::make_unique<GuardedFp8Recipe>(std::move(g));
   return std::make_unique<GuardedComm>(std::move(g));
 }
 

@@ -230,6 +230,7 @@ std::string host_layout(const std::string& kind) {
   if (kind == "clipper") t = detail::plugin_layout<interface_of::clipper>();
   if (kind == "nan_policy") t = detail::plugin_layout<interface_of::nan_policy>();
   if (kind == "comm") t = detail::plugin_layout<interface_of::comm>();
+  if (kind == "fp8_recipe") t = detail::plugin_layout<interface_of::fp8_recipe>();
   return std::string(t.text, t.size);
 }
 

@@ -1,4 +1,4 @@
-// Loading the four strategies of a run by name, and reaching each by its type.
+// Loading the strategies of a run by name, and reaching each by its type.
 #include "ampkit/strategy_set.h"
 
 #include "ampkit/error.h"
@@ -10,7 +10,8 @@ namespace ampkit {
 const char* default_plugin(const std::string& kind) {
   if (kind == "nan_policy") return "skip";
   if (kind == "comm") return "local";
-  return "none";  // scaler, clipper: train as plain torch would
+  if (kind == "fp8_recipe") return "";  // optional: none unless one is named
+  return "none";                        // scaler, clipper: train as plain torch would
 }
 
 std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
@@ -20,17 +21,21 @@ std::unique_ptr<StrategySet> StrategySet::load(Registry& registry,
       throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' (kinds: " + kind_names() + ")");
   std::vector<PluginInfo> found;
   std::vector<StrategyChoice> chosen;
+  std::vector<const char*> kinds;
   for (const KindInfo& kind : kKinds) {
     const auto it = choices.find(kind.name);
+    // An optional kind (an fp8 recipe) is loaded only when a plugin of it is named.
+    if (optional_kind(kind) && (it == choices.end() || it->second.name.empty())) continue;
     chosen.push_back(it != choices.end() ? it->second : StrategyChoice{default_plugin(kind.name), {}});
     found.push_back(registry.find(kind.name, chosen.back().name));
+    kinds.push_back(kind.name);
   }
   // All found first, then loaded together: their crash probe is one child, not four.
   const std::vector<const LoadedPlugin*> loaded = registry.load_all(found);
   auto set = std::make_unique<StrategySet>();
-  for (size_t i = 0; i < kKindCount; ++i) {
+  for (size_t i = 0; i < kinds.size(); ++i) {
     SelectedStrategy s;
-    s.kind = kKinds[i].name;
+    s.kind = kinds[i];
     s.plugin = loaded[i];
     s.options = resolve_options(s.plugin->descriptor(), chosen[i].options);
     const PluginInfo& info = s.plugin->info();
@@ -67,6 +72,12 @@ void StrategySet::reconfigure(const std::string& kind, const OptionInputs& input
   s.options = std::move(resolved);
 }
 
+bool StrategySet::has(const std::string& kind) const {
+  for (const auto& s : selected_)
+    if (s.kind == kind) return true;
+  return false;
+}
+
 const SelectedStrategy& StrategySet::selected(const std::string& kind) const {
   for (const auto& s : selected_)
     if (s.kind == kind) return s;
@@ -96,6 +107,9 @@ NanPolicy& StrategySet::nan_policy() const {
 }
 CommBackend& StrategySet::comm() const {
   return static_cast<CommBackend&>(created("comm"));
+}
+Fp8Recipe* StrategySet::fp8_recipe() const {
+  return has("fp8_recipe") ? &static_cast<Fp8Recipe&>(created("fp8_recipe")) : nullptr;
 }
 
 }  // namespace ampkit

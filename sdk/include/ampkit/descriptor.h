@@ -63,7 +63,7 @@ struct ampkit_option_spec {
 struct ampkit_plugin_descriptor {
   uint32_t abi_version;  // AMPKIT_ABI_VERSION; first, so any host can read it
   uint32_t struct_size;  // sizeof(ampkit_plugin_descriptor) as the plugin saw it
-  const char* kind;      // a name of ampkit/kinds.h: "scaler" | "clipper" | "nan_policy" | "comm"
+  const char* kind;      // a name of ampkit/kinds.h: "scaler" | "clipper" | ... | "fp8_recipe"
   const char* name;
   const char* version;
   const char* summary;

@@ -1,4 +1,4 @@
-// The four plugin kinds, declared once: every message, --help, ampkit-plugins, the registry and
+// The plugin kinds, declared once: every message, --help, ampkit-plugins, the registry and
 // the CMake helper's KIND check (which reads this table, see sdk/cmake/ampkitPlugin.cmake) use it.
 #pragma once
 
@@ -22,6 +22,7 @@ inline constexpr KindInfo kKinds[] = {
     {"clipper", "gradient clipper", true},
     {"nan_policy", "NaN policy", false},
     {"comm", "communication backend", true},
+    {"fp8_recipe", "fp8 scaling recipe", false},
 };
 inline constexpr std::size_t kKindCount = sizeof(kKinds) / sizeof(kKinds[0]);
 
@@ -32,7 +33,14 @@ inline const KindInfo* find_kind(const std::string& name) {
   return nullptr;
 }
 
-// "scaler, clipper, nan_policy, comm", for messages that list the kinds.
+// Whether a run has a plugin of `kind` only when one is asked for: an fp8 recipe serves a model's
+// fp8 layers, and a model without them has none. A run always has one plugin of every other kind
+// (StrategySet's default_plugin()).
+inline bool optional_kind(const KindInfo& kind) {
+  return std::string(kind.name) == "fp8_recipe";
+}
+
+// "scaler, clipper, nan_policy, comm, fp8_recipe", for messages that list the kinds.
 inline std::string kind_names(const char* separator = ", ") {
   std::string out;
   for (const KindInfo& k : kKinds) out += (out.empty() ? "" : separator) + std::string(k.name);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ampkit/comm_backend.h>
+#include <ampkit/fp8_recipe.h>
 #include <ampkit/grad_clipper.h>
 #include <ampkit/loss_scaler.h>
 #include <ampkit/nan_policy.h>
@@ -34,7 +35,7 @@ struct SelectedStrategy {
 };
 
 // The plugin of `kind` a run uses when none is chosen: scaler none, clipper none, nan_policy skip,
-// comm local (one process, as plain torch trains).
+// comm local (one process, as plain torch trains); "" for fp8_recipe: none (kinds.h's optional_kind).
 const char* default_plugin(const std::string& kind);
 
 // The four strategies of a run (loss scaler, gradient clipper, NaN policy, comm backend), loaded
@@ -45,8 +46,8 @@ const char* default_plugin(const std::string& kind);
 class StrategySet {
  public:
   // Finds the plugin of every kind in kKinds (a kind missing from `choices` gets its
-  // default_plugin), loads them together (one crash probe for all)
-  // and resolves their options. Throws ampkit::Error (plugin, usage) naming what is wrong.
+  // default_plugin; an optional kind missing or named "" is left out), loads them together (one crash probe
+  // for all) and resolves their options. Throws ampkit::Error (plugin, usage) naming what is wrong.
   static std::unique_ptr<StrategySet> load(Registry& registry,
                                            const std::map<std::string, StrategyChoice>& choices);
 
@@ -66,8 +67,12 @@ class StrategySet {
   GradClipper& clipper() const;
   NanPolicy& nan_policy() const;
   CommBackend& comm() const;
+  // The fp8 recipe, or nullptr when none was named (it is optional).
+  Fp8Recipe* fp8_recipe() const;
 
-  // The selected plugin of a kind; every kind is present.
+  // Whether a plugin of `kind` is loaded: every kind but an optional one that was not named.
+  bool has(const std::string& kind) const;
+  // The selected plugin of a kind; every kind is present but an optional one not named.
   const SelectedStrategy& selected(const std::string& kind) const;
   SelectedStrategy& selected(const std::string& kind);
   // All of them, in kKinds order.

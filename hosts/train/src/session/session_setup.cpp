@@ -91,6 +91,7 @@ Session::~Session() {
 void Session::load_strategies() {
   std::map<std::string, StrategyChoice> choices;
   for (const KindInfo& k : kKinds) {
+    if (optional_kind(k)) continue;  // not selectable here (option_table.cpp): left out of the set
     const std::string kind = k.name;
     StrategyChoice& c = choices[kind];
     c.name = cfg_.plugins.at(kind);
