@@ -276,8 +276,9 @@ BOOST_AUTO_TEST_CASE(overflowing_fp16_steps_are_skipped_then_the_policy_aborts) 
 BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
   const Result list = run(plugins + " list");
   BOOST_TEST(list.code == 0);
-  for (const char* s : {"scaler      none", "scaler      static", "clipper     norm", "nan_policy  skip",
-                        "comm        local"})
+  for (const char* s :
+       {"scaler      none", "scaler      static", "clipper     norm", "nan_policy  skip", "comm        local",
+        "fp8_recipe  current", "fp8_recipe  delayed", "fp8_recipe  predictive"})
     BOOST_TEST(list.output.find(s) != std::string::npos, s);
   const auto json = nlohmann::json::parse(run(plugins + " list --json").output);
   const size_t installed = json["plugins"].size();
