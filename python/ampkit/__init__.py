@@ -41,14 +41,15 @@ def __getattr__(name: str) -> Any:
     # (seeds.__getattr__): importing ampkit loads no plugin.
     if name == "RECOMMENDED_CLIPPING_THRESHOLDS":
         return seeds.RECOMMENDED_CLIPPING_THRESHOLDS
-    if name in _INTEGRATIONS:
+    if name in _INTEGRATIONS or name == "fp8":
         # Without the framework this raises ImportError naming it (e.g. No module named 'lightning').
+        # ampkit.fp8 (docs/fp8.md) is imported on first use too, keeping `import ampkit` as light.
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(_INTEGRATIONS))
+    return sorted(set(globals()) | set(_INTEGRATIONS) | {"fp8"})
 
 
 __all__ = [

@@ -1,0 +1,194 @@
+"""The scaling state of a converted model: the recipe chosen by name, and one block of stacked
+tensors that every fp8 layer's buffers are rows of, so that all layers' scales are updated by one
+call per step (docs/fp8.md, "How the state is kept")."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from ._errors import PluginError, cpp
+from ._fp8_cast import EPS
+
+ROLES = ("input", "weight", "grad_output")
+_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+class _BuiltinCurrent:
+    """`current` answered in Python while this build has no fp8 recipe plugin: the same questions
+    the plugin answers, for torchao's tensorwise rule (no history, no update)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        unknown = sorted(set(options) - {"format"})
+        if unknown:
+            raise ValueError(f"fp8 recipe 'current' has no option {unknown[0]!r} (options: format)")
+        self.format = options.get("format", "hybrid")
+        if self.format not in ("hybrid", "e4m3"):
+            raise ValueError(f"fp8 recipe 'current': format must be hybrid or e4m3, not {self.format!r}")
+
+    def current_scaling(self) -> bool:
+        return True
+
+    def current_eps(self) -> float:
+        return EPS
+
+    def history_length(self) -> int:
+        return 0
+
+    def fp8_format(self, role: int) -> str:
+        return "e5m2" if role == 2 and self.format == "hybrid" else "e4m3"
+
+    def update(self, roles: torch.Tensor, amax: torch.Tensor, history: torch.Tensor, scale: torch.Tensor) -> int:
+        return 0
+
+
+def _binding() -> Any:
+    """torch.classes.ampkit.Fp8Recipe, or None where this build has no fp8 recipe binding."""
+    try:
+        return torch.classes.ampkit.Fp8Recipe
+    except (RuntimeError, AttributeError):
+        return None
+
+
+class Recipe:
+    """A recipe object (the plugin's binding, or one with its methods) and what the layers read
+    from it once, at conversion."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle = handle
+        self.name = name
+        self.current = bool(handle.current_scaling())
+        self.eps = float(handle.current_eps()) if self.current else EPS
+        self.history_length = 0 if self.current else int(handle.history_length())
+        formats = [str(handle.fp8_format(role)) for role in range(3)]
+        for role, fmt in zip(ROLES, formats):
+            if fmt not in _DTYPES:
+                raise PluginError(f"fp8 recipe {name!r}: format of {role} is {fmt!r}, not e4m3 or e5m2")
+        self.dtypes: Tuple[torch.dtype, torch.dtype, torch.dtype] = (
+            _DTYPES[formats[0]],
+            _DTYPES[formats[1]],
+            _DTYPES[formats[2]],
+        )
+
+
+def make_recipe(
+    recipe: Any,
+    opt: Optional[Mapping[str, Any]],
+    plugin_dirs: Sequence[str] = (),
+    allow_untrusted: bool = False,
+    plugin_timeout: int = 30,
+) -> Recipe:
+    """The recipe plugin named ``recipe`` with options ``opt`` (found, trusted and guarded as
+    ampkit.GradScaler's plugins are), or ``recipe`` itself when it is an object with the binding's
+    methods (a recipe made beforehand, or a stand-in in tests)."""
+    if not isinstance(recipe, str):
+        if opt:
+            raise ValueError("fp8 recipe: options go to a recipe given by name, not to a recipe object")
+        return Recipe(recipe, type(recipe).__name__)
+    from ._plugin_access import option_text
+
+    options: Dict[str, str] = {str(k): option_text(v, str(k)) for k, v in (opt or {}).items()}
+    make = _binding()
+    if make is None:
+        if recipe != "current":
+            raise PluginError(
+                f"fp8 recipe {recipe!r} is not available: this build of ampkit has no fp8 recipe "
+                "plugins, only the built-in 'current'"
+            )
+        return Recipe(_BuiltinCurrent(options), recipe)
+    args = (recipe, options, list(plugin_dirs), allow_untrusted, plugin_timeout)
+    return Recipe(cpp(lambda: make(*args))(), recipe)
+
+
+class Block:
+    """One converted model's fp8 state, stacked: amax [3L] (this step's, not saved), and for
+    recipes with history scale [3L] and history [3L, W]. Layer i's buffers fp8_amax, fp8_scale
+    and fp8_amax_history are rows 3i..3i+2 of them. Where .to(), load_state_dict(assign=True) or
+    a copy replaced a layer's buffers, they are gathered again before the next use."""
+
+    def __init__(self, recipe: Recipe, layers: List[Any]) -> None:
+        self.recipe = recipe
+        self.layers = layers
+        self.pending = False
+        self.bad_steps = 0
+        self.last_bad = 0
+        n = 3 * len(layers)
+        device = layers[0].weight.device if layers else torch.device("cpu")
+        self.roles = torch.arange(3, dtype=torch.int64).repeat(len(layers))
+        self.amax = torch.zeros(n, dtype=torch.float32, device=device)
+        self.scale = torch.ones(n, dtype=torch.float32, device=device)
+        self.history = torch.zeros(n, recipe.history_length, dtype=torch.float32, device=device)
+        self._host: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._ptrs: List[Tuple[int, ...]] = []
+        self._attach()
+
+    def _attach(self) -> None:
+        keep = not self.recipe.current
+        self._ptrs = []
+        for i, layer in enumerate(self.layers):
+            rows = slice(3 * i, 3 * i + 3)
+            layer.register_buffer("fp8_amax", self.amax[rows], persistent=False)
+            if keep:
+                layer.register_buffer("fp8_scale", self.scale[rows], persistent=True)
+                layer.register_buffer("fp8_amax_history", self.history[rows], persistent=True)
+            self._ptrs.append(self._layer_ptrs(layer))
+        self._host = None
+
+    def _layer_ptrs(self, layer: Any) -> Tuple[int, ...]:
+        if self.recipe.current:
+            return (layer.fp8_amax.data_ptr(),)
+        return (layer.fp8_amax.data_ptr(), layer.fp8_scale.data_ptr(), layer.fp8_amax_history.data_ptr())
+
+    def _regather(self) -> None:
+        """Stack the layers' buffers again (on the first layer's device) and make them rows."""
+        device = self.layers[0].fp8_amax.device
+        with torch.no_grad():
+            self.amax = torch.cat([lay.fp8_amax.to(device, torch.float32) for lay in self.layers])
+            if not self.recipe.current:
+                self.scale = torch.cat([lay.fp8_scale.to(device, torch.float32) for lay in self.layers])
+                self.history = torch.cat([lay.fp8_amax_history.to(device, torch.float32) for lay in self.layers])
+        self._attach()
+
+    def check(self, index: int) -> None:
+        """Before layer ``index`` uses its rows: gathered again if its buffers are no longer them."""
+        if self._layer_ptrs(self.layers[index]) != self._ptrs[index]:
+            self._regather()
+
+    def check_all(self) -> None:
+        for i in range(len(self.layers)):
+            self.check(i)
+
+    def flush(self) -> int:
+        """The due update of all layers' scales and histories, one recipe call: returns the number
+        of non-finite amaxes it saw (0 when none was due)."""
+        if not self.pending:
+            return 0
+        self.pending = False
+        self.check_all()
+        with torch.no_grad():
+            bad = self._update()
+            self.amax.zero_()
+        self.last_bad = bad
+        self.bad_steps += 1 if bad else 0
+        return bad
+
+    def _update(self) -> int:
+        if self.amax.device.type == "cpu":
+            return int(cpp(self.recipe.handle.update)(self.roles, self.amax, self.history, self.scale))
+        # The recipe runs on the host: the amaxes of all layers come over in one copy; history and
+        # scale are kept there between steps and their device rows overwritten after the update.
+        if self._host is None:
+            self._host = (self.history.cpu(), self.scale.cpu())
+        history, scale = self._host
+        bad = int(cpp(self.recipe.handle.update)(self.roles, self.amax.cpu(), history, scale))
+        self.history.copy_(history, non_blocking=True)
+        self.scale.copy_(scale, non_blocking=True)
+        return bad
+
+    def discard(self) -> None:
+        """A state is being loaded: this step's amaxes are not applied to it."""
+        self.pending = False
+        self._host = None
+        with torch.no_grad():
+            self.amax.zero_()

@@ -1,0 +1,190 @@
+"""ampkit.fp8's state for recipes with history (docs/fp8.md, "How the state is kept"): one block of
+stacked rows per converted model, one recipe call per step for all layers, fp8_state(), the
+state_dict and an exact resume, and ATen operator counts flat in the number of layers.
+
+The recipe here is a stand-in object with the plugin binding's methods and a rule of its own
+(not `delayed`'s, which lives only in its plugin): what is tested is the plumbing around it."""
+
+import copy
+import io
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ampkit
+
+
+class StandIn:
+    """update(): each row's history shifts by one and takes the step's amax in front; scale =
+    100 / (1 + mean(history)). Counts its calls and the amaxes that were not finite."""
+
+    def __init__(self, window=4):
+        self.window = window
+        self.calls = []
+
+    def current_scaling(self):
+        return False
+
+    def history_length(self):
+        return self.window
+
+    def fp8_format(self, role):
+        return "e5m2" if role == 2 else "e4m3"
+
+    def update(self, roles, amax, history, scale):
+        self.calls.append((roles.tolist(), tuple(amax.shape), tuple(history.shape), tuple(scale.shape)))
+        finite = torch.isfinite(amax)
+        history.copy_(torch.cat([torch.where(finite, amax, 0.0).unsqueeze(1), history[:, :-1]], dim=1))
+        scale.copy_(100.0 / (1.0 + history.mean(dim=1)))
+        return int((~finite).sum())
+
+
+def mlp(layers=3, width=8, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(layers)])
+
+
+def data(step, width=8):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(16, width, generator=g) * 3.0, torch.randn(16, width, generator=g)
+
+
+def train(model, opt, steps, first=0):
+    for step in range(first, first + steps):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def fp8_layers(model):
+    return [m for m in model.modules() if isinstance(m, ampkit.fp8.Linear)]
+
+
+def test_all_layers_are_updated_by_one_recipe_call_per_step():
+    recipe = StandIn(window=4)
+    model = ampkit.fp8.convert(mlp(layers=5), recipe=recipe)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train(model, opt, 4)
+    assert len(recipe.calls) == 3  # due after each backward, applied by the next step's first forward
+    assert ampkit.fp8.update(model) == 0 and len(recipe.calls) == 4
+    assert ampkit.fp8.update(model) == 0 and len(recipe.calls) == 4  # nothing due: no call
+    roles, amax_shape, history_shape, scale_shape = recipe.calls[0]
+    assert roles == [0, 1, 2] * 5 and amax_shape == (15,) and history_shape == (15, 4) and scale_shape == (15,)
+
+
+def test_fp8_state_shows_the_scale_the_next_forward_casts_with():
+    from ampkit._fp8_cast import cast
+
+    model = ampkit.fp8.convert(mlp(layers=1), recipe=StandIn(window=3))
+    layer = fp8_layers(model)[0]
+    assert layer.fp8_state()["input"] == {"scale": 1.0, "amax_history": [0.0, 0.0, 0.0]}  # a new layer
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train(model, opt, 2)
+    x, _ = data(1)
+    state = layer.fp8_state()
+    # The last step's input amax in front, the one before it behind.
+    assert state["input"]["amax_history"][:2] == [x.abs().max().item(), data(0)[0].abs().max().item()]
+    assert state["input"]["scale"] == pytest.approx(100.0 / (1.0 + sum(state["input"]["amax_history"]) / 3), rel=1e-6)
+    assert state["grad_output"]["amax_history"][0] > 0.0 and state["weight"]["amax_history"][1] > 0.0
+    s_x, s_w = torch.tensor(state["input"]["scale"]), torch.tensor(state["weight"]["scale"])
+    x8, w8 = cast(x, s_x, torch.float8_e4m3fn), cast(layer.weight.detach(), s_w, torch.float8_e4m3fn)
+    want = (x8.float() / s_x) @ (w8.float() / s_w).t() + layer.bias.detach()
+    with torch.no_grad():  # records nothing: fp8_state() stays as it was
+        assert (layer(x) - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    assert layer.fp8_state() == state
+
+
+def test_the_state_is_in_state_dict_and_a_loaded_model_continues_bit_for_bit():
+    def fresh():
+        model = ampkit.fp8.convert(mlp(layers=3), recipe=StandIn(window=4))
+        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+    straight, straight_opt = fresh()
+    train(straight, straight_opt, 6)
+
+    first, first_opt = fresh()
+    train(first, first_opt, 3)
+    saved = io.BytesIO()
+    torch.save(first.state_dict(), saved)
+    states = [layer.fp8_state() for layer in fp8_layers(first)]
+    assert {"0.0.fp8_scale", "0.0.fp8_amax_history"} <= set(first.state_dict())
+    assert "0.0.fp8_amax" not in first.state_dict()  # this step's amaxes: applied before saving
+
+    resumed, resumed_opt = fresh()
+    saved.seek(0)
+    resumed.load_state_dict(torch.load(saved))
+    assert [layer.fp8_state() for layer in fp8_layers(resumed)] == states
+    assert states[0]["input"]["scale"] != 1.0
+    train(resumed, resumed_opt, 3, first=3)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert [lay.fp8_state() for lay in fp8_layers(resumed)] == [lay.fp8_state() for lay in fp8_layers(straight)]
+
+
+def test_buffers_replaced_by_a_copy_or_an_assigning_load_are_gathered_again():
+    model = ampkit.fp8.convert(mlp(layers=2), recipe=StandIn())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    train(model, opt, 2)
+    twin = copy.deepcopy(model)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.05)
+    assigned = ampkit.fp8.convert(mlp(layers=2, seed=9), recipe=StandIn())
+    assigned.load_state_dict(copy.deepcopy(model.state_dict()), assign=True)
+    assigned_opt = torch.optim.SGD(assigned.parameters(), lr=0.05)
+    for m, o in ((model, opt), (twin, twin_opt), (assigned, assigned_opt)):
+        train(m, o, 2, first=2)
+        ampkit.fp8.update(m)
+    want = [lay.fp8_state() for lay in fp8_layers(model)]
+    assert [lay.fp8_state() for lay in fp8_layers(twin)] == want
+    assert [lay.fp8_state() for lay in fp8_layers(assigned)] == want
+    for layer in fp8_layers(assigned):  # the layer's buffers are rows of the block again
+        block = layer._fp8_block
+        assert layer.fp8_scale.data_ptr() == block.scale[3 * layer._fp8_index :].data_ptr()
+
+
+def test_a_non_finite_amax_is_counted_and_kept_out_of_the_history():
+    model = ampkit.fp8.convert(mlp(layers=2), recipe=StandIn())
+    x, y = data(0)
+    x[0, 0] = float("inf")
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    assert ampkit.fp8.update(model) >= 1
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_counts(layers, recipe):
+    model = ampkit.fp8.convert(
+        nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)]), recipe=recipe() if callable(recipe) else recipe
+    )
+    x = torch.randn(4, 8)
+    for _ in range(2):  # warm: the second step is a steady one
+        model(x).sum().backward()
+        ampkit.fp8.update(model)
+    with OpCounter() as step:
+        model(x).sum().backward()
+    with OpCounter() as update:
+        ampkit.fp8.update(model)
+    return sum(step.ops.values()), sum(update.ops.values())
+
+
+@pytest.mark.parametrize("recipe", ["current", StandIn], ids=["current", "history"])
+def test_operator_counts_per_step_are_flat_in_the_layer_count(recipe):
+    (s2, u2), (s3, u3), (s64, u64) = (step_counts(n, recipe) for n in (2, 3, 64))
+    per_layer = s3 - s2
+    assert per_layer > 0 and s64 - s2 == 62 * per_layer, (s2, s3, s64)
+    assert u2 == u3 == u64  # the update: the same operators for 2 layers as for 64
+    if recipe == "current":
+        assert u64 == 0
+    else:
+        assert u64 > 0
