@@ -1,8 +1,9 @@
 // The strategies' device forms against their host forms: the built-in scalers (dynamic
 // with hysteresis, bounds and its stop at min_scale; static; none), clippers (norm L2 and inf;
 // none) and NaN policies (skip with a streak limit, backoff, abort) run 300 steps through the
-// engine's host step (AmpStep) and through DeviceStepRules on CPU tensors, from the same
-// statistics: planted overflows, non-finite losses, gradient-norm spikes that clip. Every decision,
+// engine's host step (AmpStep) and through DeviceStepRules on CPU tensors (the function a GPU runs
+// as its rules kernel), from the same totals: planted overflows, non-finite losses, gradient-norm
+// spikes that clip. Every decision,
 // clip coefficient and scale must be the same, bit for bit. And the Trainer's deferred step
 // against its synchronous one.
 #define BOOST_TEST_MODULE device_step
@@ -67,14 +68,12 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
   auto set = plugins.strategies(choices);
   AmpStep host({&set->scaler(), &set->clipper(), &set->nan_policy()});
   std::string missing;
-  auto device = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
-  BOOST_REQUIRE_MESSAGE(device, "no device rule from the " << missing);
-  device->start(set->scaler(), at::kCPU, 0);
-  // The same rules fused (cuda/step_rules_abi.h, what a GPU runs as one kernel), from the totals
-  // the deferred step measures, with their own state and scale.
-  auto fused = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
-  fused->start(set->scaler(), at::kCPU, 0);
-  at::Tensor fused_scale = fused->scale().clone();
+  // The rules (cuda/step_rules_abi.h, what a GPU runs as one kernel), from the totals the deferred
+  // step measures, with their own state and scale.
+  auto rules = DeviceStepRules::of(set->scaler(), set->clipper(), set->nan_policy(), missing);
+  BOOST_REQUIRE_MESSAGE(rules, "no device rule from the " << missing);
+  rules->start(set->scaler(), at::kCPU, 0);
+  at::Tensor device_scale = rules->scale().clone();
   at::Tensor weight = at::zeros({1}).set_requires_grad(true);
   GradientTable table({weight}, {"w"});
   host.start(RunInfo{});
@@ -87,18 +86,12 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
     out.stats.loss = p.loss;
     host.after_backward({table, /*fold=*/true, SkippedGradients::keep, at::Tensor(), nullptr}, out);
     const StepOutcome done = host.finish_iteration();
-    DeviceStepStats in;
-    in.loss_nonfinite = at::scalar_tensor(done.stats.loss_finite ? 0.0 : 1.0, at::kDouble);
-    in.grads_nonfinite = at::scalar_tensor(std::isfinite(p.grad) ? 0.0 : 1.0, at::kDouble);
-    in.grad_norm = at::scalar_tensor(done.stats.grad_norm, at::kDouble);
-    in.grad_max_abs = at::scalar_tensor(done.stats.grad_max_abs, at::kDouble);
-    const DeviceStepDecision d = device->step(in);
     const DeviceTotals totals = table.measure_on_device({});
-    const FusedStepResult f = fused->step_fused({totals.sum_squares, totals.max_abs, totals.zeros,
-                                                 at::scalar_tensor(p.loss, at::kDouble), at::Tensor()},
-                                                fused_scale);
+    const DeviceStepResult f = rules->step({totals.sum_squares, totals.max_abs, totals.zeros,
+                                            at::scalar_tensor(p.loss, at::kDouble), at::Tensor()},
+                                           device_scale);
     const at::Tensor r = f.record;
-    BOOST_TEST_CONTEXT("fused, step " << run << ", planted grad " << p.grad << ", loss " << p.loss) {
+    BOOST_TEST_CONTEXT("step " << run << ", planted grad " << p.grad << ", loss " << p.loss) {
       BOOST_TEST(f.stepped.item<bool>() == done.stepped);
       BOOST_TEST(r[0].item<double>() == (done.stepped ? 1.0 : 0.0));
       if (!done.aborted_by_scaler)
@@ -107,21 +100,11 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
       BOOST_TEST(bits(r[3].item<double>()) == bits(done.clip_coefficient));
       BOOST_TEST(r[4].item<double>() == done.stats.scale);
       BOOST_TEST(r[5].item<double>() == done.scale_next);
-      BOOST_TEST(static_cast<double>(fused_scale.item<float>()) == done.scale_next);
+      BOOST_TEST(static_cast<double>(device_scale.item<float>()) == done.scale_next);
       BOOST_TEST(f.found_inf.item<float>() == (done.stepped ? 0.0f : 1.0f));
       // What the fused optimizer divides by: the synchronous step's scale / coefficient, in float32.
       BOOST_TEST(f.grad_scale.item<float>() ==
                  static_cast<float>(1.0 / (done.clip_coefficient / done.stats.scale)));
-    }
-    BOOST_TEST_CONTEXT("step " << run << ", planted grad " << p.grad << ", loss " << p.loss) {
-      BOOST_TEST(d.stepped.item<double>() == (done.stepped ? 1.0 : 0.0));
-      // The policy's extra backoff; where the scaler stopped the run in it, the host reports the abort.
-      if (!done.aborted_by_scaler)
-        BOOST_TEST(d.backoff.item<double>() == (done.decision.action == NanAction::skip_backoff ? 1.0 : 0.0));
-      BOOST_TEST(d.abort.item<double>() == (done.decision.action == NanAction::abort ? 1.0 : 0.0));
-      BOOST_TEST(bits(d.clip_coefficient.item<double>()) == bits(done.clip_coefficient));
-      BOOST_TEST(static_cast<double>(d.scale.item<float>()) == done.stats.scale);
-      BOOST_TEST(static_cast<double>(d.scale_next.item<float>()) == done.scale_next);
     }
     ++run;
     skipped += done.stepped ? 0 : 1;
@@ -427,20 +410,14 @@ BOOST_AUTO_TEST_CASE(the_trainers_deferred_step_is_its_synchronous_step) {
       {"scaler", Plugins::choice("dynamic", {{"init_scale", "1024"}, {"growth_interval", "4"}})},
       {"clipper", Plugins::choice("norm", {{"max_norm", "0.05"}})},
       {"nan_policy", Plugins::choice("backoff", {})}};
-  // The rules fused (one call; a GPU's one kernel) and as ATen operators (a GPU build without it).
-  for (const auto& [recipe, fused] :
-       std::vector<std::pair<DeviceStatsRecipe, bool>>{{DeviceStatsRecipe::fused_scan, true},
-                                                       {DeviceStatsRecipe::chunk_kernel, true},
-                                                       {DeviceStatsRecipe::chunk_kernel, false}}) {
-    BOOST_TEST_CONTEXT(to_string(recipe) << (fused ? ", fused rules" : ", rules as operators")) {
+  for (const DeviceStatsRecipe recipe : {DeviceStatsRecipe::fused_scan, DeviceStatsRecipe::chunk_kernel}) {
+    BOOST_TEST_CONTEXT(to_string(recipe)) {
       test::TinyModel start;
       FusedRun sync(plugins, choices, start), deferred(plugins, choices, start);
       sync.trainer.set_stats_recipe(recipe);
       deferred.trainer.set_stats_recipe(recipe);
       std::string kind;
       BOOST_REQUIRE_EQUAL(deferred.trainer.enable_deferred_step(kind, /*tensor_norms=*/true), "");
-      BOOST_TEST(deferred.trainer.deferred_step()->fused());  // on CPU tensors by default
-      deferred.trainer.deferred_step()->set_fused(fused);
       const auto forward = [](test::TinyModel& m, int64_t step) {
         return [&m, step](int) {
           at::Tensor loss = m.loss(test::batch_x(step));

@@ -350,7 +350,7 @@ BOOST_AUTO_TEST_CASE(the_statistics_kernel_agrees_with_the_foreach_recipe) {
 // overflows, NaN, non-finite losses, a streak, clipping both ways, hysteresis and growth.
 BOOST_AUTO_TEST_CASE(the_rules_kernel_decides_as_the_host_function_bit_for_bit) {
   if (!test_device().is_cpu())
-    BOOST_TEST_REQUIRE(DeviceStepRules::fused_on(test_device()), "this build has no rules kernel");
+    BOOST_TEST_REQUIRE(DeviceStepRules::runs_on(test_device()), "this build has no rules kernel");
   Plugins plugins;
   auto set = plugins.strategies(
       {{"scaler",
@@ -377,9 +377,9 @@ BOOST_AUTO_TEST_CASE(the_rules_kernel_decides_as_the_host_function_bit_for_bit) 
     if (i >= 120 && i < 124) sum = inf;  // a streak
     const std::vector<double> in = {sum, max_abs, 3.0, loss};
     const at::Tensor cpu = at::tensor(in, f64), device = cpu.to(test_device());
-    const FusedStepResult a = here->step_fused({cpu[0], cpu[1], cpu[2], cpu[3], at::Tensor()}, scale_here);
-    const FusedStepResult b =
-        there->step_fused({device[0], device[1], device[2], device[3], at::Tensor()}, scale_there);
+    const DeviceStepResult a = here->step({cpu[0], cpu[1], cpu[2], cpu[3], at::Tensor()}, scale_here);
+    const DeviceStepResult b =
+        there->step({device[0], device[1], device[2], device[3], at::Tensor()}, scale_there);
     const at::Tensor ra = a.record, rb = b.record.cpu();
     BOOST_TEST_CONTEXT("step " << i) {
       BOOST_REQUIRE(ra.numel() == rb.numel());

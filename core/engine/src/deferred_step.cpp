@@ -24,14 +24,6 @@ namespace ampkit {
 
 namespace {
 
-// sqrt rounded as the host's std::sqrt: CUDA's double sqrt is IEEE's (correctly rounded), ATen's
-// CPU kernel is not (it differs in the last bit for about 1.4% of doubles, measured), so a CPU
-// tensor's root is taken on the host, where it already is.
-at::Tensor exact_sqrt(const at::Tensor& x) {
-  if (x.is_cpu()) return at::scalar_tensor(std::sqrt(x.item<double>()), x.options());
-  return at::sqrt(x);
-}
-
 bool same_bits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
@@ -91,8 +83,8 @@ struct DeferredStep::Pending {
   DeviceTotals totals;  // with tensor_norms: the per-gradient sums' sources (chunk sums copied to the host)
 };
 
-DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, bool fused)
-    : step_(step), rules_(std::move(rules)), scale_(rules_->scale().clone()), fused_(fused) {}
+DeferredStep::DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules)
+    : step_(step), rules_(std::move(rules)), scale_(rules_->scale().clone()) {}
 
 DeferredStep::~DeferredStep() = default;
 
@@ -109,6 +101,13 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
   // reason, also behind a statistics recipe that fell back for it.
   why = kernel_refusal(device);
   if (!why.empty()) return nullptr;
+  // A GPU in a build without ampkit's kernels (no nvcc of LibTorch's CUDA version): as where they
+  // were refused, the step stays synchronous; the statistics recipe said why once already.
+  if (!DeviceStepRules::runs_on(device)) {
+    why = "this build has no rules kernel for " + device.str() +
+          " (it was built without an nvcc of LibTorch's CUDA version)";
+    return nullptr;
+  }
   if (table.recipe() != DeviceStatsRecipe::chunk_kernel && table.recipe() != DeviceStatsRecipe::fused_scan) {
     why = std::string("the ") + to_string(table.recipe()) + " statistics recipe has no deferred form";
     return nullptr;
@@ -120,16 +119,7 @@ std::unique_ptr<DeferredStep> DeferredStep::make(AmpStep& step, const GradientTa
     return nullptr;
   }
   rules->start(*s.scaler, device, step.counters().consecutive_skips);
-  return std::unique_ptr<DeferredStep>(
-      new DeferredStep(step, std::move(rules), DeviceStepRules::fused_on(device)));
-}
-
-void DeferredStep::set_fused(bool on) {
-  if (begun_) throw Error(ErrorCategory::internal, "DeferredStep::set_fused after the first step");
-  if (on && !DeviceStepRules::fused_on(scale_.device()))
-    throw Error(ErrorCategory::internal,
-                "DeferredStep::set_fused: no rules kernel for " + scale_.device().str());
-  fused_ = on;
+  return std::unique_ptr<DeferredStep>(new DeferredStep(step, std::move(rules)));
 }
 
 void DeferredStep::allow_graphs(int64_t ring_rows) {
@@ -173,16 +163,11 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
   }
   if (in_graph_) check_ring_shape(*p);  // before the rules change the device's state
   const at::Tensor loss_value = loss.defined() ? t.scalars.select(0, 0) : at::Tensor();
-  DeferredGradients out;
-  at::Tensor record;
-  if (fused_) {  // 4-8 in one call: on the host for CPU tensors, one kernel on a GPU
-    FusedStepResult r =
-        rules_->step_fused({t.sum_squares, t.max_abs, t.zeros, loss_value, t.group_elements}, scale_);
-    out = {r.grad_scale, r.found_inf, r.stepped};
-    record = r.record;
-  } else {
-    out = step_operators(t, loss_value, record);
-  }
+  // 4-8 in one call: on the host for CPU tensors, one kernel on a GPU.
+  const DeviceStepResult r =
+      rules_->step({t.sum_squares, t.max_abs, t.zeros, loss_value, t.group_elements}, scale_);
+  const DeferredGradients out{r.grad_scale, r.found_inf, r.stepped};
+  const at::Tensor& record = r.record;
   if (ring_rows_ > 0 && !ring_.defined()) {  // outside any graph (the first step is never captured)
     ring_ = at::empty({ring_rows_, AMPKIT_RECORD_GROUP_ELEMENTS + 1}, record.options());
     ring_written_ = at::zeros({}, record.options().dtype(at::kLong));
@@ -209,43 +194,6 @@ DeferredGradients DeferredStep::after_backward(GradientTable& table, const at::T
     p->ready->record(c10::impl::VirtualGuardImpl(record.device().type()).getStream(record.device()));
   }
   pending_.push_back(std::move(p));
-  return out;
-}
-
-// Steps 4-8 as ATen operators on 0-dim tensors (a GPU without the rules kernel), into `record`.
-DeferredGradients DeferredStep::step_operators(const DeviceTotals& t, const at::Tensor& loss,
-                                               at::Tensor& record) {
-  // 4. The statistics as the host computes them from the same sum: unscaled by the scale this
-  // step's backward used.
-  const at::Tensor scale = scale_.to(at::kDouble);
-  DeviceStepStats s;
-  s.grad_norm = exact_sqrt(t.sum_squares).div(scale);
-  s.grad_max_abs = t.max_abs.div(scale);
-  s.grads_nonfinite =
-      at::logical_not(at::logical_and(at::isfinite(t.sum_squares), at::logical_not(at::isnan(t.max_abs))))
-          .to(at::kDouble);
-  const at::Tensor loss_value = loss.defined() ? loss : at::zeros({}, scale.options());
-  s.loss_nonfinite = at::logical_not(at::isfinite(loss_value)).to(at::kDouble);
-  // 5, 6, 8 on the device.
-  const DeviceStepDecision d = rules_->step(s);
-  scale_.copy_(d.scale_next);
-  // 7. What the fused optimizer takes: the inverse of the factor the synchronous step folds in.
-  DeferredGradients out;
-  out.grad_scale = at::ones({}, scale.options()).div(d.clip_coefficient.div(scale)).to(at::kFloat);
-  out.found_inf = (at::ones_like(d.stepped) - d.stepped).to(at::kFloat);
-  out.stepped = at::gt(d.stepped, 0.0);
-  std::vector<at::Tensor> fields{d.stepped,
-                                 d.backoff,
-                                 d.abort,
-                                 d.clip_coefficient,
-                                 d.scale.to(at::kDouble),
-                                 d.scale_next.to(at::kDouble),
-                                 loss_value.to(at::kDouble),
-                                 t.sum_squares,
-                                 t.max_abs,
-                                 t.zeros};
-  if (t.group_elements.defined()) fields.push_back(t.group_elements);
-  record = at::stack(fields);
   return out;
 }
 

@@ -35,12 +35,12 @@ struct RulesCase {
 ampkit_step_rules dynamic_norm_skip() {
   ampkit_step_rules r{};
   r.dynamic = 1;
-  r.growth_factor = 2.0;
-  r.backoff_factor = 0.5;
-  r.growth_interval = 3;
-  r.hysteresis = 2;
-  r.min_scale = 1.0f;
-  r.max_scale = 16777216.0f;
+  r.scaler.growth_factor = 2.0;
+  r.scaler.backoff_factor = 0.5;
+  r.scaler.growth_interval = 3;
+  r.scaler.hysteresis = 2;
+  r.scaler.min_scale = 1.0f;
+  r.scaler.max_scale = 16777216.0f;
   r.clip_norm = 1;
   r.max_norm = 1.0;
   return r;
@@ -55,19 +55,20 @@ std::vector<RulesCase> rules_cases() {
   cases[2].scale = 16777216.0f;
   cases[3].inputs[0] = inf;                                              // an overflow spends hysteresis
   cases[4].inputs[0] = inf, cases[4].state[AMPKIT_RULE_HYSTERESIS] = 1;  // ...and backs off
-  cases[4].rules.backoff_factor = 1.0 / 3.0;                             // by an inexact factor
+  cases[4].rules.scaler.backoff_factor = 1.0 / 3.0;                      // by an inexact factor
   cases[5].inputs[0] = nan, cases[5].inputs[1] = nan;                    // NaN
-  cases[6].inputs[3] = inf, cases[6].rules.policy_backoff = 1;           // the policy's backoff
-  cases[7].inputs[3] = nan, cases[7].rules.abort_on_nonfinite_loss = 1;
-  cases[8].inputs[0] = inf, cases[8].scale = 1.0f, cases[8].rules.abort_at_min_scale = 1;
+  cases[6].inputs[3] = inf, cases[6].rules.policy.backoff = 1;           // the policy's backoff
+  cases[7].inputs[3] = nan, cases[7].rules.policy.abort_on_nonfinite_loss = 1;
+  cases[8].inputs[0] = inf, cases[8].scale = 1.0f, cases[8].rules.scaler.abort_at_min_scale = 1;
   cases[8].state[AMPKIT_RULE_HYSTERESIS] = 1;
-  cases[9].inputs[0] = inf, cases[9].rules.max_consecutive = 3, cases[9].state[AMPKIT_RULE_CONSECUTIVE] = 2;
+  cases[9].inputs[0] = inf, cases[9].rules.policy.max_consecutive = 3,
+  cases[9].state[AMPKIT_RULE_CONSECUTIVE] = 2;
   cases[10].rules.inf_norm = 1, cases[10].inputs[1] = 5000.0;  // the inf-norm clip
   cases[11].rules.dynamic = 0, cases[11].rules.clip_norm = 0;  // constant, no clip
   cases[12].state[AMPKIT_RULE_STOPPED] = 1;                    // after an abort
   cases[13].loss = false, cases[13].group = true, cases[13].inputs[4] = 123457.0;
   cases[14].inputs[0] = 1e-300, cases[14].scale = 3.0f, cases[14].rules.max_norm = 1e-160;
-  cases[15].rules.growth_factor = 1.1, cases[15].state[AMPKIT_RULE_GROWTH] = 2;  // awkward products
+  cases[15].rules.scaler.growth_factor = 1.1, cases[15].state[AMPKIT_RULE_GROWTH] = 2;  // awkward products
   cases[15].scale = 3.0f;
   return cases;
 }

@@ -1,13 +1,15 @@
 // Device forms of the step's strategies: a strategy whose part of the step can run on
 // the gradients' device, with no host read, declares its rule here, as plain numbers, through
 // find_function; the engine computes that rule from device tensors into device tensors, step after
-// step (core/engine/include/ampkit/device_rules_engine.h). A declaration, not code: scalers and NaN
+// step (core/engine/include/ampkit/device_step.h). A declaration, not code: scalers and NaN
 // policies link no ATen, and what find_function returns is used outside the plugin-call guard, so
 // it must not be able to fail. A strategy offers a rule only where the rule is exactly its host
 // form, for the options it was made with (the built-ins are checked step for step, bit for bit);
 // where it offers none (nullptr) the step stays synchronous and the run says which strategy kept
-// it so.
+// it so. The built-in rules themselves are written once, in step_rules.h.
 #pragma once
+
+#include <ampkit/step_rules.h>
 
 #include <cstdint>
 #include <cstring>
@@ -66,6 +68,29 @@ struct NanPolicyDeviceRule {
   bool abort_on_nonfinite_gradients = false;  // (with a finite loss)
   int64_t max_consecutive = 0;                // abort at this many bad steps in a row; 0: never
 };
+
+// The declared numbers as the built-in rules' functions (step_rules.h) take them: a host form that
+// calls those functions with these is its device rule, by construction.
+inline ampkit_dynamic_scaler_rule step_rule_of(const ScalerDeviceRule& r) {
+  ampkit_dynamic_scaler_rule out{};
+  out.growth_factor = r.growth_factor;
+  out.backoff_factor = r.backoff_factor;
+  out.growth_interval = r.growth_interval;
+  out.hysteresis = r.hysteresis;
+  out.min_scale = r.min_scale;
+  out.max_scale = r.max_scale;
+  out.abort_at_min_scale = r.abort_at_min_scale;
+  return out;
+}
+
+inline ampkit_nan_policy_rule step_rule_of(const NanPolicyDeviceRule& r) {
+  ampkit_nan_policy_rule out{};
+  out.backoff = r.backoff;
+  out.abort_on_nonfinite_loss = r.abort_on_nonfinite_loss;
+  out.abort_on_nonfinite_gradients = r.abort_on_nonfinite_gradients;
+  out.max_consecutive = r.max_consecutive;
+  return out;
+}
 
 // What a strategy's find_function returns for its rule: `rule` when `asked` is `name`, else nullptr.
 //   void* find_function(const char* name) override {

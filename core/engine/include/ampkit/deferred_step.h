@@ -40,20 +40,14 @@ struct DeferredGradients {
 class DeferredStep {
  public:
   // The deferred step for `table` with `step`'s strategies, or nullptr with `why` saying what keeps
-  // the step synchronous, naming the kind ("scaler", "clipper", "nan_policy") in `kind` where a
+  // the step synchronous (the device's kernels refused or not in this build, a recipe without a
+  // deferred form), naming the kind ("scaler", "clipper", "nan_policy") in `kind` where a
   // strategy has no device form.
   static std::unique_ptr<DeferredStep> make(AmpStep& step, const GradientTable& table, std::string& kind,
                                             std::string& why);
   ~DeferredStep();
   DeferredStep(const DeferredStep&) = delete;
   DeferredStep& operator=(const DeferredStep&) = delete;
-
-  // Whether the rules run fused (one call; on a GPU one kernel) or as ATen operators.
-  bool fused() const { return fused_; }
-  // The rules as ATen operators (false: what a build without the rules kernel runs on a GPU, and
-  // what tests compare the fused call with), or fused where DeviceStepRules::fused_on allows.
-  // Before the first step only: the two forms keep their state apart.
-  void set_fused(bool on);
 
   // Whether records carry every gradient's norm (StepStats::tensor_norms, as the synchronous step
   // gives them): off by default; a copy of one number per chunk, summed on the host on delivery.
@@ -103,10 +97,9 @@ class DeferredStep {
 
  private:
   struct Pending;
-  DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules, bool fused);
+  DeferredStep(AmpStep& step, std::unique_ptr<DeviceStepRules> rules);
   StepOutcome deliver_one(Pending& p, bool open);
   void deliver_into(Pending& p, std::vector<StepOutcome>& delivered, bool open = false);
-  DeferredGradients step_operators(const DeviceTotals& t, const at::Tensor& loss, at::Tensor& record);
   void check_ring_shape(const Pending& shape);
   void write_ring(const at::Tensor& record);
   void deliver_ring(std::vector<StepOutcome>& delivered, int64_t written, Newest newest);
@@ -114,7 +107,6 @@ class DeferredStep {
   AmpStep& step_;
   std::unique_ptr<DeviceStepRules> rules_;
   at::Tensor scale_;    // float32, persistent
-  bool fused_;          // DeviceStepRules::step_fused (CPU; a GPU where the build has the rules kernel)
   bool begun_ = false;  // after_backward has run
   bool tensor_norms_ = false;
   std::deque<std::unique_ptr<Pending>> pending_;
