@@ -1,6 +1,7 @@
 // Clipper "norm": torch.nn.utils.clip_grad_norm_ semantics on the unscaled total norm.
 #include <ampkit/clipper_plugin.h>
 #include <ampkit/device_rules.h>
+#include <ampkit/step_rules.h>
 
 #include <cmath>
 #include <limits>
@@ -23,16 +24,15 @@ class NormGradClipper final : public ampkit::GradClipper {
     rule_.inf_norm = inf_norm_;
   }
 
-  // clip() below, as numbers for the device (device_rules.h).
+  // clip() below, as numbers for the device (device_rules.h), which runs the same function.
   void* find_function(const char* name) override {
     return ampkit::offer_rule(name, ampkit::kClipperDeviceRule, &rule_);
   }
 
   ampkit::ClipResult clip(const ampkit::StepStats& stats) override {
     const double total = inf_norm_ ? stats.grad_max_abs : stats.grad_norm;
-    // Same expression as torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1.
-    const double coef = max_norm_ / (total + 1e-6);
-    return {coef < 1.0 ? coef : 1.0, max_norm_};
+    // torch's clip_coef, clamped to 1: the rule the device runs too (step_rules.h).
+    return {ampkit_norm_clip_coefficient(max_norm_, total), max_norm_};
   }
 
  private:

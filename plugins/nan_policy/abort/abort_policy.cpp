@@ -16,7 +16,7 @@ class AbortNanPolicy final : public ampkit::DetectingNanPolicy {
     rule_.abort_on_nonfinite_gradients = !tolerate_overflow_;
   }
 
-  // decide() below without spikes, as numbers for the device (device_rules.h).
+  // decide() below without spikes, as numbers for the device (device_rules.h): both run its rule.
   void* find_function(const char* name) override {
     return ampkit::offer_rule(name, ampkit::kNanPolicyDeviceRule, offers_rule_ ? &rule_ : nullptr);
   }
@@ -24,10 +24,12 @@ class AbortNanPolicy final : public ampkit::DetectingNanPolicy {
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
     if (!d) return {};
-    // With a dynamic scaler, overflowing gradients at a too-large scale are routine, not a bug.
-    if (tolerate_overflow_ && d.kind == ampkit::Detection::Kind::nonfinite_gradients)
-      return {ampkit::NanAction::skip, d.what + " (tolerated: nan_policy.tolerate_overflow)"};
-    return {ampkit::NanAction::abort, d.what};
+    if (!d.non_finite()) return {ampkit::NanAction::abort, d.what};  // a spike stops the run too
+    // With a dynamic scaler, overflowing gradients at a too-large scale are routine, not a bug:
+    // the rule skips them where tolerate_overflow clears its abort_on_nonfinite_gradients.
+    ampkit::NanDecision out = decide_by_rule(ampkit::step_rule_of(rule_), stats, d);
+    if (out.action == ampkit::NanAction::skip) out.reason += " (tolerated: nan_policy.tolerate_overflow)";
+    return out;
   }
 
  private:

@@ -16,7 +16,7 @@ class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
     rule_.max_consecutive = options.get_int("max_consecutive");
   }
 
-  // decide() below without spikes, as numbers for the device (device_rules.h).
+  // decide() below without spikes, as numbers for the device (device_rules.h): both run its rule.
   void* find_function(const char* name) override {
     return ampkit::offer_rule(name, ampkit::kNanPolicyDeviceRule, offers_rule_ ? &rule_ : nullptr);
   }
@@ -26,12 +26,7 @@ class BackoffNanPolicy final : public ampkit::DetectingNanPolicy {
     if (!d) return {};
     ampkit::NanDecision clipped;
     if (clip_spikes_ && clip_spike(d, clipped)) return clipped;
-    // A spike is not an overflow: a smaller scale would not have prevented it.
-    ampkit::NanDecision out = d.non_finite() ? ampkit::NanDecision{ampkit::NanAction::skip_backoff,
-                                                                   d.what + "; extra scaler backoff"}
-                                             : ampkit::NanDecision{ampkit::NanAction::skip, d.what};
-    streak_limit_reached(stats, d, out);
-    return out;
+    return decide_by_rule(ampkit::step_rule_of(rule_), stats, d);
   }
 
  private:

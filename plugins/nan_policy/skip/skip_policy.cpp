@@ -15,7 +15,7 @@ class SkipNanPolicy final : public ampkit::DetectingNanPolicy {
     rule_.max_consecutive = options.get_int("max_consecutive");
   }
 
-  // decide() below without spikes, as numbers for the device (device_rules.h).
+  // decide() below without spikes, as numbers for the device (device_rules.h): both run its rule.
   void* find_function(const char* name) override {
     return ampkit::offer_rule(name, ampkit::kNanPolicyDeviceRule, offers_rule_ ? &rule_ : nullptr);
   }
@@ -23,10 +23,9 @@ class SkipNanPolicy final : public ampkit::DetectingNanPolicy {
   ampkit::NanDecision decide(const ampkit::StepStats& stats) override {
     const ampkit::Detection d = detect(stats);
     if (!d) return {};
-    ampkit::NanDecision out{ampkit::NanAction::skip, d.what};
-    if (clip_spikes_ && clip_spike(d, out)) return out;
-    streak_limit_reached(stats, d, out);
-    return out;
+    ampkit::NanDecision clipped;
+    if (clip_spikes_ && clip_spike(d, clipped)) return clipped;
+    return decide_by_rule(ampkit::step_rule_of(rule_), stats, d);
   }
 
  private:

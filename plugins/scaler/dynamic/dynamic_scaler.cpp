@@ -1,6 +1,7 @@
 // Scaler "dynamic": torch.amp.GradScaler's loss scale, bit for bit, plus Megatron's hysteresis and bounds.
 #include <ampkit/device_rules.h>
 #include <ampkit/scaler_plugin.h>
+#include <ampkit/step_rules.h>
 
 #include <cmath>
 #include <cstdint>
@@ -47,10 +48,8 @@ class DynamicLossScaler final : public ampkit::LossScaler {
                                  "in (0, " + format_number(kFloatMax) + "] (a positive float32)");
     // The scale is a float32, as GradScaler's is; the bounds are compared in the same type.
     kChecks.check_scale_order<float>(init, min, max);
-    scale_ = static_cast<float>(init);
     min_scale_ = static_cast<float>(min);
     max_scale_ = static_cast<float>(max);
-    hysteresis_tracker_ = hysteresis_;
     rule_.kind = ampkit::ScalerDeviceRule::Kind::dynamic;
     rule_.growth_factor = growth_factor_;
     rule_.backoff_factor = backoff_factor_;
@@ -59,48 +58,34 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     rule_.min_scale = min_scale_;
     rule_.max_scale = max_scale_;
     rule_.abort_at_min_scale = error_at_min_;
+    step_rule_ = ampkit::step_rule_of(rule_);
+    state_ = {static_cast<float>(init), 0, hysteresis_};
   }
 
-  // The same rule on the device (device_rules.h): update() and backoff() below, as numbers.
+  // The same rule on the device (device_rules.h): update() and backoff() run its functions.
   void* find_function(const char* name) override {
     return ampkit::offer_rule(name, ampkit::kScalerDeviceRule, &rule_);
   }
 
-  double scale() const override { return scale_; }
+  double scale() const override { return state_.scale; }
   bool is_dynamic() const override { return true; }
 
+  // The rule (step_rules.h): an overflow spends hysteresis and backs off once it is spent, clean
+  // steps grow the scale every growth_interval.
   void update(const ampkit::StepStats& stats) override {
-    if (stats.found_inf) {
-      growth_tracker_ = 0;
-      // Megatron lets its tracker go negative and backs off while it is <= 0; only reaching 0
-      // matters, so ours stops there and stays within [0, hysteresis] for save/load checks.
-      if (hysteresis_tracker_ > 0) --hysteresis_tracker_;
-      if (hysteresis_tracker_ == 0) back_off();
-      return;
-    }
-    // As torch's _amp_update_scale_ CPU kernel: the tracker counts this clean step first.
-    if (++growth_tracker_ == growth_interval_) {
-      // float32 * double, rounded to float32; a product that does not fit is refused, not inf.
-      const float grown = static_cast<float>(static_cast<double>(scale_) * growth_factor_);
-      if (std::isfinite(grown)) scale_ = grown < max_scale_ ? grown : max_scale_;
-      growth_tracker_ = 0;
-      // growth_interval clean steps in a row restore the overflow budget (Megatron resets it at
-      // this point too; we do so even when max_scale or float32 refuses the growth).
-      hysteresis_tracker_ = hysteresis_;
-    }
+    if (ampkit_dynamic_scaler_update(&step_rule_, &state_, stats.found_inf ? 1 : 0)) throw overflow_at_min();
   }
 
   // Asked for by a NaN policy (skip_backoff): one reduction now, whatever the hysteresis says.
   void backoff() override {
-    growth_tracker_ = 0;
-    back_off();
+    if (ampkit_dynamic_scaler_backoff(&step_rule_, &state_)) throw overflow_at_min();
   }
 
   ampkit::State save() const override {
     ampkit::State s;
-    s.set("scale", static_cast<double>(scale_));
-    s.set("growth_tracker", growth_tracker_);
-    s.set("hysteresis_tracker", hysteresis_tracker_);
+    s.set("scale", static_cast<double>(state_.scale));
+    s.set("growth_tracker", static_cast<int64_t>(state_.growth_tracker));
+    s.set("hysteresis_tracker", static_cast<int64_t>(state_.hysteresis_tracker));
     return s;
   }
 
@@ -123,23 +108,17 @@ class DynamicLossScaler final : public ampkit::LossScaler {
       throw std::runtime_error("scaler 'dynamic': checkpoint hysteresis_tracker " +
                                std::to_string(hysteresis) + " is outside [0, " + std::to_string(hysteresis_) +
                                "] for scaler.hysteresis=" + std::to_string(hysteresis_));
-    scale_ = static_cast<float>(scale);
-    growth_tracker_ = growth;
-    hysteresis_tracker_ = hysteresis;
+    state_ = {static_cast<float>(scale), growth, hysteresis};
   }
 
  private:
   // DeepSpeed's rule: a reduction that would pass min_scale stops at it; one asked for while
   // already there means even scale min_scale overflows, which scaling cannot fix.
-  void back_off() {
-    if (scale_ <= min_scale_ && error_at_min_) {
-      throw ampkit::TrainingAborted(
-          "scaler 'dynamic': gradients overflow at the minimum loss scale " + format_number(min_scale_) +
-          " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
-          "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");
-    }
-    const float reduced = static_cast<float>(static_cast<double>(scale_) * backoff_factor_);
-    scale_ = reduced > min_scale_ ? reduced : min_scale_;
+  ampkit::TrainingAborted overflow_at_min() const {
+    return ampkit::TrainingAborted(
+        "scaler 'dynamic': gradients overflow at the minimum loss scale " + format_number(min_scale_) +
+        " (scaler.min_scale); the loss is probably exploding: lower the learning rate, clip gradients, "
+        "use bf16, or set scaler.on_min_scale=clamp to keep skipping steps at the minimum");
   }
 
   double growth_factor_;
@@ -147,12 +126,11 @@ class DynamicLossScaler final : public ampkit::LossScaler {
   int64_t growth_interval_;
   int64_t hysteresis_;
   bool error_at_min_;
-  float scale_ = 0;
   float min_scale_ = 0;
   float max_scale_ = 0;
-  int64_t growth_tracker_ = 0;
-  int64_t hysteresis_tracker_ = 0;
-  ampkit::ScalerDeviceRule rule_;
+  ampkit::ScalerDeviceRule rule_;  // what the device is told
+  ampkit_dynamic_scaler_rule step_rule_{};
+  ampkit_dynamic_scaler_state state_{};
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <ampkit/options.h>
 #include <ampkit/state.h>
 #include <ampkit/step.h>
+#include <ampkit/step_rules.h>
 
 #include <cmath>
 #include <cstdint>
@@ -178,12 +179,25 @@ class DetectingNanPolicy : public NanPolicy {
   Detection detect(const StepStats& s) { return detector_.detect(s); }
   // True (with the abort decision in `out`) when this bad step reaches the streak limit.
   bool streak_limit_reached(const StepStats& s, const Detection& d, NanDecision& out) const {
-    const int64_t streak = s.consecutive_skips + 1;
-    if (max_consecutive_ <= 0 || streak < max_consecutive_) return false;
-    out = {NanAction::abort, d.what + "; " + std::to_string(streak) +
+    if (!ampkit_nan_policy_streak_ends(max_consecutive_, s.consecutive_skips)) return false;
+    out = {NanAction::abort, d.what + "; " + std::to_string(s.consecutive_skips + 1) +
                                  " consecutive bad steps (nan_policy.max_consecutive=" +
                                  std::to_string(max_consecutive_) + "): the loss is probably diverging"};
     return true;
+  }
+  // A detected bad step as `rule` decides it (step_rules.h, the function the policy's device rule
+  // runs): skipped, with an extra scaler backoff where the rule says so for a non-finite step, or
+  // stopped by the rule's flags or its streak limit. A finite spike counts as a bad step.
+  NanDecision decide_by_rule(const ampkit_nan_policy_rule& rule, const StepStats& s,
+                             const Detection& d) const {
+    const int action = ampkit_nan_policy_decide(&rule, d.kind == Detection::Kind::nonfinite_loss,
+                                                d.kind == Detection::Kind::nonfinite_gradients,
+                                                !d.non_finite(), s.consecutive_skips);
+    NanDecision out{NanAction::skip, d.what};
+    if (action == AMPKIT_STEP_SKIP_BACKOFF)
+      out = {NanAction::skip_backoff, d.what + "; extra scaler backoff"};
+    if (action == AMPKIT_STEP_ABORT && !streak_limit_reached(s, d, out)) out = {NanAction::abort, d.what};
+    return out;
   }
   // on_spike=clip: a finite spike (loss or gradient norm) is applied with the gradient norm
   // clipped to the detector's ceiling; non-finite steps are not spikes and return false.
