@@ -231,6 +231,13 @@ BOOST_AUTO_TEST_CASE(combinations_and_plugin_options_are_checked) {
   BOOST_TEST(error_of([] {
                parse({"--opt", "scalar.scale=2"});
              }).find("unknown plugin kind 'scalar'; did you mean 'scaler'?") != std::string::npos);
+  // fp8_recipe is a kind, but no built-in workload has fp8 layers: refused, the run's kinds listed.
+  BOOST_TEST(
+      error_of([] {
+        parse({"--opt", "fp8_recipe.margin=1"});
+      }) ==
+      "--opt fp8_recipe.margin=1: ampkit-train runs no fp8 scaling recipe plugin (kinds: scaler, clipper, "
+      "nan_policy, comm)");
   const TrainConfig cfg = parse({"--opt", "clipper.max_norm=2", "--opt", "scaler.scale=8"});
   BOOST_TEST(cfg.plugin_options_cli.at("clipper").at("max_norm") == "2");
   BOOST_TEST(cfg.plugin_options_cli.at("scaler").at("scale") == "8");
