@@ -15,49 +15,14 @@ ROLES = ("input", "weight", "grad_output")
 _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
-class _BuiltinCurrent:
-    """`current` answered in Python while this build has no fp8 recipe plugin: the same questions
-    the plugin answers, for torchao's tensorwise rule (no history, no update)."""
-
-    def __init__(self, options: Mapping[str, str]) -> None:
-        unknown = sorted(set(options) - {"format"})
-        if unknown:
-            raise ValueError(f"fp8 recipe 'current' has no option {unknown[0]!r} (options: format)")
-        self.format = options.get("format", "hybrid")
-        if self.format not in ("hybrid", "e4m3"):
-            raise ValueError(f"fp8 recipe 'current': format must be hybrid or e4m3, not {self.format!r}")
-
-    def current_scaling(self) -> bool:
-        return True
-
-    def current_eps(self) -> float:
-        return EPS
-
-    def history_length(self) -> int:
-        return 0
-
-    def fp8_format(self, role: int) -> str:
-        return "e5m2" if role == 2 and self.format == "hybrid" else "e4m3"
-
-    def update(self, roles: torch.Tensor, amax: torch.Tensor, history: torch.Tensor, scale: torch.Tensor) -> int:
-        return 0
-
-
-def _binding() -> Any:
-    """torch.classes.ampkit.Fp8Recipe, or None where this build has no fp8 recipe binding."""
-    try:
-        return torch.classes.ampkit.Fp8Recipe
-    except (RuntimeError, AttributeError):
-        return None
-
-
 class Recipe:
     """A recipe object (the plugin's binding, or one with its methods) and what the layers read
     from it once, at conversion."""
 
-    def __init__(self, handle: Any, name: str) -> None:
+    def __init__(self, handle: Any, name: str, made_by: Optional[Tuple[Any, ...]] = None) -> None:
         self.handle = handle
         self.name = name
+        self.made_by = made_by  # make_recipe's arguments, for a recipe plugin made by name
         self.current = bool(handle.current_scaling())
         self.eps = float(handle.current_eps()) if self.current else EPS
         self.history_length = 0 if self.current else int(handle.history_length())
@@ -70,6 +35,17 @@ class Recipe:
             _DTYPES[formats[1]],
             _DTYPES[formats[2]],
         )
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "Recipe":
+        # A copied model shares the recipe: its state is the layers' buffers, and its calls are
+        # serialised by the binding.
+        return self
+
+    def __reduce__(self) -> Any:
+        # A pickled model (torch.save(model)) makes its recipe plugin again by name.
+        if self.made_by is None:
+            return (Recipe, (self.handle, self.name))
+        return (make_recipe, self.made_by)
 
 
 def make_recipe(
@@ -89,16 +65,9 @@ def make_recipe(
     from ._plugin_access import option_text
 
     options: Dict[str, str] = {str(k): option_text(v, str(k)) for k, v in (opt or {}).items()}
-    make = _binding()
-    if make is None:
-        if recipe != "current":
-            raise PluginError(
-                f"fp8 recipe {recipe!r} is not available: this build of ampkit has no fp8 recipe "
-                "plugins, only the built-in 'current'"
-            )
-        return Recipe(_BuiltinCurrent(options), recipe)
-    args = (recipe, options, list(plugin_dirs), allow_untrusted, plugin_timeout)
-    return Recipe(cpp(lambda: make(*args))(), recipe)
+    make = torch.classes.ampkit.Fp8Recipe
+    made_by = (recipe, options, list(plugin_dirs), allow_untrusted, plugin_timeout)
+    return Recipe(cpp(lambda: make(*made_by))(), recipe, made_by)
 
 
 class Block:

@@ -150,15 +150,16 @@ def test_convert_swaps_linears_in_place_as_torchao_does():
     assert sorted(model[0].state_dict()) == ["bias", "weight"]
 
 
-def test_a_recipe_this_build_lacks_is_an_error_naming_it():
-    from ampkit._fp8_block import _binding
-
-    if _binding() is not None:
-        pytest.skip("this build has the fp8 recipe plugins")
-    with pytest.raises(ampkit.PluginError, match="'delayed'"):
-        ampkit.fp8.convert(nn.Linear(2, 2), recipe="delayed")
+def test_recipes_are_plugins_chosen_by_name_with_their_options():
+    with pytest.raises(ampkit.PluginError, match="'nonexistent'"):
+        ampkit.fp8.convert(nn.Linear(2, 2), recipe="nonexistent")
     with pytest.raises(ValueError, match="format"):
         ampkit.fp8.convert(nn.Linear(2, 2), recipe="current", opt={"format": "e5m2"})
+    hybrid = ampkit.fp8.convert(nn.Linear(2, 2), recipe="current")
+    e4m3 = ampkit.fp8.convert(nn.Linear(2, 2), recipe="current", opt={"format": "e4m3"})
+    assert hybrid._fp8_plan.dtypes == (E4M3, E4M3, E5M2) and e4m3._fp8_plan.dtypes == (E4M3, E4M3, E4M3)
+    delayed = ampkit.fp8.convert(nn.Linear(2, 2), recipe="delayed", opt={"amax_history_len": 5})
+    assert delayed.fp8_amax_history.shape == (3, 5) and delayed.fp8_scale.tolist() == [1.0, 1.0, 1.0]
 
 
 def test_with_grad_scaler_under_cpu_autocast_bf16_the_loss_falls():
