@@ -162,11 +162,12 @@ def test_recipes_are_plugins_chosen_by_name_with_their_options():
     assert delayed.fp8_amax_history.shape == (3, 5) and delayed.fp8_scale.tolist() == [1.0, 1.0, 1.0]
 
 
-def test_with_grad_scaler_under_cpu_autocast_bf16_the_loss_falls():
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_with_grad_scaler_under_cpu_autocast_bf16_the_loss_falls(recipe):
     torch.manual_seed(5)
     x = torch.randn(64, 16)
     y = x @ torch.randn(16, 1) + 0.1 * torch.randn(64, 1)
-    model = ampkit.fp8.convert(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)), recipe="current")
+    model = ampkit.fp8.convert(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)), recipe=recipe)
     opt = torch.optim.SGD(model.parameters(), lr=0.02)
     scaler = ampkit.GradScaler("cpu", init_scale=2.0**8)
     losses = []
@@ -183,6 +184,9 @@ def test_with_grad_scaler_under_cpu_autocast_bf16_the_loss_falls():
     assert all(math.isfinite(v) for v in losses)
     assert model[0].weight.dtype == torch.float32 and model[0].weight.grad.dtype == torch.float32
     assert losses[-1] < 0.3 * losses[0], losses
+    if recipe == "delayed":  # scales from the bf16 tensors' amaxes, not the initial 1.0
+        amax = x.bfloat16().abs().max().float()  # of the input autocast made bf16
+        assert model[0].fp8_state()["input"]["scale"] == (torch.tensor(448.0) / amax).item()
     assert sum(b < a for a, b in zip(losses, losses[1:])) >= 25, losses  # falling step after step
 
 
