@@ -6,6 +6,7 @@ import math
 import numbers
 import os
 import re
+import sys
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
@@ -77,6 +78,7 @@ def check_arguments(arguments: Mapping[str, Any], who: str = "ampkit.GradScaler"
     }
     given = {name: value for name, value in arguments.items() if name in expected}
     check_types(who, given, expected, integers=("plugin_timeout",))
+    _check_scaler_numbers(arguments, who)
     check_plugin_dirs(arguments.get("plugin_dirs"), who)
     if "device" in given:
         check_device(given["device"], who)
@@ -90,6 +92,24 @@ def check_arguments(arguments: Mapping[str, Any], who: str = "ampkit.GradScaler"
         raise ValueError(
             f"{who}: plugin_timeout must be a number of seconds from 1 to 86400, or None for no limit; got {timeout}"
         )
+
+
+def _check_scaler_numbers(arguments: Mapping[str, Any], who: str) -> None:
+    """torch's numeric arguments (init_scale, growth_factor, backoff_factor, growth_interval): a number
+    (numpy's too) or a one-element tensor, not a bool or a string (which float() would take in
+    silence), and one a float can hold (a huge int would raise OverflowError later). Their ranges are
+    the scaler plugin's options' to check."""
+    for name in ("init_scale", "growth_factor", "backoff_factor", "growth_interval"):
+        if name not in arguments:
+            continue
+        value, integer = arguments[name], name == "growth_interval"
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            continue  # torch takes a one-element tensor as its number
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+            wanted = "an int" if integer else "a number"
+            raise TypeError(f"{who}: {name} must be {wanted}, got {type(value).__name__} {value!r:.80}")
+        if not integer and isinstance(value, numbers.Integral) and abs(int(value)) > sys.float_info.max:
+            raise ValueError(f"{who}: {name}={value!r:.80} is beyond the range of a float")
 
 
 def _type_names(types: Tuple[type, ...]) -> str:

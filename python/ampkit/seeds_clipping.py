@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import enum
 import functools
+import numbers
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
 from . import _library
+from ._arguments import check_types
 from ._errors import PluginError, cpp
 from ._facts import option_defaults, threshold_option
 from .grad_scaler import GradScaler
@@ -83,6 +85,15 @@ class GradientClipper:
         self, strategy: str = "norm", threshold: Optional[float] = None, precision: str = "fp16", **options: Any
     ) -> None:
         strategy = _strategy_name(strategy)
+        # Checked here: the plugin look-up below would answer a wrong type with a TorchScript
+        # signature dump, and a threshold given as a string would pass as an option's text.
+        check_types(
+            "GradientClipper", {"strategy": strategy, "precision": precision}, {"strategy": (str,), "precision": (str,)}
+        )
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)):
+            raise TypeError(
+                f"GradientClipper: threshold must be a number or None, got {type(threshold).__name__} {threshold!r:.80}"
+            )
         self.strategy = strategy
         self.precision = precision
         opt: Dict[str, Any] = {"clipper." + k: v for k, v in options.items()}

@@ -227,6 +227,13 @@ class AMPTrainer:
         """Loads :meth:`state_dict`'s dictionary (TypeError for anything else, as torch's)."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"AMPTrainer.load_state_dict: expected a dict, got {type(state_dict).__name__}")
+        # All checked before any is loaded: a dict without "scaler" must not leave the model loaded alone.
+        missing = [key for key in ("model", "optimizer", "scaler") if key not in state_dict]
+        if missing:
+            raise ValueError(
+                f"AMPTrainer.load_state_dict: the state holds no {', '.join(repr(k) for k in missing)} entry "
+                f"(AMPTrainer.state_dict() gives model, optimizer and scaler); nothing was loaded"
+            )
         _unwrap(self.model).load_state_dict(state_dict["model"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self.scaler.load_state_dict(state_dict["scaler"])
