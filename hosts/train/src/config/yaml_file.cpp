@@ -11,6 +11,8 @@
 #include <yaml-cpp/mark.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -68,7 +70,12 @@ YAML::Node load_config_yaml(const std::string& file) {
   if (!std::filesystem::is_regular_file(status))
     throw Error(ErrorCategory::usage, "config file " + file + " is not a regular file");
   std::ifstream in(file, std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  try {  // a read error (EIO: /proc/self/mem, a failing disk) is thrown by the stream buffer itself
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {
+    throw Error(ErrorCategory::usage, "config file " + file + " cannot be read: " + std::strerror(errno));
+  }
   if (!in.is_open() || in.bad()) throw Error(ErrorCategory::usage, "config file " + file + " cannot be read");
   try {
     const size_t documents = count_documents(text, file);
