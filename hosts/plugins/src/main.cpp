@@ -176,13 +176,18 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
     return 0;
   }
   const PluginInfo& i = p.info();
-  std::printf(
-      "%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   --%s %s\n",
-      i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
-      i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version, i.torch_version.c_str(),
-      i.compiler.c_str(),
-      find_kind(i.kind) != nullptr ? kind_flag(*find_kind(i.kind)).c_str() : i.kind.c_str(), i.name.c_str());
-  std::printf("  options:  --opt %s.NAME=VALUE or environment %s\n%s", i.kind.c_str(),
+  const KindInfo* kind_info = find_kind(i.kind);
+  // ampkit-train selects every kind but an optional one: an fp8 recipe is the Python fp8 layers'.
+  const bool python_only = kind_info != nullptr && optional_kind(*kind_info);
+  const std::string select =
+      python_only ? "ampkit.fp8.convert(model, recipe=\"" + i.name + "\") in Python"
+                  : "--" + (kind_info != nullptr ? kind_flag(*kind_info) : i.kind) + " " + i.name;
+  const std::string given = python_only ? "opt={\"NAME\": VALUE} there" : "--opt " + i.kind + ".NAME=VALUE";
+  std::printf("%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   %s\n",
+              i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
+              i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version,
+              i.torch_version.c_str(), i.compiler.c_str(), select.c_str());
+  std::printf("  options:  %s or environment %s\n%s", given.c_str(),
               option_environment_name(i.kind, "NAME").c_str(),
               format_option_table(options.settings, false).c_str());
   return 0;
