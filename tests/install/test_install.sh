@@ -66,16 +66,19 @@ sdk_only="$libampkit_only /usr/lib/*/cmake/nlohmann_json /usr/share/cmake/nlohma
 step "building the example plugins out of tree (COMPONENTS sdk; nlohmann-json, OpenSSL, yaml-cpp, Boost.PO hidden)"
 ema=$work/ema_clipper
 streak=$work/streak_policy
+pow2=$work/pow2_recipe
 hidden "$sdk_only" "$(declare -f configure fail); generator='$generator'; prefix='$prefix'; launcher='$launcher'; \
-  configure '$examples/ema_clipper' '$ema' && configure '$examples/streak_policy' '$streak'" ||
+  configure '$examples/ema_clipper' '$ema' && configure '$examples/streak_policy' '$streak' && \
+  configure '$examples/pow2_recipe' '$pow2'" ||
   fail "building the example plugins against COMPONENTS sdk with the packages hidden"
 [ -f "$ema/libampkit-clipper-ema_norm.so" ] || fail "ampkit_add_plugin did not make libampkit-clipper-ema_norm.so"
 "$ema/test_ema_clipper" || fail "the ema_clipper example's unit test (ampkit/testing.h)"
 "$streak/test_streak_policy" || fail "the streak_policy example's unit test (ampkit/testing.h)"
+"$pow2/test_pow2_recipe" || fail "the pow2_recipe example's unit test (ampkit/testing.h)"
 # A NaN policy's interface passes no tensors: its plugin records no dependency on torch.
-if readelf -d "$streak/libampkit-nan_policy-bad_streak.so" | grep -E "NEEDED.*(torch|c10)"; then
-  fail "libampkit-nan_policy-bad_streak.so depends on LibTorch (above)"
-fi
+for so in "$streak/libampkit-nan_policy-bad_streak.so" "$pow2/libampkit-fp8_recipe-pow2_delayed.so"; do
+  if readelf -d "$so" | grep -E "NEEDED.*(torch|c10)"; then fail "$so depends on LibTorch (above)"; fi
+done
 # No empty run-path entry (it would search the current folder).
 for so in "$ema/libampkit-clipper-ema_norm.so" "$streak/libampkit-nan_policy-bad_streak.so"; do
   if readelf -d "$so" | grep -E "R(UN)?PATH" | grep -E "\[:|::|:\]"; then fail "$so has an empty run-path entry (above)"; fi
@@ -114,6 +117,10 @@ AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-plugins" list --json >"$work/list.js
 [ "$(json "$work/list.json" "len(d['problems'])")" = 0 ] || fail "problems listed: $(cat "$work/list.json")"
 AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-plugins" list | grep -E "^clipper +ema_norm +1.0.0 " ||
   fail "ema_norm missing from the table"
+
+step "ampkit-plugins show pow2_delayed: the out-of-tree fp8 recipe found and loaded by name"
+out=$(AMPKIT_PLUGIN_PATH=$pow2 "$prefix/bin/ampkit-plugins" show pow2_delayed 2>&1) || fail "show exited with $?: $out"
+grep -qE "window +int in \[1, 4096\] +16" <<<"$out" || fail "pow2_delayed's options not shown: $out"
 
 step "ampkit-train --clipper ema_norm"
 AMPKIT_PLUGIN_PATH=$ema "$prefix/bin/ampkit-train" --workload synthetic --steps 5 --clipper ema_norm \
