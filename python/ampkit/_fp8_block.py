@@ -80,8 +80,7 @@ class Block:
         self.recipe = recipe
         self.layers = layers
         self.pending = False
-        self.bad_steps = 0
-        self.last_bad = 0
+        self._queued = False
         n = 3 * len(layers)
         device = layers[0].weight.device if layers else torch.device("cpu")
         self.roles = torch.arange(3, dtype=torch.int64).repeat(len(layers))
@@ -128,6 +127,27 @@ class Block:
         for i in range(len(self.layers)):
             self.check(i)
 
+    def make_due(self) -> None:
+        """Called by a layer's backward: the update becomes due when the whole backward pass has
+        finished, so that a forward run inside it (activation checkpointing recomputes) does not
+        apply it halfway, between the layers' grad_output casts."""
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+
+    def before_forward(self, index: int) -> None:
+        """Layer ``index`` is about to cast: its rows current, and a due update applied (by the
+        first fp8 layer of a step)."""
+        self.check(index)
+        if self._queued and torch._C._current_graph_task_id() == -1:
+            self._backward_done()  # a backward that raised never ran its callback
+        if self.pending:
+            self.flush()
+
+    def _backward_done(self) -> None:
+        self._queued = False
+        self.pending = True
+
     def flush(self) -> int:
         """The due update of all layers' scales and histories, one recipe call: returns the number
         of non-finite amaxes it saw (0 when none was due)."""
@@ -138,8 +158,6 @@ class Block:
         with torch.no_grad():
             bad = self._update()
             self.amax.zero_()
-        self.last_bad = bad
-        self.bad_steps += 1 if bad else 0
         return bad
 
     def _update(self) -> int:

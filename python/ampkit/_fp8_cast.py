@@ -121,7 +121,7 @@ class Fp8Matmul(torch.autograd.Function):
         if ctx.record:
             _record(plan, layer.fp8_amax, 2, ag)
             if plan.block is not None:
-                plan.block.pending = True
+                plan.block.make_due()
         g8 = cast(g2, s_g, plan.dtypes[2])
         inv_g = s_g.reciprocal()
         grad_x = grad_w = None

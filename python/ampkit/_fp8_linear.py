@@ -38,10 +38,7 @@ class Linear(nn.Linear):
         return layer
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        block = self._fp8_block
-        block.check(self._fp8_index)
-        if block.pending:  # the first fp8 layer of a step applies the last backward's amaxes
-            block.flush()
+        self._fp8_block.before_forward(self._fp8_index)
         device_type = input.device.type
         if torch.is_autocast_enabled(device_type):
             # As F.linear under autocast: the output (and the gemms' out dtype) in autocast's dtype.

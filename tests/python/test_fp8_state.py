@@ -236,3 +236,31 @@ def test_operator_counts_per_step_are_flat_in_the_layer_count(kind):
         assert u64 == 0
     else:
         assert u64 > 0
+
+
+class Checkpointed(nn.Module):
+    """Two fp8 layers, the first recomputed in the backward when ``recompute`` (activation checkpointing)."""
+
+    def __init__(self, recompute):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.recompute = nn.Linear(8, 8), nn.Linear(8, 8), recompute
+
+    def forward(self, x):
+        def first(t):
+            return torch.tanh(self.a(t))
+
+        h = torch.utils.checkpoint.checkpoint(first, x, use_reentrant=False) if self.recompute else first(x)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_activation_checkpointing_changes_nothing(kind):
+    # The recomputing forward runs inside the backward: the update is not applied there, halfway.
+    runs = []
+    for recompute in (False, True):
+        model = convert(Checkpointed(recompute), kind)
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
+        runs.append(([p.detach().clone() for p in model.parameters()], [lay.fp8_state() for lay in fp8_layers(model)]))
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
+    assert runs[0][1] == runs[1][1] and runs[0][1][0]["grad_output"]["amax_history"][2] > 0.0
