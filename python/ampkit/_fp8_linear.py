@@ -30,7 +30,7 @@ class Linear(nn.Linear):
     fp8_amax_history: torch.Tensor
 
     @classmethod
-    def from_float(cls, mod: nn.Linear, recipe: Any = "current", opt: Optional[Mapping[str, Any]] = None) -> "Linear":
+    def from_float(cls, mod: nn.Linear, recipe: Any = "delayed", opt: Optional[Mapping[str, Any]] = None) -> "Linear":
         """One layer converted on its own (a block of its own): ``mod``'s weight and bias are
         taken over as they are, so an optimizer made before still holds them."""
         layer = _swap(mod)
@@ -44,7 +44,8 @@ class Linear(nn.Linear):
             # As F.linear under autocast: the output (and the gemms' out dtype) in autocast's dtype.
             input = input.to(torch.get_autocast_dtype(device_type))
         plan = self._fp8_plan
-        # A pass that no backward follows (no_grad, eval) records nothing for a recipe with history.
+        # A pass no backward can follow (no_grad, inference_mode, nothing requiring grad) records
+        # nothing for a recipe with history: evaluation does not move the scales.
         record = plan.current or (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad))
         out = Fp8Matmul.apply(input, self.weight, self, record)
         if self.bias is not None:

@@ -160,6 +160,8 @@ def test_recipes_are_plugins_chosen_by_name_with_their_options():
     assert hybrid._fp8_plan.dtypes == (E4M3, E4M3, E5M2) and e4m3._fp8_plan.dtypes == (E4M3, E4M3, E4M3)
     delayed = ampkit.fp8.convert(nn.Linear(2, 2), recipe="delayed", opt={"amax_history_len": 5})
     assert delayed.fp8_amax_history.shape == (3, 5) and delayed.fp8_scale.tolist() == [1.0, 1.0, 1.0]
+    alone = ampkit.fp8.Linear.from_float(nn.Linear(3, 3))  # delayed with its defaults: 1024 amaxes
+    assert alone.fp8_amax_history.shape == (3, 1024) and alone._fp8_plan.dtypes == (E4M3, E4M3, E5M2)
 
 
 @pytest.mark.parametrize("recipe", ["current", "delayed"])
