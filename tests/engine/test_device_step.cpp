@@ -63,8 +63,10 @@ uint64_t bits(double v) {
   return b;
 }
 
-// Runs both forms over the schedule; returns the steps run (up to an abort) and how many were bad.
-int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choices, int& skipped) {
+// Runs both forms over `steps`; returns the steps run (up to an abort) and how many were bad, and
+// the host form's scale after each step in `scales` where given.
+int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choices, int& skipped,
+            const std::vector<Planted>& steps = schedule(11), std::vector<double>* scales = nullptr) {
   auto set = plugins.strategies(choices);
   AmpStep host({&set->scaler(), &set->clipper(), &set->nan_policy()});
   std::string missing;
@@ -79,7 +81,7 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
   host.start(RunInfo{});
   int run = 0;
   skipped = 0;
-  for (const Planted& p : schedule(11)) {
+  for (const Planted& p : steps) {
     StepOutcome out = host.begin_iteration();
     weight.mutable_grad() = at::full({1}, p.grad * out.stats.scale, at::kFloat);
     table.read_gradients();
@@ -107,6 +109,7 @@ int compare(Plugins& plugins, const std::map<std::string, StrategyChoice>& choic
                  static_cast<float>(1.0 / (done.clip_coefficient / done.stats.scale)));
     }
     ++run;
+    if (scales != nullptr) scales->push_back(done.scale_next);
     skipped += done.stepped ? 0 : 1;
     if (done.decision.action == NanAction::abort) break;
   }
@@ -160,6 +163,43 @@ BOOST_AUTO_TEST_CASE(every_builtin_device_form_is_its_host_form_bit_for_bit) {
   BOOST_TEST(aborted > 0);             // the streak limit, the abort policy, the scale at its minimum
   BOOST_TEST(aborted < combinations);  // and runs that went the whole way
   BOOST_TEST(steps > 60 * 100);
+}
+
+// Scaler 'dynamic' with growth_delay: the device rule grows where the host form grows, step for
+// step. growth_interval 3, growth_delay 1: after the 4th and the 7th clean step, and the 4th after
+// an overflow; then over the random schedule with hysteresis, every clipper and policy with a rule.
+BOOST_AUTO_TEST_CASE(the_growth_delay_is_the_same_on_the_device) {
+  Plugins plugins;
+  std::vector<Planted> script(12);
+  script[7].grad = std::numeric_limits<double>::infinity();
+  const auto scaler = [](const std::string& delay, const std::string& hysteresis) {
+    return Plugins::choice("dynamic", {{"init_scale", "1024"},
+                                       {"growth_interval", "3"},
+                                       {"growth_delay", delay},
+                                       {"hysteresis", hysteresis}});
+  };
+  int skipped = 0;
+  std::vector<double> scales;
+  BOOST_TEST(compare(plugins, {{"scaler", scaler("1", "1")}}, skipped, script, &scales) == 12);
+  const std::vector<double> expected = {1024, 1024, 1024, 2048, 2048, 2048,
+                                        4096, 2048, 2048, 2048, 2048, 4096};
+  BOOST_TEST(scales == expected, boost::test_tools::per_element());
+  BOOST_TEST(skipped == 1);
+  int steps = 0;
+  for (const char* clipper : {"none", "norm"})
+    for (const auto& [policy, po] : std::vector<std::pair<std::string, Options>>{
+             {"skip", {{"max_consecutive", "5"}}}, {"backoff", {{"max_consecutive", "0"}}}, {"abort", {}}}) {
+      BOOST_TEST_CONTEXT(clipper << " + " << policy) {
+        steps += compare(
+            plugins,
+            {{"scaler", scaler("2", "2")},
+             {"clipper", Plugins::choice(clipper, std::string(clipper) == "norm" ? Options{{"max_norm", "20"}}
+                                                                                 : Options{})},
+             {"nan_policy", Plugins::choice(policy, po)}},
+            skipped);
+      }
+    }
+  BOOST_TEST(steps > 6 * 100);
 }
 
 // A strategy without a rule keeps the step synchronous, and the engine says which kind.

@@ -5,6 +5,8 @@
 
 #include <ATen/Functions.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "ampkit/error.h"
@@ -16,14 +18,16 @@ namespace ampkit {
 
 namespace {
 
-// A rule of at least the size this build knows, copied; an older, smaller struct is not offered.
+// A rule copied as far as its struct_size and this build's layout go, later fields at their
+// defaults (a plugin built before they were added); one shorter than `first_size` is not offered.
 template <class Rule>
-bool read_rule(Strategy& strategy, const char* name, Rule& out) {
+bool read_rule(Strategy& strategy, const char* name, Rule& out, size_t first_size = sizeof(Rule)) {
   const void* found = strategy.find_function(name);
   if (found == nullptr) return false;
   const auto* rule = static_cast<const Rule*>(found);
-  if (rule->struct_size < sizeof(Rule)) return false;
-  out = *rule;
+  if (rule->struct_size < first_size) return false;
+  out = Rule{};
+  std::memcpy(static_cast<void*>(&out), rule, std::min<size_t>(rule->struct_size, sizeof(Rule)));
   out.struct_size = sizeof(Rule);
   return true;
 }
@@ -33,7 +37,7 @@ bool read_rule(Strategy& strategy, const char* name, Rule& out) {
 std::unique_ptr<DeviceStepRules> DeviceStepRules::of(LossScaler& scaler, GradClipper& clipper,
                                                      NanPolicy& policy, std::string& missing) {
   auto rules = std::make_unique<DeviceStepRules>();
-  if (!read_rule(scaler, kScalerDeviceRule, rules->scaler_))
+  if (!read_rule(scaler, kScalerDeviceRule, rules->scaler_, kScalerDeviceRuleFirstSize))
     missing = "scaler";
   else if (!read_rule(clipper, kClipperDeviceRule, rules->clipper_))
     missing = "clipper";

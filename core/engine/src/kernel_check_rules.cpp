@@ -1,7 +1,7 @@
 // The rules kernel's half of the self-check (kernel_self_check.h): a fixed table of steps (clean,
 // growing, capped, overflows spending the hysteresis, NaN, non-finite losses, aborts, both clip
-// norms, a constant scale, a stopped run, no loss, a reduction, awkward factors) run by the kernel
-// and by the host, compared bit for bit.
+// norms, a constant scale, a stopped run, no loss, a reduction, awkward factors, a growth delay) run
+// by the kernel and by the host, compared bit for bit.
 #include <ATen/Functions.h>
 
 #include <cmath>
@@ -49,7 +49,7 @@ ampkit_step_rules dynamic_norm_skip() {
 std::vector<RulesCase> rules_cases() {
   const ampkit_step_rules base = dynamic_norm_skip();
   const double inf = INFINITY, nan = NAN;
-  std::vector<RulesCase> cases(16, RulesCase{base, {4e6, 900.0, 3.0, 0.75, 0.0}});
+  std::vector<RulesCase> cases(17, RulesCase{base, {4e6, 900.0, 3.0, 0.75, 0.0}});
   cases[1].state[AMPKIT_RULE_GROWTH] = 2;  // grows
   cases[2].state[AMPKIT_RULE_GROWTH] = 2;  // grows into max_scale
   cases[2].scale = 16777216.0f;
@@ -70,6 +70,7 @@ std::vector<RulesCase> rules_cases() {
   cases[14].inputs[0] = 1e-300, cases[14].scale = 3.0f, cases[14].rules.max_norm = 1e-160;
   cases[15].rules.scaler.growth_factor = 1.1, cases[15].state[AMPKIT_RULE_GROWTH] = 2;  // awkward products
   cases[15].scale = 3.0f;
+  cases[16].inputs[0] = inf, cases[16].rules.scaler.growth_delay = 1;  // the count restarts at -1
   return cases;
 }
 

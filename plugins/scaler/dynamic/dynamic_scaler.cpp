@@ -27,6 +27,7 @@ class DynamicLossScaler final : public ampkit::LossScaler {
       : growth_factor_(options.get_float("growth_factor")),
         backoff_factor_(options.get_float("backoff_factor")),
         growth_interval_(options.get_int("growth_interval")),
+        growth_delay_(options.get_int("growth_delay")),
         hysteresis_(options.get_int("hysteresis")) {
     // The host checks each option against its declared range; these checks repeat that for
     // callers that build OptionValues themselves, and add the checks that span two options.
@@ -39,6 +40,7 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     kChecks.check_backoff_factor(backoff_factor_);
     if (growth_interval_ < 1)
       throw kChecks.bad_option("growth_interval", std::to_string(growth_interval_), ">= 1");
+    if (growth_delay_ < 0) throw kChecks.bad_option("growth_delay", std::to_string(growth_delay_), ">= 0");
     if (hysteresis_ < 1) throw kChecks.bad_option("hysteresis", std::to_string(hysteresis_), ">= 1");
     error_at_min_ = kChecks.error_at_min_scale(options);
     for (const auto& [name, v] :
@@ -58,8 +60,9 @@ class DynamicLossScaler final : public ampkit::LossScaler {
     rule_.min_scale = min_scale_;
     rule_.max_scale = max_scale_;
     rule_.abort_at_min_scale = error_at_min_;
+    rule_.growth_delay = growth_delay_;
     step_rule_ = ampkit::step_rule_of(rule_);
-    state_ = {static_cast<float>(init), 0, hysteresis_};
+    state_ = {static_cast<float>(init), -growth_delay_, hysteresis_};
   }
 
   // The same rule on the device (device_rules.h): update() and backoff() run its functions.
@@ -100,10 +103,13 @@ class DynamicLossScaler final : public ampkit::LossScaler {
       throw std::runtime_error("scaler 'dynamic': checkpoint scale " + format_number(scale) +
                                " is outside this run's [" + format_number(min_scale_) + ", " +
                                format_number(max_scale_) + "] (scaler.min_scale, scaler.max_scale)");
-    if (growth < 0 || growth >= growth_interval_)
-      throw std::runtime_error("scaler 'dynamic': checkpoint growth_tracker " + std::to_string(growth) +
-                               " is outside [0, " + std::to_string(growth_interval_ - 1) +
-                               "] for scaler.growth_interval=" + std::to_string(growth_interval_));
+    // The count restarts at -growth_delay after an overflow, at 0 after a growth.
+    if (growth < -growth_delay_ || growth >= growth_interval_)
+      throw std::runtime_error(
+          "scaler 'dynamic': checkpoint growth_tracker " + std::to_string(growth) + " is outside [" +
+          std::to_string(-growth_delay_) + ", " + std::to_string(growth_interval_ - 1) +
+          "] for scaler.growth_interval=" + std::to_string(growth_interval_) +
+          (growth_delay_ > 0 ? ", scaler.growth_delay=" + std::to_string(growth_delay_) : ""));
     if (hysteresis < 0 || hysteresis > hysteresis_)
       throw std::runtime_error("scaler 'dynamic': checkpoint hysteresis_tracker " +
                                std::to_string(hysteresis) + " is outside [0, " + std::to_string(hysteresis_) +
@@ -124,6 +130,7 @@ class DynamicLossScaler final : public ampkit::LossScaler {
   double growth_factor_;
   double backoff_factor_;
   int64_t growth_interval_;
+  int64_t growth_delay_;
   int64_t hysteresis_;
   bool error_at_min_;
   float min_scale_ = 0;
@@ -155,6 +162,11 @@ AMPKIT_PLUGIN(
         "growth_interval", "2000",
         "Clean steps in a row after which the scale grows; an overflow restarts the count.")
         .min(1),
+    ampkit::OptionSpec::Int(
+        "growth_delay", "0",
+        "Extra clean steps needed before the first growth of the run and the first growth "
+        "after each overflow: DeepSpeed 0.17.1 counts one more (1); 0 is GradScaler.")
+        .min(0),
     ampkit::OptionSpec::Int("hysteresis", "1",
                             "Overflows tolerated before the scale backs off (Megatron-LM); the count is "
                             "restored only when growth_interval clean steps pass; 1 is GradScaler.")

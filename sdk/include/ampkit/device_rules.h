@@ -11,6 +11,7 @@
 
 #include <ampkit/step_rules.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -37,6 +38,7 @@ struct ScalerDeviceRule {
   // budget, and the scale becomes max(float(scale * backoff_factor), min_scale) when it is spent.
   // A NaN policy's extra backoff restarts the count and backs off once. A backoff asked for at
   // min_scale with abort_at_min_scale stops the run instead (the host form's TrainingAborted).
+  // (The functions of step_rules.h, which scaler 'dynamic' runs.)
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
@@ -44,7 +46,13 @@ struct ScalerDeviceRule {
   float min_scale = 1.0f;
   float max_scale = 3.4028234663852886e+38f;
   bool abort_at_min_scale = false;
+  // Added later (a host reads an older, shorter rule with this at its default): the count restarts
+  // at -growth_delay where an overflow or an extra backoff restarts it, and at the start.
+  int64_t growth_delay = 0;
 };
+
+// The struct_size of ScalerDeviceRule's first layout, the shortest a host reads.
+inline constexpr uint32_t kScalerDeviceRuleFirstSize = offsetof(ScalerDeviceRule, growth_delay);
 
 // A gradient clipper's rule: one coefficient for all gradients.
 struct ClipperDeviceRule {
@@ -80,6 +88,7 @@ inline ampkit_dynamic_scaler_rule step_rule_of(const ScalerDeviceRule& r) {
   out.min_scale = r.min_scale;
   out.max_scale = r.max_scale;
   out.abort_at_min_scale = r.abort_at_min_scale;
+  out.growth_delay = r.growth_delay;
   return out;
 }
 

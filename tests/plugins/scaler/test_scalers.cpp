@@ -287,6 +287,56 @@ BOOST_AUTO_TEST_CASE(dynamic_backoff_request_applies_one_backoff) {
              boost::test_tools::per_element());
 }
 
+// growth_delay (DeepSpeed 0.17.1 counts one more clean step): the count starts at -growth_delay and
+// restarts there after an overflow or an extra backoff, but at 0 after a growth. growth_interval 3,
+// growth_delay 1: growths after the 4th and the 7th clean step, and after the 4th one following an
+// overflow; growth_delay 0 is GradScaler's 3rd and 6th.
+BOOST_AUTO_TEST_CASE(dynamic_growth_delay_counts_extra_clean_steps_before_growing) {
+  Plugins plugins;
+  const std::vector<int> found = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0};
+  auto delayed = plugins.make("scaler", "dynamic",
+                              {{"init_scale", "1024"}, {"growth_interval", "3"}, {"growth_delay", "1"}});
+  LossScaler& s = as_scaler(delayed);
+  BOOST_TEST(s.save().get<int64_t>("growth_tracker") == -1);
+  std::vector<double> got_scale;
+  std::vector<int64_t> got_growth;
+  for (int f : found) {
+    s.update(f ? overflow() : clean());
+    got_scale.push_back(s.scale());
+    got_growth.push_back(s.save().get<int64_t>("growth_tracker"));
+  }
+  const std::vector<double> scale = {1024, 1024, 1024, 2048, 2048, 2048, 4096, 2048, 2048, 2048, 2048, 4096};
+  const std::vector<int64_t> growth = {0, 1, 2, 0, 1, 2, 0, -1, 0, 1, 2, 0};
+  BOOST_TEST(got_scale == scale, boost::test_tools::per_element());
+  BOOST_TEST(got_growth == growth, boost::test_tools::per_element());
+  auto plain = plugins.make("scaler", "dynamic", {{"init_scale", "1024"}, {"growth_interval", "3"}});
+  const std::vector<double> gradscaler = {1024, 1024, 2048, 2048, 2048, 4096,
+                                          4096, 2048, 2048, 2048, 4096, 4096};
+  BOOST_TEST(run(as_scaler(plain), found) == gradscaler, boost::test_tools::per_element());
+  // A NaN policy's extra backoff restarts the count at -1 too: four clean steps to the next growth.
+  s.backoff();
+  BOOST_TEST(s.scale() == 2048.0);
+  BOOST_TEST(s.save().get<int64_t>("growth_tracker") == -1);
+  BOOST_TEST(run(s, {0, 0, 0, 0}) == std::vector<double>({2048, 2048, 2048, 4096}),
+             boost::test_tools::per_element());
+  // A checkpoint's tracker may be -growth_delay, no lower; a negative delay is refused.
+  auto fresh = plugins.make("scaler", "dynamic",
+                            {{"init_scale", "1024"}, {"growth_interval", "3"}, {"growth_delay", "1"}});
+  State state = s.save();
+  state.set("growth_tracker", int64_t{-1});
+  as_scaler(fresh).load(state);
+  BOOST_TEST(run(as_scaler(fresh), {0, 0, 0, 0}) == std::vector<double>({4096, 4096, 4096, 8192}),
+             boost::test_tools::per_element());
+  state.set("growth_tracker", int64_t{-2});
+  BOOST_TEST(thrown_message([&] { as_scaler(fresh).load(state); }) ==
+             "scaler 'dynamic': checkpoint growth_tracker -2 is outside [-1, 2] for "
+             "scaler.growth_interval=3, scaler.growth_delay=1");
+  BOOST_TEST(contains(thrown_message([&] {
+                        plugins.make("scaler", "dynamic", {{"growth_delay", "-1"}});
+                      }),
+                      "growth_delay"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // dynamic: save / load
 // ---------------------------------------------------------------------------------------------
