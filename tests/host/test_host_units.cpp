@@ -315,6 +315,14 @@ BOOST_AUTO_TEST_CASE(adversarial_inputs_get_one_clear_usage_error) {
   BOOST_TEST(error_of([&] {
                parse({"--config", opt_kind});
              }) == "a key under opt: in config file " + opt_kind + " must be a single value");
+  // A kind ampkit-train does not run (an fp8 recipe) is refused as on the command line.
+  const std::string opt_fp8 = dir.file("opt-fp8.yaml", "opt:\n  fp8_recipe: {margin: 1}\n");
+  BOOST_TEST(
+      error_of([&] {
+        parse({"--config", opt_fp8});
+      }) ==
+      "plugin kind 'fp8_recipe' under opt: in config file " + opt_fp8 +
+          ": ampkit-train runs no fp8 scaling recipe plugin (kinds: scaler, clipper, nan_policy, comm)");
   const std::string opt_name = dir.file("opt-name.yaml", "opt:\n  scaler:\n    { ,, ,, ,, ,, \r01}: 1024\n");
   BOOST_TEST(error_of([&] {
                parse({"--config", opt_name});

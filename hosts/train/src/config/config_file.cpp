@@ -18,11 +18,10 @@ namespace ampkit {
 
 namespace {
 
-// The kinds this program selects plugins of: not the optional ones (kinds.h).
+// The kinds this program selects plugins of: all of them (the optional one by --fp8).
 std::vector<std::string> kind_name_list() {
   std::vector<std::string> names;
-  for (const KindInfo& k : kKinds)
-    if (!optional_kind(k)) names.push_back(k.name);
+  for (const KindInfo& k : kKinds) names.push_back(k.name);
   return names;
 }
 
@@ -49,15 +48,14 @@ void read_yaml_plugin_options(const YAML::Node& node, const std::string& file, T
   for (const auto& kind_item : node) {
     const std::string kind = scalar_text(kind_item.first, "a key under opt: in config file " + file);
     refuse_repeated_key(kinds, "opt." + kind, file);
-    if (find_kind(kind) == nullptr || optional_kind(*find_kind(kind))) {
+    if (find_kind(kind) == nullptr) {
       const std::vector<std::string> names = kind_name_list();
       std::string listed;
       for (const std::string& n : names) listed += (listed.empty() ? "" : ", ") + n;
       const std::string hint = did_you_mean(kind, names);
-      const std::string why =
-          find_kind(kind) != nullptr ? "a plugin kind ampkit-train does not run" : "unknown plugin kind";
-      throw Error(ErrorCategory::usage, why + " '" + kind + "' under opt: in config file " + file +
-                                            (hint.empty() ? "" : "; " + hint) + " (kinds: " + listed + ")");
+      throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' under opt: in config file " +
+                                            file + (hint.empty() ? "" : "; " + hint) + " (kinds: " + listed +
+                                            ")");
     }
     if (!kind_item.second.IsMap())
       throw Error(ErrorCategory::usage,
