@@ -48,7 +48,7 @@ void set_kernel_fault(KernelFault fault);
 // The verdict on a device's kernels: "" where they may run, else why not (which kernel, which
 // values). Made once per device on first use (loading the module, then the self-check unless the
 // environment variable AMPKIT_GPU_SELF_CHECK is 0) and kept for the process. A CUDA device in a
-// build without the kernels has nothing to check (""): the foreach recipe and the ATen rules run.
+// build without the kernels has nothing to check (""): the foreach recipe and the synchronous step run.
 std::string kernel_refusal(const at::Device& device);
 
 // The verdict all ranks of a job share, from each rank's own (kernel_refusal, in rank order): ""
