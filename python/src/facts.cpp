@@ -116,11 +116,14 @@ void check_step_kind(const std::string& kind) {
     if (kind == k) return;
     names.emplace_back(k);
   }
-  if (find_kind(kind))
-    throw Error(ErrorCategory::usage,
-                "plugin kind '" + kind +
-                    "' is not used by ampkit.GradScaler: in Python, gradients are averaged "
-                    "across ranks by torch DDP (see docs/python.md)");
+  if (const KindInfo* known = find_kind(kind))
+    throw Error(
+        ErrorCategory::usage,
+        "plugin kind '" + kind + "' is not used by ampkit.GradScaler: " +
+            (optional_kind(*known) ? std::string("an fp8 recipe is chosen by ampkit.fp8.convert(model, "
+                                                 "recipe=...) (see docs/fp8.md)")
+                                   : std::string("in Python, gradients are averaged across ranks by torch "
+                                                 "DDP (see docs/python.md)")));
   const std::string hint = did_you_mean(kind, names);
   throw Error(ErrorCategory::usage, "unknown plugin kind '" + kind + "' (kinds: " + step_kind_names() + ")" +
                                         (hint.empty() ? "" : "; " + hint));

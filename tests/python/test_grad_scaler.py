@@ -47,6 +47,8 @@ def test_unknown_kind_and_comm_are_refused():
         ampkit.GradScaler("cpu", opt={"clip.max_norm": 1.0})
     with pytest.raises(ValueError, match="torch DDP"):
         ampkit.GradScaler("cpu", opt={"comm.timeout": 1})
+    with pytest.raises(ValueError, match=r"an fp8 recipe is chosen by ampkit\.fp8\.convert"):
+        ampkit.GradScaler("cpu", opt={"fp8_recipe.margin": 1})
 
 
 def test_a_missing_plugin_folder_is_named_by_the_argument():
