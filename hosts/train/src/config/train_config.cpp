@@ -316,6 +316,11 @@ void validate(const DistributedConfig& d, const std::string& comm, const CommFac
   require(d.rank < d.world_size, "rank " + text(d.rank) + " is outside world size " + text(d.world_size) +
                                      " (ranks are 0.." + text(d.world_size - 1) + ")");
   require(!d.master_addr.empty(), "master address is empty (set --master-addr or MASTER_ADDR)");
+  // No host name or address holds one; a newline would also split this program's one-line errors.
+  require(std::none_of(d.master_addr.begin(), d.master_addr.end(),
+                       [](unsigned char c) { return c <= ' ' || c == 0x7f; }),
+          "master address (--master-addr or MASTER_ADDR) holds a space or a control character; give a host "
+          "name or an IP address");
   require(d.node_rank < d.nnodes, "node rank " + text(d.node_rank) + " is outside nnodes " + text(d.nnodes));
   require(d.nnodes * d.nproc_per_node == d.world_size, "inconsistent node counts: nnodes " + text(d.nnodes) +
                                                            " x nproc-per-node " + text(d.nproc_per_node) +
