@@ -23,6 +23,7 @@ from torch.amp.grad_scaler import OptState
 from ._arguments import check_arguments
 from ._deferred import DeferredMode
 from ._facts import passthrough_record
+from ._fp8_facts import fp8_facts
 from ._iteration import IterationLosses, found_inf_per_device, fresh_optimizer_state
 from ._optimizer_tables import OptimizerTables, step_taking_scaler
 from ._plugin_access import PluginSettings, check_state_dict, plugin_config
@@ -168,11 +169,17 @@ class GradScaler(torch.amp.GradScaler):
 
     @classmethod
     def from_deepspeed_config(
-        cls, config: Union[str, os.PathLike, Mapping[str, Any]], device: str = "cuda", **kwargs: Any
+        cls,
+        config: Union[str, os.PathLike, Mapping[str, Any]],
+        device: str = "cuda",
+        deepspeed_version: Optional[str] = None,
+        **kwargs: Any,
     ) -> "GradScaler":
         """A GradScaler from a DeepSpeed config's ``fp16``/``bf16``/``gradient_clipping`` keys (a path to its
-        JSON, or the dict); unmapped keys are named in one warning. ``kwargs`` win over the mapped values."""
-        return cls(device=device, **scaler_kwargs_from_deepspeed(config, **kwargs))
+        JSON, or the dict), by the rules of ``deepspeed_version`` ("0.17.0", "0.17.1" or "latest"; left
+        out: the config's ``ampkit_deepspeed_version``, else the latest); unmapped keys are named in one
+        warning. ``kwargs`` win over the mapped values."""
+        return cls(device=device, **scaler_kwargs_from_deepspeed(config, deepspeed_version, **kwargs))
 
     def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor, or the tensors of a nested list/tuple, by the loss scale."""
@@ -366,7 +373,7 @@ class GradScaler(torch.amp.GradScaler):
         after a deferred step, this step's. Disabled: NaN figures at scale 1."""
         if not self._enabled:
             return passthrough_record(self._passthrough_steps)
-        return self._deferred.record(self._per_optimizer_states)
+        return fp8_facts(self._deferred.record(self._per_optimizer_states), self._model)
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
         """After a skipped step: re-runs it (``closure``: its forward under its autocast, returning

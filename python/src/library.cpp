@@ -21,13 +21,15 @@ std::tuple<int64_t, std::string> last_error_op() {
   last_error() = LastError{};
   return {e.kind, e.message};
 }
-// map_deepspeed_config for ampkit.GradScaler.from_deepspeed_config: (precision, kind -> plugin,
-// "KIND.OPTION" -> value text, micro batch size or -1, accumulation steps or -1, unmapped keys).
+// map_deepspeed_config for ampkit.GradScaler.from_deepspeed_config, by `version`'s rules (empty:
+// the config's own key, else the latest): (precision, kind -> plugin, "KIND.OPTION" -> value text,
+// micro batch size or -1, accumulation steps or -1, unmapped keys).
 std::tuple<std::string, c10::Dict<std::string, std::string>, c10::Dict<std::string, std::string>, int64_t,
            int64_t, std::vector<std::string>>
-deepspeed_mapping(const std::string& json_text, const std::string& where) {
+deepspeed_mapping(const std::string& json_text, const std::string& where, const std::string& version) {
   return guarded([&] {
-    const DeepSpeedMapping m = map_deepspeed_config(json_text, where);
+    const DeepSpeedMapping m = map_deepspeed_config(
+        json_text, where, version.empty() ? std::nullopt : std::optional(parse_deepspeed_version(version)));
     c10::Dict<std::string, std::string> plugins, options;
     for (const auto& [kind, name] : m.plugins) plugins.insert(kind, name);
     for (const auto& [kind, values] : m.options)

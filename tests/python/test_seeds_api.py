@@ -307,7 +307,7 @@ def test_deepspeed_fp16_maps_onto_the_dynamic_scaler_with_one_warning(tmp_path):
     assert "train_batch_size" not in str(caught[0].message) and "zero_optimization" not in str(caught[0].message)
     assert kwargs == {"precision": "fp16", "scaler": "dynamic", "clipper": "norm", "opt": {
         "scaler.init_scale": "4096", "scaler.growth_interval": "500", "scaler.hysteresis": "2", "scaler.min_scale": "2",
-        "clipper.max_norm": "1.5"}}
+        "scaler.growth_delay": "1", "clipper.max_norm": "1.5"}}
     scaler = ampkit.GradScaler("cpu", **kwargs)
     assert scaler.get_scale() == 4096.0 and scaler.get_growth_interval() == 500
     assert dict((r[0], r[1]) for r in scaler.plugin_options("scaler"))["hysteresis"] == "2"
@@ -316,12 +316,16 @@ def test_deepspeed_fp16_maps_onto_the_dynamic_scaler_with_one_warning(tmp_path):
 def test_deepspeed_defaults_static_bf16_and_conflicts():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        alone = scaler_kwargs_from_deepspeed({"fp16": {"enabled": True}})
+        alone = scaler_kwargs_from_deepspeed({"fp16": {"enabled": True}}, "0.17.0")
+        latest = scaler_kwargs_from_deepspeed({"fp16": {"enabled": True}})
         bf16 = scaler_kwargs_from_deepspeed({"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 4})
         static = scaler_kwargs_from_deepspeed({"fp16": {"enabled": True, "loss_scale": 128}})
-    # DeepSpeed's DynamicLossScaler defaults when the section names no dynamic key.
+    # DeepSpeed 0.17.0's DynamicLossScaler defaults when the section names no dynamic key; 0.17.1's
+    # config defaults always, and its growth one clean step later.
     assert alone["opt"] == {"scaler.init_scale": "4294967296", "scaler.growth_interval": "1000",
-                            "scaler.hysteresis": "1", "scaler.min_scale": "1"}
+                            "scaler.hysteresis": "1", "scaler.min_scale": "1", "scaler.growth_delay": "0"}
+    assert latest["opt"] == {"scaler.init_scale": "65536", "scaler.growth_interval": "1000",
+                             "scaler.hysteresis": "2", "scaler.min_scale": "1", "scaler.growth_delay": "1"}
     assert bf16 == {"precision": "bf16", "scaler": "none", "clipper": "none", "opt": {}}
     assert static["scaler"] == "static" and static["opt"] == {"scaler.scale": "128"}
     assert ampkit.GradScaler("cpu", **static).get_scale() == 128.0

@@ -1,6 +1,6 @@
-// DeepSpeed configs (deepspeed/runtime/config.py, constants.py, fp16/loss_scaler.py, as of
-// DeepSpeed 0.17.0: docs/configuration.md says what 0.17.1 changed) mapped onto ampkit's plugins,
-// for ampkit-train's --config and ampkit.GradScaler.from_deepspeed_config.
+// DeepSpeed configs (0.17.0's runtime/config.py and constants.py, 0.17.1's precision_config.py,
+// both releases' fp16/loss_scaler.py) mapped onto ampkit's plugins, for ampkit-train's --config
+// and ampkit.GradScaler.from_deepspeed_config.
 #include "ampkit/deepspeed_config.h"
 
 #include <ampkit/options.h>
@@ -27,6 +27,19 @@ const std::map<std::string, double> kConfigDefaults = {
 // ...and fp16/loss_scaler.py DynamicLossScaler's own defaults when it names none.
 const std::map<std::string, double> kScalerDefaults = {
     {"initial_scale_power", 32}, {"loss_scale_window", 1000}, {"hysteresis", 1}, {"min_loss_scale", 1}};
+// 0.17.1's DeepSpeedFP16Config and DeepSpeedBF16Config fields: pydantic models that refuse others.
+const std::set<std::string> kFp16Fields = {"enabled",
+                                           "auto_cast",
+                                           "loss_scale",
+                                           "initial_scale_power",
+                                           "loss_scale_window",
+                                           "hysteresis",
+                                           "consecutive_hysteresis",
+                                           "min_loss_scale",
+                                           "fp16_master_weights_and_grads"};
+const std::set<std::string> kBf16Fields = {"enabled", "immediate_grad_update", "check_grad_overflow"};
+// ampkit's own top-level key naming the release whose rules apply; DeepSpeed ignores it.
+const char* const kVersionKey = "ampkit_deepspeed_version";
 // DeepSpeed key -> the dynamic scaler's option.
 const std::map<std::string, std::string> kDynamicOptions = {
     {"loss_scale_window", "growth_interval"}, {"hysteresis", "hysteresis"}, {"min_loss_scale", "min_scale"}};
@@ -142,6 +155,7 @@ bool enabled(const json& section, const std::string& name, const std::string& wh
 
 // An enabled fp16 section: the scaler and its options.
 void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
+  const bool v0_17_0 = m.version == DeepSpeedVersion::v0_17_0;
   auto& opt = m.options["scaler"];
   const double loss_scale =
       fp16.contains("loss_scale") ? number(fp16["loss_scale"], "fp16.loss_scale", where) : 0;
@@ -161,14 +175,16 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
   m.plugins["scaler"] = "dynamic";
   bool named = false;
   for (const auto& key : kDynamicKeys) named = named || fp16.contains(key);
-  std::map<std::string, double> values = named ? kConfigDefaults : kScalerDefaults;
+  // 0.17.0 built its DynamicLossScaler from the constructor's defaults when no key was named;
+  // 0.17.1's config model always passes its field defaults.
+  std::map<std::string, double> values = named || !v0_17_0 ? kConfigDefaults : kScalerDefaults;
   for (auto& [key, value] : values) {
     if (!fp16.contains(key)) continue;
     if (key == "initial_scale_power")
       value = power(fp16[key], where);
-    else if (key == "min_loss_scale")
+    else if (key == "min_loss_scale" && v0_17_0)
       value = positive(fp16[key], "fp16." + key, where);
-    else  // loss_scale_window, hysteresis: counts, as DeepSpeed's int fields
+    else  // loss_scale_window, hysteresis (and 0.17.1's min_loss_scale): DeepSpeed's int fields
       value = static_cast<double>(count(fp16[key], "fp16." + key, where));
   }
   double init = std::ldexp(1.0, static_cast<int>(values["initial_scale_power"]));
@@ -181,6 +197,9 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
   }
   opt["init_scale"] = format_number(init);
   for (const auto& [key, option] : kDynamicOptions) opt[option] = format_number(values[key]);
+  // 0.17.1 counts `iterations since the last overflow - 1`: one clean step more before each first
+  // growth (tests/data/deepspeed_scaler_goldens.json, from both releases' own update_scale).
+  opt["growth_delay"] = v0_17_0 ? "0" : "1";
   if (fp16.contains("consecutive_hysteresis") && fp16["consecutive_hysteresis"] == true)
     m.unmapped.push_back(
         "fp16.consecutive_hysteresis (true: ampkit's dynamic scaler refills its hysteresis only at a "
@@ -191,6 +210,38 @@ void map_fp16(const json& fp16, const std::string& where, DeepSpeedMapping& m) {
                   "DeepSpeed config " + where + ": fp16.raise_error_at_min_scale must be true or false");
     opt["on_min_scale"] = fp16["raise_error_at_min_scale"].get<bool>() ? "error" : "clamp";
   }
+}
+
+// 0.17.1's config models refuse a key they do not declare, enabled or not (pydantic's "forbid").
+void refuse_unknown(const json& section, const std::set<std::string>& fields, const std::string& name,
+                    const std::string& where) {
+  for (const auto& [key, value] : section.items()) {
+    if (fields.count(key)) continue;
+    std::string known;
+    for (const auto& f : fields) known += (known.empty() ? "" : ", ") + f;
+    throw Error(ErrorCategory::usage,
+                "DeepSpeed config " + where + ": " + name + "." + key + " is no key of DeepSpeed 0.17.1's " +
+                    name + " section, which refuses it (it takes " + known + ")" +
+                    (key == "raise_error_at_min_scale"
+                         ? "; set the scaler's on_min_scale instead, or map by DeepSpeed 0.17.0's rules"
+                         : ""));
+  }
+}
+
+// The release a config is mapped by: the one asked for, which the config's own key must not
+// contradict, else that key's, else the latest.
+DeepSpeedVersion version_of(const json& ds, const std::string& where, std::optional<DeepSpeedVersion> asked) {
+  if (!ds.contains(kVersionKey)) return asked.value_or(kLatestDeepSpeed);
+  const json& v = ds[kVersionKey];
+  if (!v.is_string())
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where + ": " + kVersionKey +
+                                          " must be a text such as \"0.17.1\", got " + v.dump());
+  const DeepSpeedVersion named = parse_deepspeed_version(v.get<std::string>());
+  if (asked && *asked != named)
+    throw Error(ErrorCategory::usage, "DeepSpeed config " + where + " names " + kVersionKey + " " +
+                                          to_string(named) + ", but DeepSpeed " + to_string(*asked) +
+                                          "'s rules were asked for: give one");
+  return named;
 }
 
 // JSON leaves a key given twice in one object open and nlohmann keeps the last; DeepSpeed refuses
@@ -222,13 +273,25 @@ json parse_refusing_duplicates(const std::string& text, const std::string& where
 
 }  // namespace
 
+DeepSpeedVersion parse_deepspeed_version(const std::string& text) {
+  if (text == "0.17.0") return DeepSpeedVersion::v0_17_0;
+  if (text == "0.17.1" || text == "latest") return DeepSpeedVersion::v0_17_1;
+  throw Error(ErrorCategory::usage,
+              "DeepSpeed version '" + text + "' is not one ampkit maps: give 0.17.0, 0.17.1 or latest");
+}
+
+const char* to_string(DeepSpeedVersion version) {
+  return version == DeepSpeedVersion::v0_17_0 ? "0.17.0" : "0.17.1";
+}
+
 bool is_deepspeed_config(const std::vector<std::string>& keys) {
   return std::any_of(keys.begin(), keys.end(),
                      [](const std::string& k) { return kMappedTop.count(k) != 0; }) ||
          std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k == "zero_optimization"; });
 }
 
-DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::string& where) {
+DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::string& where,
+                                      std::optional<DeepSpeedVersion> version) {
   json ds;
   try {
     ds = parse_refusing_duplicates(json_text, where);
@@ -243,11 +306,16 @@ DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::s
   refuse_auto(ds, "", where);
   refuse_auto(fp16, "fp16.", where);
   refuse_auto(bf16, bf16_name + ".", where);
+  DeepSpeedMapping m;
+  m.version = version_of(ds, where, version);
+  if (m.version != DeepSpeedVersion::v0_17_0) {
+    refuse_unknown(fp16, kFp16Fields, "fp16", where);
+    refuse_unknown(bf16, kBf16Fields, bf16_name, where);
+  }
   const bool fp16_on = enabled(fp16, "fp16", where), bf16_on = enabled(bf16, bf16_name, where);
   if (fp16_on && bf16_on)
     throw Error(ErrorCategory::usage,
                 "DeepSpeed config " + where + " enables both fp16 and bf16: enable one");
-  DeepSpeedMapping m;
   m.plugins["scaler"] = "none";
   m.plugins["clipper"] = "none";
   static const std::set<std::string> mapped_fp16 = {
@@ -277,7 +345,7 @@ DeepSpeedMapping map_deepspeed_config(const std::string& json_text, const std::s
   if (given("train_batch_size"))
     m.global_batch_size = count(ds["train_batch_size"], "train_batch_size", where);
   for (const auto& [key, value] : ds.items())
-    if (!kMappedTop.count(key) && !kUnrelated.count(key)) m.unmapped.push_back(key);
+    if (!kMappedTop.count(key) && !kUnrelated.count(key) && key != kVersionKey) m.unmapped.push_back(key);
   return m;
 }
 
