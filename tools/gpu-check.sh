@@ -6,7 +6,7 @@
 #                      [--budget SECONDS] [--deadline SECONDS] [--dry-run-on-cpu]
 #
 # --sections LIST: which sections run, comma-separated, in the order given (default: all, in the order
-# nccl,training,host-sync,parity,first-use,post-backward,throughput,models,scaling). --budget SECONDS: a section
+# nccl,training,host-sync,parity,first-use,post-backward,throughput,models,scaling,fp8). --budget SECONDS: a section
 # that would start after SECONDS of the script's time says "not run" under its heading instead.
 # --deadline SECONDS: every program is stopped by then (its time limit is cut to what is left; a
 # section with under 20 s left is not run), so that the report is written before a caller's own
@@ -29,7 +29,7 @@ set -uo pipefail
 started=$SECONDS
 cd "$(dirname "$0")/.." || exit 2
 build=build report=gpu-report.md steps=100 device=cuda data="" budget="" deadline=""
-all_sections="nccl training host-sync parity first-use post-backward throughput models scaling"
+all_sections="nccl training host-sync parity first-use post-backward throughput models scaling fp8"
 sections=$all_sections
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -513,6 +513,26 @@ run_models() {
       failed=1
     fi
   done
+}
+
+# GPT-2 in bf16 against ampkit.fp8's current and delayed recipes (bench/gpu_fp8.py): tokens/s and the loss;
+# on a GPU below compute capability 8.9 its fp8 rows say they were skipped and why.
+run_fp8() {
+  local args=() code
+  [ "$device" = cpu ] && args=(--tiny --steps 1 --warmup 0)
+  printf '\n## fp8 training on %s: GPT-2, bf16 against ampkit.fp8 (bench/gpu_fp8.py %s)\n\n' "$device" "${args[*]}" >> "$report"
+  if [ "$instrumented_build" = ON ]; then
+    echo "not run: $build is an instrumented build (AMPKIT_INSTRUMENT=ON), whose Python extension needs the sanitizer runtime preloaded" >> "$report"
+    return
+  fi
+  PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" AMPKIT_PLUGIN_PATH= bounded 300 "$python" bench/gpu_fp8.py \
+    --device "$device" "${args[@]}" > "$out/fp8.md" 2> "$out/fp8.log"
+  code=$?
+  sed -n '/^Device:/,$p' "$out/fp8.md" >> "$report"
+  if [ $code != 0 ]; then
+    echo "FAILED (exit $code)$(stopped $code): $(grep -m1 -E 'FAILED|Error' "$out/fp8.log" || tail -1 "$out/fp8.log")" | cut -c1-250 >> "$report"
+    failed=1
+  fi
 }
 
 # Weak and strong scaling over the GPUs (NCCL), all-reduce bandwidth (Gloo): medians of 5 runs, CSV and

@@ -101,5 +101,5 @@ every program gets its TERM by 530 s and its KILL by 545 s, so the report comes 
 device time left allows a rerun:
   carry: ["$dest"]
   timeout_s: 560
-  command: rm -rf $(printf %q "$name") && ln -s $(printf %q "$dest/build") $(printf %q "$name") && PYTHONUNBUFFERED=1 bash tools/gpu-check.sh --build $(printf %q "$name") --data $(printf %q "$dest/data") --report \$OUT/gpu-report.md --sections parity,first-use,models,post-backward,host-sync,training,nccl,throughput,scaling --budget 300 --deadline 530
+  command: rm -rf $(printf %q "$name") && ln -s $(printf %q "$dest/build") $(printf %q "$name") && PYTHONUNBUFFERED=1 bash tools/gpu-check.sh --build $(printf %q "$name") --data $(printf %q "$dest/data") --report \$OUT/gpu-report.md --sections parity,first-use,models,fp8,post-backward,host-sync,training,nccl,throughput,scaling --budget 300 --deadline 530
 EOF

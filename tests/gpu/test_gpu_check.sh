@@ -18,6 +18,8 @@ out=$(CUDA_VISIBLE_DEVICES= python3 bench/throughput_comparison.py --build "$bui
 [ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the CUDA throughput comparison printed '$out'"
 out=$(CUDA_VISIBLE_DEVICES= python3 bench/gpu_models.py --device cuda) || fail "the real-model benchmark exited $?"
 [ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the real-model benchmark printed '$out'"
+out=$(CUDA_VISIBLE_DEVICES= python3 bench/gpu_fp8.py --device cuda) || fail "the fp8 benchmark exited $?"
+[ "$out" = "no GPU: nothing to measure (torch sees no CUDA device)" ] || fail "the fp8 benchmark printed '$out'"
 CUDA_VISIBLE_DEVICES= AMPKIT_TEST_DEVICE=cuda AMPKIT_PLUGIN_PATH= "$build/tests/test_on_device" > /dev/null
 [ $? = 77 ] || fail "test_on_device on cuda without a GPU did not exit 77 (skipped)"
 
@@ -50,10 +52,10 @@ deadline_run=$!
 report="$build/gpu-check-dry-run.md"
 rm -f "$report"
 bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" \
-  --sections post-backward,nccl,training,host-sync,parity,first-use,throughput,models,scaling > "$build/gpu-check-dry-run.log" 2>&1 \
+  --sections post-backward,nccl,training,host-sync,parity,first-use,throughput,models,scaling,fp8 > "$build/gpu-check-dry-run.log" 2>&1 \
   || { cat "$build/gpu-check-dry-run.log"; fail "the dry run exited $?"; }
 for section in "## NCCL" "## Training on cpu" "## Deferred and synchronous steps" "## Parity and host reads on cpu tensors" "## Throughput:" \
-               "## Post-backward pipeline" "## Real models:" "## First use of the kernels on cpu"; do
+               "## Post-backward pipeline" "## Real models:" "## First use of the kernels on cpu" "## fp8 training on cpu"; do
   grep -q "^$section" "$report" || fail "the report has no '$section' section"
 done
 ! grep -q "FAILED" "$report" || fail "the dry run's report has a failure: $(grep -m1 FAILED "$report")"
@@ -82,6 +84,11 @@ else
   grep -q "^| whole step in a CUDA graph (tests/python/test_cuda_graph.py) | passed: [0-9]* passed, 4 skipped[^|]* |" "$report" ||
     fail "the CUDA graph row: $(grep -m1 '^| whole step in a CUDA graph' "$report")"
 fi
+# The fp8 section: the bf16 row and both fp8 recipes' rows, each with its fp8 layers (8 in the tiny GPT-2:
+# 4 per block, lm_head left in bf16), tokens/s and a finite loss.
+n=$(grep -c "^| \(bf16 autocast | bf16 | 0\|ampkit.fp8 \(current\|delayed\) | fp8 torch._scaled_mm | 8\) | [0-9]* | [0-9.]* | ok |$" "$report")
+grep -q '^AMPKIT_INSTRUMENT:BOOL=ON' "$build/CMakeCache.txt" && n=3  # that build's Python sections run nothing
+[ "$n" = 3 ] || fail "$n of the 3 fp8 section rows (bf16, current, delayed): $(grep -A8 '^## fp8' "$report" | tail -4)"
 # 3. --sections runs the sections named, in that order; --budget and --deadline report those they
 # did not start; the report's last line says the script ended.
 grep -q "^gpu-check.sh ended at [0-9]* s: every check that ran passed; 0 of the sections (and benchmark runs) asked for not run.$" "$build/gpu-check-dry-run.md" ||
@@ -106,8 +113,8 @@ bash tools/gpu-check.sh --build "$build" --dry-run-on-cpu --report "$report" --d
   fail "the dry run with a near deadline exited $?"
 n=$(grep -c "^not run: under 20 s were left before the --deadline of 19 s" "$report")
 order=$(grep '^## ' "$report" | tr '\n' ' ')
-[ "$n" = 9 ] && ! grep -q "^copy: flat" "$report" || fail "with --deadline 19, $n of the 9 sections said they were not run"
-[ "$order" = "## nccl ## training ## host-sync ## parity ## first-use ## post-backward ## throughput ## models ## scaling " ] ||
+[ "$n" = 10 ] && ! grep -q "^copy: flat" "$report" || fail "with --deadline 19, $n of the 10 sections said they were not run"
+[ "$order" = "## nccl ## training ## host-sync ## parity ## first-use ## post-backward ## throughput ## models ## scaling ## fp8 " ] ||
   fail "without --sections, the sections in the order '$order'"
 # The program that ignores TERM (started before part 2): killed 15 s after the deadline, with what it
 # started, and nothing else starts after the deadline. What is expected follows from what the report
@@ -183,5 +190,5 @@ else
   rm -rf "$dest"
   pack="packs $((bytes / 1048576)) MiB that run"
 fi
-echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 7 checks (7 first-use GPU checks planned), 3 runs, 2 throughput rows, $models;" \
+echo "gpu-check.sh: skips cleanly without a GPU; the dry run passed its 7 checks (7 first-use GPU checks planned), 3 runs, 2 throughput rows, $models, 3 fp8 rows;" \
   "--sections, --budget and --deadline hold ($deadline); gpu-pack.sh $pack"
