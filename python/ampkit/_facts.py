@@ -5,6 +5,7 @@ the plugins the seeds' NaN strategies name (python/src/facts.cpp)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -58,4 +59,18 @@ def passthrough_record(steps: int) -> Dict[str, Any]:
     record["host_sync_reason"] = (
         "the scaler is disabled (enabled=False, or 'cuda' without a GPU): step() is optimizer.step()"
     )
+    return record
+
+
+def fp8_facts(record: Dict[str, Any], model: Any) -> Dict[str, Any]:
+    """``record`` with ``fp8_nonfinite_amaxes``: the last backward's non-finite amaxes in the fp8
+    layers of ``model`` (None: of every converted model alive), where ampkit.fp8 is in use; a
+    skip they caused says so in its reason."""
+    block = sys.modules.get("ampkit._fp8_block")
+    if block is None or "action" not in record:
+        return record
+    bad = int(block.nonfinite_amaxes(model))
+    record["fp8_nonfinite_amaxes"] = bad
+    if bad and record["action"] != "proceed":
+        record["reason"] = f"{record['reason']} ({bad} non-finite fp8 amaxes)".lstrip()
     return record

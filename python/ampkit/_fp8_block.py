@@ -4,6 +4,7 @@ call per step (docs/fp8.md, "How the state is kept")."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -13,6 +14,8 @@ from ._fp8_cast import EPS
 
 ROLES = ("input", "weight", "grad_output")
 _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+# Every live block, for GradScaler.last_step's count of the last backward's non-finite amaxes.
+_BLOCKS: "weakref.WeakSet[Block]" = weakref.WeakSet()
 
 
 class Recipe:
@@ -76,10 +79,13 @@ class Block:
     and fp8_amax_history are rows 3i..3i+2 of them. Where .to(), load_state_dict(assign=True) or
     a copy replaced a layer's buffers, they are gathered again before the next use."""
 
-    def __init__(self, recipe: Recipe, layers: List[Any]) -> None:
+    def __init__(self, recipe: Recipe, layers: List[Any], reduce_amax: bool = True, group: Any = None) -> None:
         self.recipe = recipe
         self.layers = layers
+        self.reduce_amax = reduce_amax
+        self.group = group  # None: the default process group
         self.pending = False
+        self.last_bad = 0  # non-finite amaxes of the last update
         self._queued = False
         n = 3 * len(layers)
         device = layers[0].weight.device if layers else torch.device("cpu")
@@ -102,6 +108,7 @@ class Block:
                 layer.register_buffer("fp8_amax_history", self.history[rows], persistent=True)
             self._ptrs.append(self._layer_ptrs(layer))
         self._host = None
+        _BLOCKS.add(self)  # here too for a copied block, which is made without __init__
 
     def _layer_ptrs(self, layer: Any) -> Tuple[int, ...]:
         if self.recipe.current:
@@ -140,13 +147,30 @@ class Block:
         first fp8 layer of a step)."""
         self.check(index)
         if self._queued and torch._C._current_graph_task_id() == -1:
-            self._backward_done()  # a backward that raised never ran its callback
+            # A backward that raised never ran its callback; no collective here, as the other
+            # ranks may not have raised.
+            self._backward_done(reduce=False)
         if self.pending:
             self.flush()
 
-    def _backward_done(self) -> None:
+    def _backward_done(self, reduce: bool = True) -> None:
         self._queued = False
         self.pending = True
+        if reduce:
+            self._reduce_across_ranks()
+
+    def _reduce_across_ranks(self) -> None:
+        """This backward's amaxes of all layers, MAX over the ranks in one collective, so that every
+        rank updates to the same scales. Here, at the end of every rank's backward, and never in
+        flush(): a state_dict() on one rank only would wait for the others forever."""
+        dist = torch.distributed
+        if not (self.reduce_amax and dist.is_available() and dist.is_initialized()):
+            return
+        if dist.get_world_size(self.group) < 2:
+            return
+        self.check_all()
+        with torch.no_grad():
+            dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
 
     def flush(self) -> int:
         """The due update of all layers' scales and histories, one recipe call: returns the number
@@ -158,17 +182,32 @@ class Block:
         with torch.no_grad():
             bad = self._update()
             self.amax.zero_()
+        self.last_bad = bad
         return bad
 
+    def nonfinite(self) -> int:
+        """The last backward's non-finite amaxes: counted now if its update is still due (under
+        current scaling, the last casts')."""
+        if not (self.pending or self.recipe.current):
+            return self.last_bad
+        self.check_all()
+        return bad_amaxes(self.amax)
+
     def _update(self) -> int:
+        # The recipe runs on the host: on a GPU the amaxes of all layers come over in one copy;
+        # history and scale are kept there between steps and their device rows overwritten after.
+        amax = self.amax.cpu()
+        bad = bad_amaxes(amax)
+        if bad:
+            # A step with a non-finite amax is a bad step (its fp8 weight gradients are made
+            # non-finite, so that a GradScaler skips it): it moves no layer's window or scale.
+            return bad
         if self.amax.device.type == "cpu":
             return int(cpp(self.recipe.handle.update)(self.roles, self.amax, self.history, self.scale))
-        # The recipe runs on the host: the amaxes of all layers come over in one copy; history and
-        # scale are kept there between steps and their device rows overwritten after the update.
         if self._host is None:
             self._host = (self.history.cpu(), self.scale.cpu())
         history, scale = self._host
-        bad = int(cpp(self.recipe.handle.update)(self.roles, self.amax.cpu(), history, scale))
+        bad = int(cpp(self.recipe.handle.update)(self.roles, amax, history, scale))
         self.history.copy_(history, non_blocking=True)
         self.scale.copy_(scale, non_blocking=True)
         return bad
@@ -179,3 +218,19 @@ class Block:
         self._host = None
         with torch.no_grad():
             self.amax.zero_()
+
+
+def bad_amaxes(amax: torch.Tensor) -> int:
+    """How many of ``amax`` are not finite, or negative (no maximum of absolute values is)."""
+    return int((~torch.isfinite(amax) | (amax < 0)).sum())
+
+
+def nonfinite_amaxes(module: Optional[torch.nn.Module] = None) -> int:
+    """The non-finite amaxes of the last backward of the fp8 layers of ``module`` (None: of every
+    live block), for GradScaler.last_step."""
+    if module is None:
+        blocks = list(_BLOCKS)
+    else:
+        found = {id(b): b for b in (getattr(m, "_fp8_block", None) for m in module.modules()) if isinstance(b, Block)}
+        blocks = list(found.values())
+    return sum(block.nonfinite() for block in blocks)

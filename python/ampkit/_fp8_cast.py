@@ -101,7 +101,7 @@ class Fp8Matmul(torch.autograd.Function):
         x8, w8 = cast(x2, s_x, plan.dtypes[0]), cast(weight, s_w, plan.dtypes[1])
         inv_x, inv_w = s_x.reciprocal(), s_w.reciprocal()
         out = scaled_mm(x8, inv_x, w8.t(), inv_w, x.dtype, True)
-        ctx.save_for_backward(x8, w8, inv_x, inv_w)
+        ctx.save_for_backward(x8, w8, inv_x, inv_w, ax, aw)
         # The layer's rows of the shared block are read again when the backward runs: the stored
         # grad_output scale in force then, and the rows where they are then (a later forward of the
         # same step may have gathered the block anew).
@@ -112,7 +112,7 @@ class Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        x8, w8, inv_x, inv_w = ctx.saved_tensors
+        x8, w8, inv_x, inv_w, ax, aw = ctx.saved_tensors
         layer = ctx.layer
         plan: Plan = layer._fp8_plan
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
@@ -128,5 +128,9 @@ class Fp8Matmul(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = scaled_mm(g8, inv_g, w8, inv_w, grad_out.dtype, False).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            grad_w = scaled_mm(g8.t(), inv_g, x8, inv_x, grad_out.dtype, False)
+            # A non-finite amax (an inf the casts clamped to fp8_max) makes this weight gradient
+            # NaN, as the high-precision matmul's would be: a GradScaler skips the step (every
+            # rank's, as DDP averages it). 0 * amax is 0, or NaN, and costs no host read.
+            bad = (ax.float() + aw.float() + ag.float()) * 0.0
+            grad_w = scaled_mm(g8.t(), inv_g + bad, x8, inv_x, grad_out.dtype, False)
         return grad_x, grad_w, None, None

@@ -12,6 +12,7 @@ from torch import nn
 from ._fp8_block import ROLES, Block, Recipe, make_recipe
 from ._fp8_cast import Fp8Matmul, Plan, current_scale
 from ._library import plugin_folders
+from ._tracing import not_traced
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -37,6 +38,10 @@ class Linear(nn.Linear):
         _bind(make_recipe(recipe, opt), [layer])
         return layer
 
+    # Under torch.compile the layer runs eagerly, a graph break on each side: its forward and
+    # backward read and write the shared block and queue the end-of-backward update, which a
+    # traced graph would run once at tracing, not every step.
+    @not_traced
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._fp8_block.before_forward(self._fp8_index)
         device_type = input.device.type
@@ -101,8 +106,8 @@ def _discard_before_load(module: nn.Module, *args: Any) -> None:
     block.discard()
 
 
-def _bind(recipe: Recipe, layers: List[Linear]) -> None:
-    block = Block(recipe, list(layers))
+def _bind(recipe: Recipe, layers: List[Linear], reduce_amax: bool = True, group: Any = None) -> None:
+    block = Block(recipe, list(layers), reduce_amax, group)
     plan = Plan(recipe.dtypes, recipe.current, recipe.eps)
     plan.block = None if recipe.current else block  # current scaling has no update to make due
     for i, layer in enumerate(layers):
@@ -124,6 +129,8 @@ def convert(
     plugin_dirs: Optional[Sequence[Union[str, "os.PathLike[str]"]]] = None,
     allow_untrusted_plugins: bool = False,
     plugin_timeout: Optional[int] = 30,
+    reduce_amax: bool = True,
+    process_group: Any = None,
 ) -> nn.Module:
     """Swap every ``nn.Linear`` of ``module`` (its subclasses included; those that
     ``module_filter_fn(module, fqn)`` accepts, where given) for ``ampkit.fp8.Linear``, in place, as
@@ -131,7 +138,10 @@ def convert(
     is itself an nn.Linear). ``recipe`` names the fp8 recipe plugin (``current``, ``delayed``,
     ``predictive`` or a third party's) and ``opt`` its options; ``plugin_dirs``,
     ``allow_untrusted_plugins`` and ``plugin_timeout`` (None: no limit) as ampkit.GradScaler's.
-    The swapped layers share one block of scaling state, updated once per step."""
+    The swapped layers share one block of scaling state, updated once per step; where
+    torch.distributed is initialized with more than one rank, each backward's amaxes are reduced
+    with MAX over ``process_group`` (None: the default group) in one collective, unless
+    ``reduce_amax`` is False."""
     timeout = -1 if plugin_timeout is None else int(plugin_timeout)
     rec = make_recipe(recipe, opt, plugin_folders(plugin_dirs), allow_untrusted_plugins, timeout)
     layers: List[Linear] = []
@@ -147,7 +157,7 @@ def convert(
         if len(list(module.children())) > 0:
             raise ValueError(f"fp8 convert: a root nn.Linear with children is not converted: {module}")
         layer = _swap(module)  # type: ignore[arg-type]
-        _bind(rec, [layer])
+        _bind(rec, [layer], reduce_amax, process_group)
         return layer
 
     def visit(mod: nn.Module, fqn: str) -> None:
@@ -161,7 +171,7 @@ def convert(
 
     visit(module, "")
     if layers:
-        _bind(rec, layers)
+        _bind(rec, layers, reduce_amax, process_group)
     return module
 
 

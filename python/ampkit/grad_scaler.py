@@ -22,8 +22,7 @@ from torch.amp.grad_scaler import OptState
 
 from ._arguments import check_arguments
 from ._deferred import DeferredMode
-from ._facts import passthrough_record
-from ._fp8_facts import fp8_facts
+from ._facts import fp8_facts, passthrough_record
 from ._iteration import IterationLosses, found_inf_per_device, fresh_optimizer_state
 from ._optimizer_tables import OptimizerTables, step_taking_scaler
 from ._plugin_access import PluginSettings, check_state_dict, plugin_config
@@ -372,7 +371,7 @@ class GradScaler(torch.amp.GradScaler):
         layer_norms, stats_recipe, host_sync and host_sync_reason (docs/python.md, "GradScaler");
         after a deferred step, this step's. Disabled: NaN figures at scale 1."""
         if not self._enabled:
-            return passthrough_record(self._passthrough_steps)
+            return fp8_facts(passthrough_record(self._passthrough_steps), self._model)
         return fp8_facts(self._deferred.record(self._per_optimizer_states), self._model)
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
