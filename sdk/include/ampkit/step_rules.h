@@ -4,7 +4,7 @@
    plugins/clipper/norm, plugins/nan_policy/{skip,backoff,abort}) call them; the deferred step runs
    the same lines for CPU tensors and, compiled by nvcc, in its one-thread rules kernel
    (core/engine/src/cuda/step_rules_abi.h). So what the CPU tests prove bit for bit is what a GPU
-   runs. Plain C (no ATen, nothing of C++'s library but <cmath>), __host__ __device__ under nvcc.
+   runs. Plain C (no ATen; C++ takes <cmath> only, C <math.h>), __host__ __device__ under nvcc.
    Every value is rounded as torch.amp.GradScaler and clip_grad_norm_ round it: products and
    quotients in float64, scales in float32 (float(double(scale) * factor)); no expression adds a
    product to anything, so no compiler contracts one into a fused multiply-add. A third party may
@@ -17,12 +17,18 @@
 #define AMPKIT_ISFINITE(x) isfinite(x)
 #define AMPKIT_ISNAN(x) isnan(x)
 #define AMPKIT_SQRT(x) sqrt(x)
-#else
+#elif defined(__cplusplus)
 #include <cmath>
 #define AMPKIT_STEP_RULE_FN inline
 #define AMPKIT_ISFINITE(x) std::isfinite(x)
 #define AMPKIT_ISNAN(x) std::isnan(x)
 #define AMPKIT_SQRT(x) std::sqrt(x)
+#else
+#include <math.h>
+#define AMPKIT_STEP_RULE_FN static inline
+#define AMPKIT_ISFINITE(x) isfinite(x)
+#define AMPKIT_ISNAN(x) isnan(x)
+#define AMPKIT_SQRT(x) sqrt(x)
 #endif
 
 /* Scaler 'dynamic': torch's rule with Megatron's hysteresis, the bounds, and DeepSpeed's stop at
