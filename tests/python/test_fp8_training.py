@@ -104,17 +104,18 @@ def test_a_compiled_model_matches_eager_with_one_update_per_step(backend):
     steps = 4
     a = run_steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), steps)
     b = run_steps(compiled, torch.optim.SGD(base.parameters(), lr=0.1), steps)
-    # The fp8 layers run eagerly in both (a graph break around each); between them only tanh,
-    # whose inductor kernel may round differently from ATen's in the last bit of float32.
-    tol = {} if backend == "aot_eager" else {"rtol": 1e-5, "atol": 1e-6}
+    # The fp8 layers run eagerly in both (a graph break around each); between them aot_eager runs
+    # ATen's own kernels (bit for bit), inductor its generated ones, which may fuse tanh and its
+    # backward and round differently in the last float32 bits (here they measured equal).
+    exact = backend == "aot_eager"
     for (pa, ga), (pb, gb) in zip(a, b):
-        if tol:
-            torch.testing.assert_close(pb, pa, **tol)
-            for x, y in zip(gb, ga):
-                torch.testing.assert_close(y, x, **tol)
-        else:
-            assert torch.equal(pa, pb) and all(torch.equal(x, y) for x, y in zip(ga, gb))
+        for x, y in zip([pa, *ga], [pb, *gb]):
+            if exact:
+                assert torch.equal(x, y)
+            else:
+                torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
     assert eager_recipe.calls == compiled_recipe.calls == steps - 1  # one per step, the last still due
-    assert [layer.fp8_state() for layer in fp8_layers(eager)] == [
-        layer.fp8_state() for layer in fp8_layers(base)
-    ] or tol
+    ours, theirs = (
+        sum(([s["scale"] for s in layer.fp8_state().values()] for layer in fp8_layers(m)), []) for m in (eager, base)
+    )
+    assert ours == theirs if exact else ours == pytest.approx(theirs, rel=1e-5)
