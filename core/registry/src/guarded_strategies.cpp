@@ -83,7 +83,7 @@ class GuardedScaler final : public LossScaler {
     // Bounds a scaler declares (its dynamic device rule's): asked once, the pointer lives with it.
     const auto* rule = static_cast<const ScalerDeviceRule*>(
         g_.run("find_function()", [&] { return s_.find_function(kScalerDeviceRule); }));
-    if (rule != nullptr && rule->struct_size >= sizeof(ScalerDeviceRule) &&
+    if (rule != nullptr && rule->struct_size >= kScalerDeviceRuleFirstSize &&
         rule->kind == ScalerDeviceRule::Kind::dynamic)
       bounds_ = rule;
   }
