@@ -1,11 +1,12 @@
 """One rank of tests/python/test_fp8_ddp.py, run by torchrun (not collected by pytest).
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 fp8_ddp_worker.py OUT_DIR \
-        [--layers 3] [--steps 5] [--inf-step 3] [--no-reduce]
+        [--layers 3] [--steps 5] [--inf-step 3] [--no-reduce] [--fsdp]
 
-Trains an MLP of --layers ampkit.fp8.Linear layers (recipe `delayed`) under torch DDP over gloo on
-the CPU with CPU autocast bf16 and ampkit.GradScaler, each rank on its own data. At --inf-step rank 1
-puts an inf in its input (-1: never). Counts the calls of torch.distributed.all_reduce on the fp8
+Trains an MLP of --layers ampkit.fp8.Linear layers (recipe `delayed`) under torch DDP (FSDP2's
+fully_shard per layer and at the root with --fsdp) over gloo on the CPU with CPU autocast bf16 and
+ampkit.GradScaler, each rank on its own data. At --inf-step rank 1 puts an inf in its input (-1:
+never). Counts the calls of torch.distributed.all_reduce on the fp8
 block's amaxes in each step. Writes OUT_DIR/rank-R.json: every layer's fp8_state() after each step,
 those counts, the stepped flags and the fp8 field of the step records.
 """
@@ -32,6 +33,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--inf-step", type=int, default=-1)
     ap.add_argument("--no-reduce", action="store_true")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard per fp8 layer and at the root")
     args = ap.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -43,7 +45,14 @@ def main() -> int:
     model = ampkit.fp8.convert(torch.nn.Sequential(*layers), recipe="delayed", reduce_amax=not args.no_reduce)
     fp8 = [m for m in model.modules() if isinstance(m, ampkit.fp8.Linear)]
     block = fp8[0]._fp8_block
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in fp8:
+            fully_shard(layer)
+        ddp = fully_shard(model)
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     scaler = ampkit.GradScaler("cpu", model=model)
 

@@ -1,7 +1,7 @@
 """ampkit.fp8 under torch DDP (gloo, CPU, 2 ranks by torchrun): each backward's amaxes of all fp8
 layers are reduced with MAX across the ranks in one collective, so every rank holds the same scales
 (docs/fp8.md, "Data-parallel"). Each case runs tests/python/fp8_ddp_worker.py and reads the JSON
-each rank writes."""
+each rank writes. Under FSDP2 (fully_shard per layer and at the root) the same holds."""
 
 import json
 import os
@@ -31,9 +31,12 @@ def run_ranks(out_dir, *worker_args):
     return results
 
 
-@pytest.mark.parametrize("layers", [2, 6])
-def test_every_rank_holds_the_same_fp8_state_after_one_collective_per_step(tmp_path, layers):
-    r0, r1 = run_ranks(tmp_path, "--layers", str(layers), "--steps", "4")
+WRAPPERS = {"ddp": (), "fsdp2": ("--fsdp",)}
+
+
+@pytest.mark.parametrize("wrapper,layers", [("ddp", 2), ("ddp", 6), ("fsdp2", 2)])
+def test_every_rank_holds_the_same_fp8_state_after_one_collective_per_step(tmp_path, wrapper, layers):
+    r0, r1 = run_ranks(tmp_path, "--layers", str(layers), "--steps", "4", *WRAPPERS[wrapper])
     assert r0["calls"] == r1["calls"] == [1, 1, 1, 1]  # whatever the layer count
     assert r0["states"] == r1["states"]
     # The amaxes were different (rank 1's inputs are 4 times larger): the first layer's input
@@ -49,8 +52,9 @@ def test_without_the_reduction_the_ranks_drift_apart(tmp_path):
     assert r0["states"][-1][0]["input"] != r1["states"][-1][0]["input"]
 
 
-def test_an_inf_on_one_rank_is_a_skipped_step_on_both(tmp_path):
-    r0, r1 = run_ranks(tmp_path, "--layers", "2", "--steps", "4", "--inf-step", "2")
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_an_inf_on_one_rank_is_a_skipped_step_on_both(tmp_path, wrapper):
+    r0, r1 = run_ranks(tmp_path, "--layers", "2", "--steps", "4", "--inf-step", "2", *WRAPPERS[wrapper])
     assert r0["stepped"] == r1["stepped"] == [True, True, False, True]
     assert r0["fp8_bad"] == r1["fp8_bad"] == [0, 0, 1, 0]  # rank 1's inf, reduced to both
     assert r0["states"] == r1["states"]
