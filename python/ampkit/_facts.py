@@ -64,10 +64,10 @@ def passthrough_record(steps: int) -> Dict[str, Any]:
 
 def fp8_facts(record: Dict[str, Any], model: Any) -> Dict[str, Any]:
     """``record`` with ``fp8_nonfinite_amaxes``: the last backward's non-finite amaxes in the fp8
-    layers of ``model`` (None: of every converted model alive), where ampkit.fp8 is in use; a
-    skip they caused says so in its reason."""
+    layers of ``model`` (the scaler's), where ampkit.fp8 is in use and a model was given; a skip
+    they caused says so in its reason."""
     block = sys.modules.get("ampkit._fp8_block")
-    if block is None or "action" not in record:
+    if block is None or model is None or "action" not in record:
         return record
     bad = int(block.nonfinite_amaxes(model))
     record["fp8_nonfinite_amaxes"] = bad

@@ -4,7 +4,6 @@ call per step (docs/fp8.md, "How the state is kept")."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -14,8 +13,6 @@ from ._fp8_cast import EPS
 
 ROLES = ("input", "weight", "grad_output")
 _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-# Every live block, for GradScaler.last_step's count of the last backward's non-finite amaxes.
-_BLOCKS: "weakref.WeakSet[Block]" = weakref.WeakSet()
 
 
 class Recipe:
@@ -108,7 +105,6 @@ class Block:
                 layer.register_buffer("fp8_amax_history", self.history[rows], persistent=True)
             self._ptrs.append(self._layer_ptrs(layer))
         self._host = None
-        _BLOCKS.add(self)  # here too for a copied block, which is made without __init__
 
     def _layer_ptrs(self, layer: Any) -> Tuple[int, ...]:
         if self.recipe.current:
@@ -225,12 +221,8 @@ def bad_amaxes(amax: torch.Tensor) -> int:
     return int((~torch.isfinite(amax) | (amax < 0)).sum())
 
 
-def nonfinite_amaxes(module: Optional[torch.nn.Module] = None) -> int:
-    """The non-finite amaxes of the last backward of the fp8 layers of ``module`` (None: of every
-    live block), for GradScaler.last_step."""
-    if module is None:
-        blocks = list(_BLOCKS)
-    else:
-        found = {id(b): b for b in (getattr(m, "_fp8_block", None) for m in module.modules()) if isinstance(b, Block)}
-        blocks = list(found.values())
-    return sum(block.nonfinite() for block in blocks)
+def nonfinite_amaxes(module: torch.nn.Module) -> int:
+    """The non-finite amaxes of the last backward of the fp8 layers of ``module`` (GradScaler's
+    model), for GradScaler.last_step."""
+    found = {id(b): b for b in (getattr(m, "_fp8_block", None) for m in module.modules()) if isinstance(b, Block)}
+    return sum(block.nonfinite() for block in found.values())
