@@ -23,9 +23,10 @@ def fp8_layers(model):
     return [m for m in model.modules() if isinstance(m, ampkit.fp8.Linear)]
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "predictive"])
+@pytest.mark.parametrize("recipe", ["current", "delayed", "predictive"])
 def test_an_inf_input_is_a_skipped_step_that_moves_no_fp8_window(recipe):
-    model = ampkit.fp8.convert(mlp(), recipe=recipe, opt={"amax_history_len": 4})
+    options = {} if recipe == "current" else {"amax_history_len": 4}
+    model = ampkit.fp8.convert(mlp(), recipe=recipe, opt=options)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = ampkit.GradScaler("cpu", model=model)
     seen = []
@@ -39,19 +40,24 @@ def test_an_inf_input_is_a_skipped_step_that_moves_no_fp8_window(recipe):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = nn.functional.mse_loss(model(x).float(), y)
-        assert torch.isfinite(loss)
+        # Under current scaling the inf's own scale is 448 / inf = 0, and inf * 0 a NaN (torchao's too).
+        assert bool(torch.isfinite(loss)) is not (recipe == "current" and step == 2)
         scaler.scale(loss).backward()
         seen.append((scaler.step(opt), scaler.get_scale()))
         scaler.update()
         record = scaler.last_step
         if step == 2:
             assert record["action"] == "skip" and record["stepped"] is False
-            assert record["fp8_nonfinite_amaxes"] == 1  # the first layer's input
-            assert "1 non-finite fp8 amaxes" in record["reason"] and "non-finite gradients" in record["reason"]
-            assert record["top_layers"][0]["name"] == "0.weight"
+            # The first layer's input; under current also the NaN's: 2 inputs, 3 grad_outputs.
+            bad = 6 if recipe == "current" else 1
+            assert record["fp8_nonfinite_amaxes"] == bad
+            assert record["reason"].endswith(f"({bad} non-finite fp8 amaxes)"), record["reason"]
+            if recipe != "current":  # (there every gradient is NaN)
+                assert record["top_layers"][0]["name"] == "0.weight"
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
             ampkit.fp8.update(model)
-            assert [layer.fp8_state() for layer in fp8_layers(model)] == state
+            if recipe != "current":  # (current keeps no window: its state is the last cast's)
+                assert [layer.fp8_state() for layer in fp8_layers(model)] == state
         else:
             assert record["action"] == "proceed" and record["fp8_nonfinite_amaxes"] == 0
     assert [took for took, _ in seen] == [True, True, False, True]
