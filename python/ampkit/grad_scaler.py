@@ -174,10 +174,9 @@ class GradScaler(torch.amp.GradScaler):
         deepspeed_version: Optional[str] = None,
         **kwargs: Any,
     ) -> "GradScaler":
-        """A GradScaler from a DeepSpeed config's ``fp16``/``bf16``/``gradient_clipping`` keys (a path to its
-        JSON, or the dict), by the rules of ``deepspeed_version`` ("0.17.0", "0.17.1" or "latest"; left
-        out: the config's ``ampkit_deepspeed_version``, else the latest); unmapped keys are named in one
-        warning. ``kwargs`` win over the mapped values."""
+        """A GradScaler from a DeepSpeed config's ``fp16``/``bf16``/``gradient_clipping`` keys (a JSON path or dict),
+        by ``deepspeed_version`` ("0.17.0", "0.17.1", "latest"; default: the config's ``ampkit_deepspeed_version``,
+        else the latest); unmapped keys are named in one warning. ``kwargs`` win over the mapped values."""
         return cls(device=device, **scaler_kwargs_from_deepspeed(config, deepspeed_version, **kwargs))
 
     def scale(self, outputs: Any) -> Any:
@@ -354,9 +353,8 @@ class GradScaler(torch.amp.GradScaler):
         return bool(self._last_taken.get(optimizer, True))  # deferred: a device tensor, read here
 
     def set_plugin_option(self, key: str, value: Any) -> None:
-        """Sets one plugin option while training, ``key`` as in ``opt=`` (``"clipper.max_norm"``):
-        the plugin is made again with it, its other options and its state kept (as a resumed run
-        would make it), and stays guarded. Raises ValueError for an unknown kind, option or value."""
+        """Sets one plugin option while training (``key`` as in ``opt=``: ``"clipper.max_norm"``): the plugin is
+        made again with its other options and state kept, still guarded; ValueError for a bad kind, option, value."""
         key, text = self._plugins.set_option(key, value)
         if key:
             self._config["opt"][key] = text  # a C++ side made again (unpickling) has it too
@@ -367,17 +365,15 @@ class GradScaler(torch.amp.GradScaler):
 
     @property
     def last_step(self) -> Dict[str, Any]:
-        """The last unscale's record: ampkit-train's metrics record but the host's fields, plus
-        layer_norms, stats_recipe, host_sync and host_sync_reason (docs/python.md, "GradScaler");
-        after a deferred step, this step's. Disabled: NaN figures at scale 1."""
+        """The last unscale's record (ampkit-train's metrics record but the host's fields, plus layer_norms,
+        stats_recipe, host_sync, host_sync_reason); after a deferred step, this step's; disabled: NaN at scale 1."""
         if not self._enabled:
             return fp8_facts(passthrough_record(self._passthrough_steps), self._model)
         return fp8_facts(self._deferred.record(self._per_optimizer_states), self._model)
 
     def locate(self, closure: Callable[[], torch.Tensor]) -> Dict[str, Any]:
-        """After a skipped step: re-runs it (``closure``: its forward under its autocast, returning
-        the loss) with every submodule of ``model`` observed, backward at the step's scale; returns
-        ampkit-train's NaN report (docs/python.md, "Finding the first bad layer")."""
+        """After a skipped step: re-runs ``closure`` (its forward under its autocast, returning the loss) with every
+        submodule observed, backward at the step's scale; ampkit-train's NaN report (docs/python.md)."""
         if self._model is None:
             raise ValueError("locate() needs the model: create the GradScaler with model=...")
         return nan_report(self._model, closure, self.last_step, self._config["precision"])
