@@ -345,21 +345,8 @@ def torchscript(folder: str) -> List[CmdCase]:
     with open(maker, "w") as f:
         f.write(TORCHSCRIPT)
     subprocess.run([sys.executable, maker, folder], check=True, capture_output=True)
-    ts = [
-        TRAIN,
-        "--workload",
-        "torchscript",
-        "--threads",
-        "1",
-        "--progress",
-        "never",
-        "--steps",
-        "4",
-        "--batch-size",
-        "8",
-        "--summary",
-        "summary.json",
-    ]
+    ts = [TRAIN, *"--workload torchscript --threads 1 --progress never --steps 4 --batch-size 8".split()]
+    ts += ["--summary", "summary.json"]
     p = {
         name: os.path.join(folder, name + ".pt")
         for name in ("net", "noparams", "raises", "data", "wide", "nan", "list", "garbage", "short", "classes", "empty")
