@@ -291,12 +291,13 @@ BOOST_AUTO_TEST_CASE(ampkit_plugins_lists_shows_and_checks) {
   BOOST_TEST(ambiguous.code == 2);
   BOOST_TEST(ambiguous.output.find("add --kind KIND") != std::string::npos);
   BOOST_TEST(run(plugins + " show none --kind clipper").code == 0);
-  // ampkit-train selects no fp8 recipe: show says where one is selected, and its options given.
+  // An fp8 recipe is selected by ampkit-train's --fp8 and by Python: show names both.
   const Result recipe = run(plugins + " show delayed");
   BOOST_TEST(recipe.code == 0);
   BOOST_TEST(recipe.output.find(
-                 "select:   ampkit.fp8.convert(model, recipe=\"delayed\") in Python\n  options:  "
-                 "opt={\"NAME\": VALUE} there or environment AMPKIT_FP8_RECIPE_NAME\n") != std::string::npos);
+                 "select:   --fp8 delayed (ampkit-train), ampkit.fp8.convert(model, recipe=\"delayed\") in "
+                 "Python\n  options:  --opt fp8_recipe.NAME=VALUE (opt={\"NAME\": VALUE} in Python) or "
+                 "environment AMPKIT_FP8_RECIPE_NAME\n") != std::string::npos);
   BOOST_TEST(recipe.output.find("amax_history_len   int in [1, 65536]       1024") != std::string::npos);
   const Result check = run(plugins + " check");
   BOOST_TEST(check.code == 0);

@@ -177,12 +177,13 @@ int show(Registry& registry, const std::string& name, const std::string& kind, b
   }
   const PluginInfo& i = p.info();
   const KindInfo* kind_info = find_kind(i.kind);
-  // ampkit-train selects every kind but an optional one: an fp8 recipe is the Python fp8 layers'.
-  const bool python_only = kind_info != nullptr && optional_kind(*kind_info);
+  // An fp8 recipe serves ampkit-train's fp8 layers and Python's alike: both are named.
+  const bool fp8 = kind_info != nullptr && optional_kind(*kind_info);
   const std::string select =
-      python_only ? "ampkit.fp8.convert(model, recipe=\"" + i.name + "\") in Python"
-                  : "--" + (kind_info != nullptr ? kind_flag(*kind_info) : i.kind) + " " + i.name;
-  const std::string given = python_only ? "opt={\"NAME\": VALUE} there" : "--opt " + i.kind + ".NAME=VALUE";
+      "--" + (kind_info != nullptr ? kind_flag(*kind_info) : i.kind) + " " + i.name +
+      (fp8 ? " (ampkit-train), ampkit.fp8.convert(model, recipe=\"" + i.name + "\") in Python" : "");
+  const std::string given =
+      "--opt " + i.kind + ".NAME=VALUE" + (fp8 ? std::string(" (opt={\"NAME\": VALUE} in Python)") : "");
   std::printf("%s '%s' %s\n  %s\n  file:     %s\n  built:    ampkit ABI %d, torch %s, %s\n  select:   %s\n",
               i.kind.c_str(), i.name.c_str(), i.version.c_str(), i.summary.c_str(),
               i.is_static ? "(linked into this program)" : i.path.c_str(), i.abi_version,

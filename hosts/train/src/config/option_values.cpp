@@ -166,19 +166,13 @@ void store_plugin_option(TrainConfig& cfg, const std::string& item) {
                 "--opt must be KIND.OPTION=VALUE (e.g. scaler.scale=512), got '" + item + "'");
   const std::string kind = item.substr(0, dot);
   const KindInfo* known = find_kind(kind);
-  if (known == nullptr || optional_kind(*known)) {  // this program selects no optional kind
+  if (known == nullptr) {
     std::vector<std::string> names;
-    std::string listed;
-    for (const KindInfo& k : kKinds)
-      if (!optional_kind(k)) {
-        names.push_back(k.name);
-        listed += (listed.empty() ? "" : ", ") + names.back();
-      }
+    for (const KindInfo& k : kKinds) names.push_back(k.name);
     const std::string hint = did_you_mean(kind, names);
-    const std::string why = known != nullptr
-                                ? "ampkit-train runs no " + std::string(known->title) + " plugin"
-                                : "unknown plugin kind '" + kind + "'" + (hint.empty() ? "" : "; " + hint);
-    throw Error(ErrorCategory::usage, "--opt " + item + ": " + why + " (kinds: " + listed + ")");
+    throw Error(ErrorCategory::usage, "--opt " + item + ": unknown plugin kind '" + kind + "'" +
+                                          (hint.empty() ? "" : "; " + hint) + " (kinds: " + kind_names() +
+                                          ")");
   }
   cfg.plugin_options_cli[kind][item.substr(dot + 1, eq - dot - 1)] = item.substr(eq + 1);
 }

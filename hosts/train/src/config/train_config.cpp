@@ -280,6 +280,13 @@ void check_combinations(const TrainConfig& cfg, const ParsedSources& p) {
   }
   for (const WorkloadOptions& w : workload_options())
     if (w.check) w.check(cfg);
+  // An fp8 recipe's options without a recipe would be stored and never read.
+  const auto fp8 = cfg.plugins.find("fp8_recipe");
+  if (fp8 == cfg.plugins.end() || fp8->second.empty())
+    for (const auto* given : {&cfg.plugin_options_cli, &cfg.plugin_options_file})
+      if (const auto it = given->find("fp8_recipe"); it != given->end() && !it->second.empty())
+        require(false, "fp8_recipe." + it->second.begin()->first +
+                           " is an fp8 recipe's option, but no recipe is selected: add --fp8 RECIPE");
   require(cfg.resume != "auto" || !cfg.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir");
   require(!cfg.weights_only || (!cfg.resume.empty() && cfg.resume != "none"),
           "--weights-only needs --resume");

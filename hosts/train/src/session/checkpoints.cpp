@@ -1,6 +1,8 @@
 // Resume, checkpoints and rollback snapshots of a session.
 #include "session/checkpoints.h"
 
+#include <ampkit/kinds.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -27,6 +29,7 @@ void check_resumable(const LoadedCheckpoint& ckpt, const TrainConfig& cfg, const
     const PluginStateRecord* saved = nullptr;
     for (const auto& r : ckpt.manifest.plugins)
       if (r.kind == p.kind) saved = &r;
+    if (saved == nullptr && optional_kind(*find_kind(p.kind))) continue;  // restore_fp8() warns
     if (saved == nullptr)
       throw Error(ErrorCategory::checkpoint, where + " has no state for a " + p.kind + " plugin");
     // A comm plugin that declares its state empty (CommFact) and a checkpoint that holds none for
@@ -93,8 +96,33 @@ std::optional<LoadedCheckpoint> checkpoint_to_resume(const TrainConfig& cfg,
   return read_checkpoint(given);
 }
 
+// The fp8 layers' scales and histories. A checkpoint without them (written without --fp8) starts
+// the scales afresh, with a warning; one with them cannot be resumed without fp8 layers: its
+// parameters were trained through them, and dropping the recipe's state would be silent.
+void restore_fp8(SessionObjects& run, const LoadedCheckpoint& ckpt, std::vector<std::string>& warnings) {
+  const std::string where = "checkpoint " + ckpt.folder.string();
+  if (run.fp8 == nullptr && !run.state.fp8.is_null())
+    throw Error(ErrorCategory::checkpoint,
+                where + " holds the state of fp8 recipe '" + run.state.fp8.value("recipe", std::string()) +
+                    "'; resume it with --fp8 " + run.state.fp8.value("recipe", std::string()) +
+                    ", or pass --weights-only to load only the parameters");
+  if (run.fp8 == nullptr) return;
+  if (run.state.fp8.is_null()) {
+    warnings.push_back(where + " holds no fp8 state: fp8 recipe '" + run.fp8->recipe_name() +
+                       "' starts its scales afresh");
+    std::fprintf(stderr, "ampkit-train: warning: %s\n", warnings.back().c_str());
+    return;
+  }
+  try {
+    run.fp8->load_state(run.state.fp8);
+  } catch (const std::exception& e) {
+    throw Error(ErrorCategory::checkpoint, where + ": " + e.what());
+  }
+}
+
 // Everything but the parameters: optimizer, plugin states, counters, host state, RNG.
-void restore_run_state(SessionObjects& run, const LoadedCheckpoint& ckpt) {
+void restore_run_state(SessionObjects& run, const LoadedCheckpoint& ckpt,
+                       std::vector<std::string>& warnings) {
   restore_optimizer(ckpt, run.optimizer);
   for (auto& p : run.strategies.all()) {
     for (const auto& r : ckpt.manifest.plugins) {
@@ -109,6 +137,7 @@ void restore_run_state(SessionObjects& run, const LoadedCheckpoint& ckpt) {
   }
   const CheckpointManifest& m = ckpt.manifest;
   run.state = m.host.get<HostState>();
+  restore_fp8(run, ckpt, warnings);
   TrainerCounters counters;
   counters.attempted = m.steps_attempted;
   counters.taken = m.steps_taken;
@@ -131,7 +160,7 @@ std::string resume(SessionObjects& run, std::vector<std::string>& warnings) {
     throw Error(ErrorCategory::checkpoint, "checkpoint " + ckpt->folder.string() +
                                                ": the restored parameters do not hash to the manifest's "
                                                "param_sha256");
-  if (!run.cfg.weights_only) restore_run_state(run, *ckpt);
+  if (!run.cfg.weights_only) restore_run_state(run, *ckpt, warnings);
   std::fprintf(stderr, "ampkit-train: resumed from %s at step %lld%s\n", ckpt->folder.string().c_str(),
                static_cast<long long>(run.trainer.steps_attempted()),
                run.cfg.weights_only ? " (weights only)" : "");
@@ -158,6 +187,7 @@ void CheckpointKeeper::save() {
   m.param_sha256 = parameter_sha256(run_.params);
   run_.state.steps_discarded = counters.discarded;
   run_.state.rollbacks = counters.rollbacks;
+  if (run_.fp8 != nullptr) run_.state.fp8 = run_.fp8->state();
   m.host = run_.state;
   std::vector<std::string> warnings;
   last_ = write_checkpoint(run_.cfg.checkpoint_dir, std::move(m), model_tensors(run_.model), run_.optimizer,

@@ -13,6 +13,7 @@ void to_json(nlohmann::json& j, const HostState& s) {
        {"rollbacks", s.rollbacks},
        {"locator_runs", s.locator_runs},
        {"recent_losses", std::vector<double>(s.recent_losses.begin(), s.recent_losses.end())}};
+  if (!s.fp8.is_null()) j["fp8"] = s.fp8;
 }
 
 void from_json(const nlohmann::json& j, HostState& s) {
@@ -24,6 +25,7 @@ void from_json(const nlohmann::json& j, HostState& s) {
   s.locator_runs = j.value("locator_runs", int64_t{0});
   const std::vector<double> losses = j.value("recent_losses", std::vector<double>{});
   s.recent_losses.assign(losses.begin(), losses.end());
+  s.fp8 = j.value("fp8", nlohmann::json());
 }
 
 }  // namespace ampkit::train

@@ -16,6 +16,7 @@ struct HostState {
   int64_t steps_discarded = 0;  // the Trainer's, copied in when saving and restored on resume
   int64_t rollbacks = 0;        // the Trainer's, likewise
   std::deque<double> recent_losses;  // the last 20 applied steps' losses (the summary's final_loss)
+  nlohmann::json fp8;                // the fp8 layers' scaling state (Fp8Linears::state); null: no fp8
 };
 
 void to_json(nlohmann::json& j, const HostState& s);

@@ -22,6 +22,7 @@
 #include "config/train_config.h"
 #include "session/host_state.h"
 #include "session/run_summary.h"
+#include "workloads/fp8_linear.h"
 #include "workloads/workload.h"
 
 namespace ampkit::train {
@@ -41,6 +42,7 @@ struct SessionObjects {
   Trainer& trainer;
   StrategySet& strategies;
   HostState& state;
+  Fp8Linears* fp8 = nullptr;  // the workload's fp8 layers under --fp8
 };
 
 // ampkit-train's help (the host's options, and those of each plugin named on the command line).
@@ -100,6 +102,8 @@ class Session {
   StrategySet* strategies_ = nullptr;
   at::Device device_{at::kCPU};
   std::unique_ptr<Workload> workload_;
+  Fp8Linears* fp8_ = nullptr;  // the workload's, under --fp8
+  int64_t fp8_nonfinite_ = 0;  // non-finite amaxes the last fp8 update saw (its scales kept)
   std::unique_ptr<FaultInjector> injector_;
   RollbackPlan rollback_plan_;
   bool is_root_ = true;  // rank 0 writes metrics, summary, checkpoints and the progress line

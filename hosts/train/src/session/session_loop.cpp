@@ -113,6 +113,8 @@ std::function<at::Tensor(int)> Session::step_forward(int64_t step, int64_t first
   const int rank = strategies_->comm().rank();
   return [this, injector, step, rank, first_batch](int micro) {
     if (micro == 0) injector->arm(step, rank);
+    // The last step's fp8 scale update, before this step's first cast: one per step on every rank.
+    if (micro == 0 && fp8_ != nullptr) fp8_nonfinite_ = fp8_->begin_step(strategies_->comm());
     const bool faulty = injector->armed();
     ForwardHookScope scope(faulty ? injector : nullptr);
     const at::Tensor loss = workload_->loss(first_batch + micro);
@@ -155,12 +157,20 @@ bool Session::record_step(const StepPlace& at, const StepOutcome& out) {
   const double sps = samples_per_step_ / std::max(now - last_time_, 1e-9);
   last_time_ = now;
   const StepRecord record = step_metrics(at, out, sps, now);  // 5. agreed across ranks
-  metrics_->write(record);
   layer_norms_->write(out.stats.step, names_, out.stats.tensor_norms);
   if (layer_norms_->enabled())
     tensorboard_->write_step(record, names_, out.stats.tensor_norms);
   else
     tensorboard_->write_step(record);
+  if (fp8_ != nullptr && is_root_) {  // this step's fp8 figures, read before the next step's update
+    nlohmann::json j = record.to_json();
+    j["fp8"] = fp8_->step_metrics();
+    j["fp8"]["nonfinite_amaxes"] = fp8_nonfinite_;
+    if (tensorboard_->enabled()) tensorboard_->write(at.step, Fp8Linears::scalars(j["fp8"]));
+    metrics_->write(j);
+  } else {
+    metrics_->write(record);
+  }
   progress_->update(at.step + 1, record);
   if (out.decision.action == NanAction::abort) {  // 6. abort, or 7. a periodic checkpoint
     abort_reason_ = out.decision.reason;

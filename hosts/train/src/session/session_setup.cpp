@@ -91,8 +91,9 @@ Session::~Session() {
 void Session::load_strategies() {
   std::map<std::string, StrategyChoice> choices;
   for (const KindInfo& k : kKinds) {
-    if (optional_kind(k)) continue;  // not selectable here (option_table.cpp): left out of the set
     const std::string kind = k.name;
+    const auto chosen = cfg_.plugins.find(kind);
+    if (optional_kind(k) && (chosen == cfg_.plugins.end() || chosen->second.empty())) continue;  // not named
     StrategyChoice& c = choices[kind];
     c.name = cfg_.plugins.at(kind);
     if (const auto it = cfg_.plugin_options_cli.find(kind); it != cfg_.plugin_options_cli.end())
@@ -123,6 +124,14 @@ void Session::set_threads_and_device() {
 void Session::build_workload() {
   torch::manual_seed(cfg_.seed);
   workload_ = make_workload(cfg_, device_);
+  if (Fp8Recipe* recipe = strategies_->fp8_recipe()) {
+    const std::string name = strategies_->selected("fp8_recipe").plugin->info().name;
+    fp8_ = workload_->enable_fp8(*recipe, name);
+    if (fp8_ == nullptr)
+      throw Error(ErrorCategory::usage, "--fp8 " + name + ": workload " + cfg_.workload +
+                                            " has no linear layers ampkit-train can route through fp8 "
+                                            "(a scripted model's layers are its own; docs/fp8.md)");
+  }
   std::vector<Fault> faults;
   for (const auto& spec : cfg_.inject) faults.push_back(parse_fault(spec));
   validate_faults(faults, workload_->model().hook_points(), cfg_.dist.world_size);
@@ -226,7 +235,8 @@ void Session::build_trainer() {
     warnings_.push_back(trainer_->stats_recipe_fallback());
     if (is_root_) std::fprintf(stderr, "ampkit-train: warning: %s\n", warnings_.back().c_str());
   }
-  objects_.reset(new SessionObjects{cfg_, workload_->model(), params_, *optimizer_, *trainer_, s, state_});
+  objects_.reset(
+      new SessionObjects{cfg_, workload_->model(), params_, *optimizer_, *trainer_, s, state_, fp8_});
 }
 
 // Every rank holds the checkpoint's (or its own seed's) parameters; from here rank 0's are

@@ -17,6 +17,7 @@
 #include "ampkit/error.h"
 #include "ampkit/forward_hook.h"
 #include "config/option_builders.h"
+#include "workloads/fp8_linear.h"
 #include "workloads/registry.h"
 #include "workloads/workload.h"
 
@@ -40,9 +41,15 @@ constexpr int64_t kVocab = 256;  // bytes: no tokenizer, every corpus works
 // multiplies, then adds the fp32 bias to the bf16/fp16 product in a second pass (F::linear for
 // inputs of more than two dimensions), and its backward sums the bias's gradient in a third: about
 // 4% of a 1-thread bf16 step, and not the math of bench/torch_reference.py's model.
-at::Tensor linear(const std::string& module, const torch::nn::Linear& m, const at::Tensor& x) {
+// With --fp8 the same layer multiplies in fp8 (fp8_linear.h), as layer `fp8_index` of the block.
+at::Tensor linear(const std::string& module, const torch::nn::Linear& m, const at::Tensor& x,
+                  Fp8Linears* fp8 = nullptr, int64_t fp8_index = 0) {
+  if (fp8 != nullptr) return tap(module, x, fp8->linear(fp8_index, x, m->weight, m->bias));
   return tap(module, x, at::linear(x, m->weight, m->bias));
 }
+
+// A block's four linear layers in the fp8 block, then the head's.
+constexpr int64_t kFp8PerBlock = 4;
 
 struct BlockImpl : torch::nn::Module {
   // `path` is the block's name in the model ("blocks.3"): the prefix of its hook points.
@@ -57,13 +64,16 @@ struct BlockImpl : torch::nn::Module {
         out(register_module("out", torch::nn::Linear(4 * width, width))) {}
   at::Tensor forward(const at::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    auto parts = linear(path_ + "qkv", qkv, call(path_ + "ln1", ln1, x)).split(C, 2);
+    auto parts = linear(path_ + "qkv", qkv, call(path_ + "ln1", ln1, x), fp8, fp8_first).split(C, 2);
     auto heads = [&](const at::Tensor& t) { return t.reshape({B, T, heads_, C / heads_}).transpose(1, 2); };
     at::Tensor y =
         at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, 0.0,
                                          /*is_causal=*/true);
-    at::Tensor h = x + linear(path_ + "proj", proj, y.transpose(1, 2).contiguous().view({B, T, C}));
-    return h + linear(path_ + "out", out, F::gelu(linear(path_ + "fc", fc, call(path_ + "ln2", ln2, h))));
+    at::Tensor h =
+        x + linear(path_ + "proj", proj, y.transpose(1, 2).contiguous().view({B, T, C}), fp8, fp8_first + 1);
+    const at::Tensor hidden =
+        F::gelu(linear(path_ + "fc", fc, call(path_ + "ln2", ln2, h), fp8, fp8_first + 2));
+    return h + linear(path_ + "out", out, hidden, fp8, fp8_first + 3);
   }
   int64_t heads_;
   std::string path_;
@@ -71,6 +81,8 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::Linear qkv, proj;
   torch::nn::LayerNorm ln2;
   torch::nn::Linear fc, out;
+  Fp8Linears* fp8 = nullptr;  // --fp8: the model's fp8 block, this block's layers from fp8_first
+  int64_t fp8_first = 0;
 };
 TORCH_MODULE(Block);
 
@@ -88,12 +100,25 @@ struct GptImpl : torch::nn::Module {
     const int64_t T = idx.size(1);
     at::Tensor x = call("tokens", tokens, idx) + call("positions", positions, at::arange(T, idx.options()));
     for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
-    return linear("head", head, call("ln", ln, x));
+    return linear("head", head, call("ln", ln, x), fp8.get(),
+                  kFp8PerBlock * static_cast<int64_t>(blocks->size()));
+  }
+  // Every linear layer through one fp8 block (the head last).
+  Fp8Linears& enable_fp8(Fp8Recipe& recipe, const std::string& name, const at::Device& device) {
+    const auto n = static_cast<int64_t>(blocks->size());
+    fp8 = std::make_unique<Fp8Linears>(recipe, name, kFp8PerBlock * n + 1, device);
+    for (int64_t i = 0; i < n; ++i) {
+      auto* b = (*blocks)[i]->as<BlockImpl>();
+      b->fp8 = fp8.get();
+      b->fp8_first = kFp8PerBlock * i;
+    }
+    return *fp8;
   }
   torch::nn::Embedding tokens, positions;
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln;
   torch::nn::Linear head;
+  std::unique_ptr<Fp8Linears> fp8;
 };
 
 at::Tensor read_corpus(const fs::path& dir) {
@@ -147,6 +172,9 @@ class CharGpt final : public Workload {
     return std::max<int64_t>(1, train_.size(0) / (slice_.global * opts_.context));
   }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
+  Fp8Linears* enable_fp8(Fp8Recipe& recipe, const std::string& name) override {
+    return &model_->enable_fp8(recipe, name, device_);
+  }
   at::Tensor loss(int64_t index) override {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(
         cfg_.seed * 7919 + static_cast<uint64_t>(epoch_) * 1000003 + static_cast<uint64_t>(index));

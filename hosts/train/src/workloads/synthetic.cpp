@@ -8,6 +8,7 @@
 #include "ampkit/autocast_guard.h"
 #include "ampkit/forward_hook.h"
 #include "config/option_builders.h"
+#include "workloads/fp8_linear.h"
 #include "workloads/registry.h"
 #include "workloads/workload.h"
 
@@ -36,13 +37,17 @@ struct MlpImpl : torch::nn::Module {
   at::Tensor forward(at::Tensor x) {
     const size_t n = layers->size();
     for (size_t i = 0; i < n; ++i) {
-      x = tap(names_[i], x, layers[i]->as<torch::nn::Linear>()->forward(x));
+      auto* linear = layers[i]->as<torch::nn::Linear>();
+      x = tap(names_[i], x,
+              fp8 != nullptr ? fp8->linear(static_cast<int64_t>(i), x, linear->weight, linear->bias)
+                             : linear->forward(x));
       if (i + 1 < n) x = F::gelu(x);
     }
     return x;
   }
   torch::nn::ModuleList layers;
   std::vector<std::string> names_;  // hook points, "layers.<i>"
+  std::unique_ptr<Fp8Linears> fp8;  // --fp8: layer i is the block's layer i
 };
 
 // Samples are generated, never stored: batch i of epoch e comes from a generator seeded with
@@ -67,6 +72,11 @@ class Synthetic final : public Workload {
   // A nominal epoch of 1000 batches keeps --epochs meaningful for generated data.
   int64_t batches_per_epoch() const override { return 1000; }
   void start_epoch(int64_t epoch) override { epoch_ = epoch; }
+  Fp8Linears* enable_fp8(Fp8Recipe& recipe, const std::string& name) override {
+    model_->fp8 =
+        std::make_unique<Fp8Linears>(recipe, name, static_cast<int64_t>(model_->layers->size()), device_);
+    return model_->fp8.get();
+  }
   at::Tensor loss(int64_t index) override {
     // The global batch of all ranks is generated, and each rank trains on its slice of it:
     // N ranks of batch B see exactly the samples of one rank of batch N*B.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ampkit/fp8_recipe.h>
 #include <ampkit/model_view.h>
 
 #include <cstdint>
@@ -21,6 +22,8 @@ struct Evaluation {
   std::optional<double> perplexity;  // language models: exp(loss)
 };
 
+class Fp8Linears;
+
 class Workload {
  public:
   virtual ~Workload() = default;
@@ -34,6 +37,9 @@ class Workload {
   virtual at::Tensor loss(int64_t index) = 0;
   // Loss and accuracy on held-out data (at most `max_batches`, 0 = all), in eval mode, fp32.
   virtual std::optional<Evaluation> evaluate(int64_t max_batches) = 0;
+  // Routes the model's linear layers through fp8 casts scaled by `recipe` (fp8_linear.h), all in
+  // one block the caller updates once per step; nullptr where the model has no such layers.
+  virtual Fp8Linears* enable_fp8(Fp8Recipe& /*recipe*/, const std::string& /*name*/) { return nullptr; }
   // A failure that escaped a training step (not an ampkit::Error, not c10d's): the workload's own
   // error for it where its model is to blame (a user's model failing in backward), otherwise
   // nothing, and the failure is reported as it is.
