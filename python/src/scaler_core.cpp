@@ -218,7 +218,7 @@ double ScalerCore::update() {
   return locked([&] {
     raise_pending_abort();
     const StepOutcome merged = step_->finish_iteration();
-    if (merged.decision.action == NanAction::abort) throw TrainingAborted(merged.decision.reason);
+    if (merged.decision.action == NanAction::abort) abort_training(merged);
     return merged.scale_next;
   });
 }

@@ -152,6 +152,9 @@ class ScalerCore : public torch::CustomClassHolder {
   // An abort unbind() delivered (from a finalizer, which cannot raise), raised by the next update()
   // or host read.
   void raise_pending_abort();
+  // TrainingAborted for an aborted outcome, naming the NaN policy or the scaler that stopped the
+  // run and its step, as ampkit-train's exit line does (a reason that names its plugin keeps it once).
+  [[noreturn]] void abort_training(const StepOutcome& aborted) const;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<StrategySet> set_;
   std::unique_ptr<AmpStep> step_;

@@ -40,8 +40,19 @@ void ScalerCore::raise_if_aborted(const std::vector<StepOutcome>& delivered) {
   for (const StepOutcome& o : delivered)
     if (o.decision.action == NanAction::abort) {
       drop_deferred();
-      throw TrainingAborted(o.decision.reason);
+      abort_training(o);
     }
+}
+
+void ScalerCore::abort_training(const StepOutcome& aborted) const {
+  const std::string kind = aborted.aborted_by_scaler ? "scaler" : "nan_policy";
+  const std::string named = kind + " '" + set_->selected(kind).plugin->info().name + "'";
+  const std::string& reason = aborted.decision.reason;
+  const std::string at_step = "at step " + std::to_string(aborted.stats.step) + ": ";
+  // The dynamic scaler's own text already starts with its name ("loss scaler: scaler 'dynamic': ..").
+  if (reason.find(named + ":") != std::string::npos)
+    throw TrainingAborted("training aborted " + at_step + reason);
+  throw TrainingAborted(named + " aborted training " + at_step + reason);
 }
 
 void ScalerCore::set_late_arrivals(bool on) {
@@ -140,7 +151,7 @@ int64_t ScalerCore::end_deferred_iteration() {
     }
     if (step_->iteration_size() == 0) return int64_t{0};  // dropped with an abort before it
     const StepOutcome merged = step_->finish_iteration();
-    if (merged.decision.action == NanAction::abort) throw TrainingAborted(merged.decision.reason);
+    if (merged.decision.action == NanAction::abort) abort_training(merged);
     return int64_t{1};
   });
 }

@@ -51,7 +51,9 @@ def scales_of(scaler, overflows):
         try:
             scaler.step(opt)
             scaler.update()
-        except ampkit.TrainingAborted:
+        except ampkit.TrainingAborted as e:  # the scaler's text names it: once, not twice
+            text = str(e)
+            assert text.startswith(f"training aborted at step {step}: ") and text.count("scaler 'dynamic'") == 1, e
             return scales, step
         scales.append(scaler.get_scale())
     return scales, None

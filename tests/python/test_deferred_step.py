@@ -134,6 +134,7 @@ def test_an_abort_reaches_python_and_no_step_after_it_is_applied():
     run = run_until_abort
     sync, deferred = run("step"), run("deferred")
     assert sync[0] == 4 and "non-finite loss" in sync[1]
+    assert sync[1].startswith("nan_policy 'abort' aborted training at step 4: "), sync[1]
     assert deferred is not None and deferred[0] in (4, 5) and deferred[1] == sync[1]
     assert all(torch.equal(a, b) for a, b in zip(deferred[2], sync[2]))  # nothing applied after it
 

@@ -141,7 +141,8 @@ def test_an_action_the_host_cannot_carry_out_is_the_policys_fault(sync, action, 
 def test_a_policys_own_abort_is_training_aborted_on_both_paths(sync):
     done, error, _, _ = _train(sync, nan_policy=POLICY, opt={"nan_policy.action": "4", "nan_policy.from_step": 2})
     assert isinstance(error, ampkit.TrainingAborted), error
-    assert "the test policy's answer" in str(error)
+    # Named as ampkit-train's exit line names it: the plugin, then the step it stopped at.
+    assert str(error) == "nan_policy 'wrong_action' aborted training at step 2: the test policy's answer", error
     assert done == 2
 
 
