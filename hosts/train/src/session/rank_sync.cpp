@@ -126,6 +126,18 @@ void check_same_decision(CommBackend& comm, const at::Device& device, int64_t st
   }
 }
 
+void check_same_fp8_scales(CommBackend& comm, const at::Device& device, int64_t step,
+                           const std::vector<float>& scales) {
+  const std::vector<double> all = gather(comm, std::vector<double>(scales.begin(), scales.end()), device);
+  const size_t n = scales.size();
+  for (size_t i = n; i < all.size(); ++i)
+    if (all[i] != all[i % n])
+      throw Error(ErrorCategory::distributed,
+                  "ranks disagree at step " + std::to_string(step) + ": fp8 scale " + std::to_string(i % n) +
+                      " is " + std::to_string(all[i % n]) + " on rank 0, " + std::to_string(all[i]) +
+                      " on rank " + std::to_string(i / n));
+}
+
 void add_rank_summaries(CommBackend& comm, const at::Device& device, RunSummary& summary) {
   const int world = comm.world_size();
   const std::string& mine = summary.param_sha256;

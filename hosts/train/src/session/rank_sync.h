@@ -49,6 +49,10 @@ RankStep read_step_rank_values(const std::vector<double>& all);
 // after the step; every rank must have taken the same decision with the same scale (they must:
 // they saw the same averaged statistics), or every rank stops with a distributed error naming both.
 void check_same_decision(CommBackend& comm, const at::Device& device, int64_t step, const StepOutcome& out);
+// --check-ranks under --fp8 with a recipe that keeps scales: every rank's next scales, bit for bit
+// (the amaxes are reduced across ranks before each update, so they must be).
+void check_same_fp8_scales(CommBackend& comm, const at::Device& device, int64_t step,
+                           const std::vector<float>& scales);
 
 // Every rank's parameter hash and samples/s into the summary, so one file shows that the replicas
 // stayed identical (a warning on stderr when they did not), and every rank's NaN reports.

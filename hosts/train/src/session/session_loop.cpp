@@ -210,6 +210,8 @@ StepRecord Session::step_metrics(const StepPlace& at, const StepOutcome& out, do
     record.rank_samples_per_second = ranks.samples_per_second;
     if (ranks.stop_signal != 0) agreed_stop_ = ranks.stop_signal;
     if (cfg_.check_ranks) check_same_decision(strategies_->comm(), device_, step, out);
+    if (cfg_.check_ranks && fp8_ != nullptr && !fp8_->current_scaling())
+      check_same_fp8_scales(strategies_->comm(), device_, step, fp8_->scales());
   }
   record.data_step = at.data_step;
   record.steps_discarded = trainer_->steps_discarded();

@@ -42,6 +42,9 @@ class Fp8Linears {
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
   const std::string& recipe_name() const { return recipe_name_; }
+  bool current_scaling() const { return current_; }
+  // The scales the casts use (recipes with history; under current scaling each cast's own).
+  const std::vector<float>& scales() const { return scale_host_; }
 
   // Called by the autograd function (fp8_linear.cpp); not for workloads.
   struct Cast;
