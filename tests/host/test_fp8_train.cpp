@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -150,10 +151,19 @@ BOOST_AUTO_TEST_CASE(synthetic_mlp_in_fp8_reaches_bf16s_test_loss) {
       " --workload synthetic --synthetic-width 64 --synthetic-depth 2 --batch-size 32 --threads 1 "
       "--progress never --steps 200 --precision bf16 --summary ";
   const Result a = run(mlp + (tmp.path / "bf16.json").string());
-  const Result b = run(mlp + (tmp.path / "fp8.json").string() + " --fp8 delayed");
+  const Result b = run(mlp + (tmp.path / "fp8.json").string() + " --fp8 delayed --tensorboard " +
+                       (tmp.path / "tb").string());
   BOOST_REQUIRE_MESSAGE(a.code == 0 && b.code == 0, a.output + b.output);
   const double bf16 = read_json(tmp.path / "bf16.json")["test_loss"].get<double>();
   const double fp8 = read_json(tmp.path / "fp8.json")["test_loss"].get<double>();
   BOOST_TEST_MESSAGE("synthetic test loss: bf16 " << bf16 << ", fp8 delayed " << fp8);
   BOOST_TEST(std::abs(fp8 - bf16) / bf16 < 0.03);
+  // TensorBoard holds the fp8 figures per role beside the step's scalars.
+  std::string events;
+  for (const auto& f : fs::directory_iterator(tmp.path / "tb")) {
+    std::ifstream in(f.path(), std::ios::binary);
+    events.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  for (const char* tag : {"fp8/input/scale_min", "fp8/weight/amax_max", "fp8/grad_output/saturated"})
+    BOOST_TEST(events.find(tag) != std::string::npos, tag);
 }
