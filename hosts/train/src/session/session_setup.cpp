@@ -128,9 +128,10 @@ void Session::build_workload() {
     const std::string name = strategies_->selected("fp8_recipe").plugin->info().name;
     fp8_ = workload_->enable_fp8(*recipe, name);
     if (fp8_ == nullptr)
-      throw Error(ErrorCategory::usage, "--fp8 " + name + ": workload " + cfg_.workload +
-                                            " has no linear layers ampkit-train can route through fp8 "
-                                            "(a scripted model's layers are its own; docs/fp8.md)");
+      throw Error(ErrorCategory::usage,
+                  "--fp8 " + name + ": workload " + cfg_.workload +
+                      " has no layers ampkit-train can run in fp8 (a scripted model's are "
+                      "its own: convert it with ampkit.fp8 in Python; docs/fp8.md)");
   }
   std::vector<Fault> faults;
   for (const auto& spec : cfg_.inject) faults.push_back(parse_fault(spec));
