@@ -14,6 +14,7 @@
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -569,6 +570,65 @@ BOOST_AUTO_TEST_CASE(probe_reports_the_crash_even_when_the_host_handles_sigsegv)
   BOOST_TEST(!r.ok);
   BOOST_CHECK_MESSAGE(r.crashed, "not reported as a crash; probe message: " << r.message);
   AMPKIT_CHECK_CONTAINS(r.message, "crashed while loading (signal 11");
+}
+
+// Copies of the slow_load scaler (its static initializer takes 1 s), each in a private folder of
+// its own: each copy is loaded afresh, so each takes its second.
+struct SlowPlugins {
+  std::vector<fs::path> dirs;
+  std::vector<ampkit::PluginInfo> infos;
+  explicit SlowPlugins(int count) {
+    for (int i = 0; i < count; ++i) {
+      std::string pattern = (fs::temp_directory_path() / "ampkit-test-XXXXXX").string();
+      BOOST_TEST_REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+      dirs.emplace_back(pattern);
+      const fs::path file = dirs.back() / "libampkit-scaler-slow_load.so";
+      fs::copy_file(broken("slow_load") / "libslow-ampkit-scaler-slow_load.so", file);
+      fs::permissions(file, fs::perms(0644), fs::perm_options::replace);
+      infos.push_back(ampkit::inspect_plugin_file(file));
+    }
+  }
+  std::vector<const ampkit::PluginInfo*> pointers() const {
+    std::vector<const ampkit::PluginInfo*> out;
+    for (const auto& info : infos) out.push_back(&info);
+    return out;
+  }
+  ~SlowPlugins() {
+    std::error_code ec;
+    for (const auto& dir : dirs) fs::remove_all(dir, ec);
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The limit is each file's: three files of 1 s each, probed in one child under a limit of 2.5 s,
+// take 3 s in all and none of them hung. (A limit on the whole child blamed the third file, or on
+// a busy machine whichever file was loading when the time ran out.)
+BOOST_AUTO_TEST_CASE(probe_limit_is_each_plugin_files_own) {
+  const SlowPlugins slow(3);
+  const auto start = std::chrono::steady_clock::now();
+  const ampkit::ProbeResult r = ampkit::probe_plugins(slow.pointers(), /*create=*/false, 2.5);
+  const double took = seconds_since(start);
+  BOOST_TEST(r.ok, "probe message: " << r.message);
+  BOOST_TEST(took >= 3.0);
+}
+
+// A probe program's own start (an exec'd program loading LibTorch, several seconds on a starved
+// machine) is no plugin file's time: here a program that takes 1.5 s to start, then reports the
+// one file passed, under a limit of 1 s.
+BOOST_AUTO_TEST_CASE(probe_programs_slow_start_is_not_a_plugins_hang) {
+  const CopiedPlugin copy;
+  const fs::path program = copy.dir / "slow-probe";
+  std::ofstream(program) << "#!/bin/bash\nsleep 1.5\nprintf 'R+' >&\"$1\"\n";
+  fs::permissions(program, fs::perms(0700), fs::perm_options::replace);
+  const ampkit::PluginInfo info = ampkit::inspect_plugin_file(copy.file);
+  const auto start = std::chrono::steady_clock::now();
+  const ampkit::ProbeResult r = ampkit::probe_plugins({&info}, /*create=*/false, 1.0, program.string());
+  const double took = seconds_since(start);
+  BOOST_TEST(r.ok, "probe message: " << r.message);
+  BOOST_TEST(took >= 1.5);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -22,8 +22,9 @@ ProbeResult probe_plugin(const PluginInfo& info, bool create, double timeout_sec
   return probe_plugins({&info}, create, timeout_seconds);
 }
 
-// The probe child: loads (and creates) each plugin in turn, writing one '+' per plugin that
-// passed, or '!' and the error message, then exits. A crash kills it, which the parent sees.
+// The probe child: writes 'R' once it runs, then loads (and creates) each plugin in turn, writing
+// one '+' per plugin that passed, or '!' and the error message, then exits. A crash kills it,
+// which the parent sees.
 void run_probe(const std::vector<const PluginInfo*>& infos, bool create, int out_fd) {
   // The child inherits the host's signal handlers and mask (a crash reporter, Boost.Test's
   // execution monitor). A crash while loading must kill the child, so the parent sees it.
@@ -38,6 +39,7 @@ void run_probe(const std::vector<const PluginInfo*>& infos, bool create, int out
   sigset_t all;
   ::sigfillset(&all);
   ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
+  (void)!::write(out_fd, "R", 1);  // started: from here on the time taken is the plugins'
   for (const PluginInfo* info : infos) {
     std::string message;
     try {
@@ -96,10 +98,31 @@ std::vector<std::string> probe_arguments(const std::string& program,
   ::_exit(3);
 }
 
-// Everything the child writes until it closes the pipe or the deadline passes (then timed_out).
+// The exec'd probe program's own start (loading LibTorch: about 0.4 s on an idle machine, several
+// seconds on a starved one) runs no plugin code, so it is not charged to the first plugin file:
+// it has this long, or the plugins' limit where that is longer.
+constexpr double kProbeStartSeconds = 60.0;
+
+// Whether `chunk` (the child's output after `before`) holds a marker of progress: the child has
+// started ('R') or another file passed ('+'), before any error message ('!').
+bool made_progress(const std::string& before, const char* chunk, size_t size) {
+  if (before.find('!') != std::string::npos) return false;
+  for (size_t i = 0; i < size && chunk[i] != '!'; ++i)
+    if (chunk[i] == 'R' || chunk[i] == '+') return true;
+  return false;
+}
+
+// Everything the child writes until it closes the pipe or a deadline passes (then timed_out). Each
+// plugin file has `timeout_seconds` of its own, from the child's start or the previous file's
+// '+': a file is blamed only for the time it took itself, not for a busy machine's slow start or
+// the files loaded before it.
 std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
   std::string message;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  const auto limit = [](double seconds) {
+    return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                  std::chrono::duration<double>(seconds));
+  };
+  auto deadline = limit(std::max(timeout_seconds, kProbeStartSeconds));
   timed_out = false;
   for (;;) {
     const auto left =
@@ -118,6 +141,7 @@ std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
     char buf[512];
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n <= 0) break;
+    if (made_progress(message, buf, static_cast<size_t>(n))) deadline = limit(timeout_seconds);
     message.append(buf, static_cast<size_t>(n));
   }
   return message;
@@ -126,16 +150,21 @@ std::string read_until_closed(int fd, double timeout_seconds, bool& timed_out) {
 // The verdict from the child's output and how it ended.
 ProbeResult probe_verdict(const std::vector<const PluginInfo*>& infos, const std::string& message, int status,
                           bool timed_out, double timeout_seconds) {
-  // The child writes '+' per plugin that passed, 'L' once a plugin is loaded and its strategy is
-  // being created, and '!' + the message on an error.
+  // The child writes 'R' once it runs, '+' per plugin that passed, 'L' once a plugin is loaded and
+  // its strategy is being created, and '!' + the message on an error.
   const size_t bang = std::min(message.find('!'), message.size());
   const std::string markers = message.substr(0, bang);
+  const bool started = markers.find('R') != std::string::npos;
   const size_t passed = static_cast<size_t>(std::count(markers.begin(), markers.end(), '+'));
   const bool creating = !markers.empty() && markers.back() == 'L';
   const std::string error = bang < message.size() ? message.substr(bang + 1) : "";
   const std::string path = infos[std::min(passed, infos.size() - 1)]->path.string();
   ProbeResult result;
-  if (timed_out) {
+  if (timed_out && !started) {
+    result.message = "cannot check plugin file " + path + ": the plugin probe did not start within " +
+                     std::to_string(static_cast<int>(std::max(timeout_seconds, kProbeStartSeconds))) +
+                     " s (killed)";
+  } else if (timed_out) {
     result.message = "plugin file " + path +
                      (creating ? " hung while creating its strategy" : " hung while loading") +
                      " (killed after " + std::to_string(static_cast<int>(timeout_seconds)) + " s)";
