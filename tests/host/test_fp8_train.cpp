@@ -118,6 +118,11 @@ BOOST_AUTO_TEST_CASE(fp8_options_print_config_and_errors) {
   BOOST_TEST(env.output.find("environment AMPKIT_FP8_RECIPE_AMAX_HISTORY_LEN") != std::string::npos,
              env.output);
 
+  const Result help = run(train + " --help --fp8 delayed");
+  BOOST_TEST(help.output.find("fp8_recipe 'delayed' options (--opt fp8_recipe.NAME=VALUE, env "
+                              "AMPKIT_FP8_RECIPE_NAME):") != std::string::npos,
+             help.output);
+
   const Result unknown = run(gpt + " --steps 1 --fp8 nosuch");
   BOOST_TEST(unknown.code == 3, unknown.output);
   BOOST_TEST(unknown.output.find("unknown fp8_recipe 'nosuch' (available: current, delayed, predictive") !=

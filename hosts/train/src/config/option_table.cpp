@@ -47,8 +47,7 @@ HostOption workload_option() {
 
 std::vector<HostOption> run_options() {
   std::string selectors;
-  for (const KindInfo& k : kKinds)
-    if (!optional_kind(k)) selectors += (selectors.empty() ? "--" : "/--") + kind_flag(k);
+  for (const KindInfo& k : kKinds) selectors += (selectors.empty() ? "--" : "/--") + kind_flag(k);
   HostOption help =
       flag("help", "Show this help; with " + selectors + " NAME also that plugin's options.", {});
   help.short_name = 'h';
@@ -122,26 +121,21 @@ std::vector<HostOption> run_options() {
 std::vector<HostOption> plugin_options() {
   std::vector<HostOption> out;
   for (const KindInfo& k : kKinds) {
-    if (optional_kind(k)) continue;  // selected by --fp8 below
     // The first selector says where names come from; the others need not repeat it.
-    const std::string help = capitalized(k.title) + " plugin: a name" +
-                             (out.empty() ? " (see ampkit-plugins list) or a path to a .so." : " or a path.");
+    std::string help = capitalized(k.title) + " plugin: a name" +
+                       (out.empty() ? " (see ampkit-plugins list) or a path to a .so." : " or a path.");
     const std::string kind = k.name;
     // derive_defaults() picks the scaler fp16 needs.
-    const std::string help_kind =
-        kind == "scaler" ? help + " The default is dynamic for --precision fp16, none otherwise." : help;
-    out.push_back(text(kind_flag(k).c_str(), default_plugin(kind), help_kind,
+    if (kind == "scaler") help += " The default is dynamic for --precision fp16, none otherwise.";
+    // An optional kind (an fp8 recipe) serves the workload's fp8 layers, and is none unless named.
+    if (optional_kind(k))
+      help +=
+          " The workload's linear layers then multiply in fp8 by its scales (char-gpt, synthetic; "
+          "docs/fp8.md); empty: no fp8.";
+    out.push_back(text(kind_flag(k).c_str(), default_plugin(kind), help,
                        [kind](TrainConfig& cfg, const HostOptionValue& v) { cfg.plugins[kind] = v.text; })
                       .shared_by_ranks());
   }
-  // The optional kind, an fp8 recipe: none unless named, and then the workload's linear layers use it.
-  const KindInfo& fp8 = *find_kind("fp8_recipe");
-  out.push_back(
-      text(kind_flag(fp8).c_str(), default_plugin(fp8.name),
-           "Fp8 recipe plugin, a name or a path: the workload's linear layers multiply in fp8, scaled by "
-           "it (char-gpt, synthetic; docs/fp8.md); empty: no fp8. Options: --opt fp8_recipe.NAME=VALUE.",
-           [](TrainConfig& cfg, const HostOptionValue& v) { cfg.plugins["fp8_recipe"] = v.text; })
-          .shared_by_ranks());
   out.push_back(list("opt", "Plugin option KIND.OPTION=VALUE, e.g. scaler.scale=512 (repeatable).",
                      [](TrainConfig& cfg, const HostOptionValue& v) {
                        for (const auto& item : v.list) store_plugin_option(cfg, item);

@@ -68,7 +68,7 @@ int print_help(const TrainConfig& cfg) {
                   .c_str());
   for (const KindInfo& k : kKinds) {
     const std::string kind = k.name;
-    if (optional_kind(k) || !given_on_command_line(cfg, kind_flag(k))) continue;
+    if (!given_on_command_line(cfg, kind_flag(k))) continue;
     const LoadedPlugin& p = registry.load(registry.find(kind, cfg.plugins.at(kind)));
     OptionInputs none;
     none.read_environment = false;
