@@ -2,6 +2,7 @@
 // options and errors are those of every plugin kind, and a scripted model is refused. The char-gpt
 // case is slow (test_fp8_train_slow).
 #define BOOST_TEST_MODULE fp8_train
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <filesystem>
@@ -170,4 +171,62 @@ BOOST_AUTO_TEST_CASE(synthetic_mlp_in_fp8_reaches_bf16s_test_loss) {
   }
   for (const char* tag : {"fp8/input/scale_min", "fp8/weight/amax_max", "fp8/grad_output/saturated"})
     BOOST_TEST(events.find(tag) != std::string::npos, tag);
+}
+
+// --fp8-trace: per step and per cast tensor (layer, role) one record, its amax the metrics' per role
+// (the maximum over layers), its summary consistent with it; a path it cannot write is a usage error.
+BOOST_AUTO_TEST_CASE(fp8_trace_records_every_cast_tensor_per_step) {
+  const char* const kRoles[] = {"input", "weight", "grad_output"};
+  TempDir tmp;
+  const fs::path trace = tmp.path / "trace.jsonl", metrics = tmp.path / "m.jsonl";
+  run_gpt(tmp, "trace",
+          "--steps 3 --fp8 current --fp8-trace " + trace.string() + " --metrics " + metrics.string());
+  const auto rows = records(trace), steps = records(metrics);
+  BOOST_REQUIRE_EQUAL(steps.size(), 3u);
+  BOOST_REQUIRE_EQUAL(rows.size(), 3u * 5 * 3);  // 3 steps x 5 layers (4 in the block, the head) x 3 roles
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const nlohmann::json& r = rows[i];
+    BOOST_TEST(r["step"].get<size_t>() == i / 15);
+    BOOST_TEST(r["layer"].get<size_t>() == i % 15 / 3);
+    const std::string role = r["role"].get<std::string>();
+    BOOST_TEST(role == kRoles[i % 3]);
+    const double amax = r["amax"].get<double>();
+    const auto top = r["top"].get<std::vector<double>>();
+    const auto hist = r["hist"].get<std::vector<int64_t>>();
+    BOOST_REQUIRE_EQUAL(top.size(), 64u);
+    BOOST_TEST(top[0] == amax);  // the largest magnitude, exactly
+    BOOST_TEST(top[63] <= top[0]);
+    BOOST_REQUIRE(!hist.empty());
+    BOOST_TEST(hist.front() > 0);
+    BOOST_TEST(hist.back() > 0);
+    // The last bin holds the amax: floor((log2(amax) + 80) * 32).
+    BOOST_TEST(r["hist_first"].get<int64_t>() + static_cast<int64_t>(hist.size()) - 1 ==
+               static_cast<int64_t>(std::floor((std::log2(amax) + 80) * 32)));
+    int64_t counted = 0;
+    for (int64_t c : hist) counted += c;
+    BOOST_TEST(counted <= r["count"].get<int64_t>());  // zeros are not binned
+    BOOST_TEST(counted > r["count"].get<int64_t>() / 2);
+    if (role == "weight") BOOST_TEST(counted == r["count"].get<int64_t>());
+  }
+  // Layer 0 (qkv) casts its input, 16 x 32 rows of width 64; the head's weight is 256 x 64.
+  BOOST_TEST(rows[0]["count"].get<int64_t>() == 16 * 32 * 64);
+  BOOST_TEST(rows[13]["count"].get<int64_t>() == 256 * 64);
+  for (size_t s = 0; s < 3; ++s)
+    for (size_t role = 0; role < 3; ++role) {
+      double amax = 0;
+      for (size_t layer = 0; layer < 5; ++layer)
+        amax = std::max(amax, rows[s * 15 + layer * 3 + role]["amax"].get<double>());
+      const std::string name = rows[role]["role"].get<std::string>();
+      BOOST_TEST(amax == steps[s]["fp8"][name]["amax_max"].get<double>(), "step " << s << " " << name);
+    }
+
+  const std::string bad_path = (tmp.path / "no-such-folder" / "trace.jsonl").string();
+  const Result bad = run(gpt + " --steps 1 --fp8 current --fp8-trace " + bad_path);
+  BOOST_TEST(bad.code == 2, bad.output);
+  BOOST_TEST(bad.output.find("cannot write the fp8 trace file " + bad_path) != std::string::npos, bad.output);
+  const Result no_fp8 = run(gpt + " --steps 1 --fp8-trace " + trace.string());
+  BOOST_TEST(no_fp8.code == 2, no_fp8.output);
+  BOOST_TEST(no_fp8.output.find("--fp8-trace " + trace.string() + ": the run has no fp8 layers") !=
+                 std::string::npos,
+             no_fp8.output);
 }

@@ -10,6 +10,7 @@
 #include "ampkit/error.h"
 #include "ampkit/strategy_set.h"
 #include "config/fault_spec.h"
+#include "config/fp8_trace_option.h"
 #include "config/option_builders.h"
 #include "config/workload_options.h"
 
@@ -141,24 +142,21 @@ std::vector<HostOption> plugin_options() {
                        for (const auto& item : v.list) store_plugin_option(cfg, item);
                      }));
   out.back().listed = false;
-  HostOption config =
-      text("config", nullptr,
-           "YAML file with any of these options (keys as here, without --; plugin options under "
-           "opt: {KIND: {OPTION: VALUE}}).",
-           field(&TrainConfig::config_file));
-  config.command_line_only = true;
-  out.push_back(config);
+  out.push_back(text("config", nullptr,
+                     "YAML file with any of these options (keys as here, without --; plugin options under "
+                     "opt: {KIND: {OPTION: VALUE}}).",
+                     field(&TrainConfig::config_file)));
+  out.back().command_line_only = true;
   out.push_back(
       list("plugin-dir",
            "Folder searched for plugins before AMPKIT_PLUGIN_PATH and the built-in folder (repeatable).",
            field(&TrainConfig::plugin_dirs)));
   // A trust override is the user's own decision at the command line, never a file's.
-  HostOption untrusted =
+  out.push_back(
       flag("allow-untrusted-plugins",
            "Load plugin files writable by others or owned by another user (loudly; command line only).",
-           field(&TrainConfig::allow_untrusted_plugins));
-  untrusted.command_line_only = true;
-  out.push_back(untrusted);
+           field(&TrainConfig::allow_untrusted_plugins)));
+  out.back().command_line_only = true;
   out.push_back(
       integer("plugin-timeout", "30",
               "Seconds a plugin may take to load (in the probe child), to construct its strategy, or in "
@@ -182,6 +180,10 @@ std::vector<HostOption> output_and_workload_options() {
       text("tensorboard", "",
            "TensorBoard event files in this folder: the metrics' scalars per step; empty: off.",
            field(&TrainConfig::tensorboard_dir)),
+      text("fp8-trace", "",
+           "With --fp8: write per step each fp8 tensor's amax, 64 largest magnitudes and log2 histogram, as "
+           "cast, to this JSON-lines file (docs/fp8.md). A measurement: it costs host reads; empty: off.",
+           workload_field(&Fp8TraceOption::file)),
       text("layer-norms", "",
            "Write every parameter's unscaled gradient norm at every step to this CSV file "
            "(step,name,grad_norm).",

@@ -166,6 +166,7 @@ bool Session::record_step(const StepPlace& at, const StepOutcome& out) {
     nlohmann::json j = record.to_json();
     j["fp8"] = fp8_->step_metrics();
     j["fp8"]["nonfinite_amaxes"] = fp8_nonfinite_;
+    fp8_->write_trace(at.step);
     if (tensorboard_->enabled()) tensorboard_->write(at.step, Fp8Linears::scalars(j["fp8"]));
     metrics_->write(j);
   } else {

@@ -26,6 +26,8 @@
 #include "ampkit/kernel_check.h"
 #include "ampkit/plugin_call.h"
 #include "config/fault_spec.h"
+#include "config/fp8_trace_option.h"
+#include "config/option_builders.h"
 #include "config/option_table.h"
 #include "session/checkpoints.h"
 #include "session/nan_reports.h"
@@ -133,6 +135,10 @@ void Session::build_workload() {
                       " has no layers ampkit-train can run in fp8 (a scripted model's are "
                       "its own: convert it with ampkit.fp8 in Python; docs/fp8.md)");
   }
+  if (const std::string trace = ampkit::options::workload_values<Fp8TraceOption>(cfg_).file;
+      !trace.empty() && !fp8_)
+    throw Error(ErrorCategory::usage,
+                "--fp8-trace " + trace + ": the run has no fp8 layers to trace; add --fp8 RECIPE");
   std::vector<Fault> faults;
   for (const auto& spec : cfg_.inject) faults.push_back(parse_fault(spec));
   validate_faults(faults, workload_->model().hook_points(), cfg_.dist.world_size);
@@ -312,6 +318,10 @@ int Session::run() {
   first_step_ = trainer_->steps_attempted();
   metrics_ = std::make_unique<MetricsWriter>(is_root_ ? cfg_.metrics_file : "", first_step_);
   layer_norms_ = std::make_unique<LayerNormWriter>(is_root_ ? cfg_.layer_norms_file : "", first_step_);
+  // Only rank 0 writes, and only it pays the trace's reads.
+  if (const std::string trace = ampkit::options::workload_values<Fp8TraceOption>(cfg_).file;
+      is_root_ && !trace.empty())
+    fp8_->open_trace(trace);
   tensorboard_ = std::make_unique<TensorBoardWriter>(is_root_ ? cfg_.tensorboard_dir : "", first_step_);
   checkpoints_ = std::make_unique<CheckpointKeeper>(*objects_, writes_checkpoints, steps_per_epoch_);
   rollbacks_ = std::make_unique<RollbackKeeper>(*objects_, rollback_plan_, *checkpoints_);

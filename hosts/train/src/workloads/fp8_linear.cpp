@@ -18,6 +18,10 @@ namespace ampkit::train {
 namespace {
 
 const char* const kRoleNames[] = {"input", "weight", "grad_output"};
+// The trace's summary, as bench/fp8_recipes.py records it: log2|x| in 1/32-binade bins over
+// [2^-80, 2^24) (smaller values in the first, larger in the last, zeros apart), 64 largest values.
+constexpr int64_t kTraceLow = -80, kTraceHigh = 24, kTracePerBinade = 32, kTraceTop = 64;
+constexpr int64_t kTraceBins = (kTraceHigh - kTraceLow) * kTracePerBinade;
 
 // torch 2.11's casts do not saturate (an E4M3 value past 464 is NaN): clamp first, as the Python layer.
 at::Tensor cast_saturated(const at::Tensor& t, const at::Tensor& scale, double max, at::ScalarType dtype) {
@@ -134,6 +138,7 @@ Fp8Linears::Cast Fp8Linears::cast_for(int64_t layer, int64_t role, const at::Ten
     // Elements the clamp will change, counted on the device: no host read per layer.
     saturated_.narrow(0, role, 1).add_((t.to(at::kFloat).abs() * scale).gt(max_[role]).sum());
     counted_[role] += static_cast<double>(t.numel());
+    if (trace_.is_open()) note_trace(kFp8RoleCount * layer + role, t);
   }
   return {cast_saturated(t, scale, max_[role], dtypes_[role]), scale};
 }
@@ -163,6 +168,11 @@ int64_t Fp8Linears::begin_step(CommBackend& comm) {
   amax_.zero_();
   saturated_.zero_();
   counted_ = {};
+  if (trace_.is_open()) {
+    trace_hist_.zero_();
+    trace_top_.zero_();
+    std::fill(trace_count_.begin(), trace_count_.end(), 0);
+  }
   return bad;
 }
 
@@ -195,6 +205,57 @@ std::vector<std::pair<std::string, double>> Fp8Linears::scalars(const nlohmann::
       if (metrics.contains(role) && metrics[role][key].is_number())
         out.emplace_back(std::string("fp8/") + role + "/" + key, metrics[role][key].get<double>());
   return out;
+}
+
+void Fp8Linears::open_trace(const std::string& path) {
+  trace_.open(path, std::ios::out | std::ios::trunc);
+  if (!trace_) throw Error(ErrorCategory::usage, "cannot write the fp8 trace file " + path);
+  trace_path_ = path;
+  const int64_t slots = kFp8RoleCount * layers_;
+  trace_hist_ = at::zeros({slots, kTraceBins}, amax_.options().dtype(at::kLong));
+  trace_top_ = at::zeros({slots, kTraceTop}, amax_.options());
+  trace_count_.assign(slots, 0);
+}
+
+// The tensor as cast, before its scale and clamp: what any candidate scale would saturate or flush.
+void Fp8Linears::note_trace(int64_t slot, const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  const at::Tensor a = t.detach().to(at::kFloat).abs().flatten();
+  const at::Tensor bin =
+      ((a.to(at::kDouble).log2() - kTraceLow) * kTracePerBinade).floor().clamp(0, kTraceBins - 1);
+  // Zeros (and NaNs) counted in a bin past the last, then dropped: no host read for a mask.
+  const at::Tensor counts = at::bincount(at::where(a > 0, bin, kTraceBins).to(at::kLong), {}, kTraceBins + 1);
+  trace_hist_[slot].add_(counts.narrow(0, 0, kTraceBins));
+  const at::Tensor top = at::cat({trace_top_[slot], std::get<0>(a.topk(std::min(kTraceTop, a.numel())))});
+  trace_top_[slot].copy_(std::get<0>(top.topk(kTraceTop)));
+  trace_count_[slot] += a.numel();
+}
+
+void Fp8Linears::write_trace(int64_t step) {
+  if (!trace_.is_open()) return;
+  const at::Tensor amax = amax_.to(at::kCPU).contiguous(), hist = trace_hist_.to(at::kCPU).contiguous();
+  const at::Tensor top = trace_top_.to(at::kCPU).contiguous();
+  for (int64_t slot = 0; slot < kFp8RoleCount * layers_; ++slot) {
+    if (trace_count_[slot] == 0) continue;
+    const int64_t* h = hist.data_ptr<int64_t>() + slot * kTraceBins;
+    int64_t first = 0, last = kTraceBins;
+    while (first < last && h[first] == 0) ++first;
+    while (last > first && h[last - 1] == 0) --last;
+    const float* t = top.data_ptr<float>() + slot * kTraceTop;
+    trace_ << nlohmann::json{{"step", step},
+                             {"layer", slot / kFp8RoleCount},
+                             {"role", kRoleNames[slot % kFp8RoleCount]},
+                             {"amax", amax.data_ptr<float>()[slot]},
+                             {"count", trace_count_[slot]},
+                             {"top", std::vector<float>(t, t + kTraceTop)},
+                             {"hist_first", first},
+                             {"hist", std::vector<int64_t>(h + first, h + last)}}
+                  .dump()
+           << '\n';
+  }
+  trace_.flush();
+  if (!trace_)
+    throw Error(ErrorCategory::output, "cannot write the fp8 trace file " + trace_path_ + " (disk full?)");
 }
 
 nlohmann::json Fp8Linears::state() const {

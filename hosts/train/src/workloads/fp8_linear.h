@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ class Fp8Linears {
   // The scales the casts use (recipes with history; under current scaling each cast's own).
   const std::vector<float>& scales() const { return scale_host_; }
 
+  // A measurement (one host read per step): from now on each step's cast tensors are summarised
+  // before the clamp, per layer and role (amax, count, 64 largest magnitudes, 1/32-binade log2
+  // histogram), and write_trace() appends them to `path` as JSON lines (docs/fp8.md).
+  void open_trace(const std::string& path);
+  void write_trace(int64_t step);
+
   // Called by the autograd function (fp8_linear.cpp); not for workloads.
   struct Cast;
   Cast cast_for(int64_t layer, int64_t role, const at::Tensor& t, bool record);
@@ -53,6 +60,7 @@ class Fp8Linears {
 
  private:
   at::Tensor scale_of(int64_t layer, int64_t role, const at::Tensor& amax) const;
+  void note_trace(int64_t slot, const at::Tensor& t);
 
   Fp8Recipe& recipe_;
   std::string recipe_name_;
@@ -68,6 +76,10 @@ class Fp8Linears {
   std::array<double, 3> counted_{};
   std::vector<float> scale_host_, history_;  // the recipe's host arrays
   bool due_ = false;
+  std::ofstream trace_;  // open_trace(): per slot the histogram [3L, bins], top [3L, 64], counts
+  std::string trace_path_;
+  at::Tensor trace_hist_, trace_top_;
+  std::vector<int64_t> trace_count_;
 };
 
 struct Fp8Linears::Cast {
