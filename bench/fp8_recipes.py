@@ -4,18 +4,22 @@
     PYTHONPATH=build/python python3 bench/fp8_recipes.py --traces DIR [--steps 300] [--runs transformer-lm,char-gpt]
 
 Two real runs are recorded (each once: a trace already in DIR is reused), in bf16 autocast on the
-CPU, every nn.Linear converted by ampkit.fp8 with the `current` recipe (each cast scaled by its own
-tensor, so the run is fp8 and biased by neither compared recipe):
+CPU, trained in fp8 with the `current` recipe (each cast scaled by its own tensor, so the run is
+fp8 and biased by neither compared recipe):
   transformer-lm: tools/models/transformer_lm.py's TransformerLM (context 64, width 96, 2 blocks),
-      batch 32 of its windows of the fortunes corpus, AdamW(lr 1e-3, weight decay 0.01). Its
-      attention's out_proj is not converted: nn.MultiheadAttention reads its weight directly.
-  char-gpt: a Python replica of ampkit-train's char-gpt workload (hosts/train/src/workloads/
-      char_gpt.cpp): the same layers, widths (2 blocks, width 128, 4 heads, context 64), corpus,
-      90% split and random-offset windows seeded per batch, batch 64, AdamW(lr 1e-3, weight decay
-      0.01), gradients clipped to norm 5 (ampkit-train's bf16 default).
-At every step, per fp8 tensor (each layer's input, weight, grad_output as cast): its amax, its
-element count, its 64 largest magnitudes exactly, and a histogram of log2|x| in 1/32-binade bins
-over [2**-80, 2**24) (zeros apart; smaller values in the first bin).
+      every nn.Linear converted by ampkit.fp8, batch 32 of its windows of the fortunes corpus,
+      AdamW(lr 1e-3, weight decay 0.01). Its attention's out_proj is not converted:
+      nn.MultiheadAttention reads its weight directly.
+  char-gpt: ampkit-train itself (--train-bin), `--workload char-gpt --precision bf16 --fp8 current`
+      at its defaults (2 blocks, width 128, 4 heads, context 64, batch 64, AdamW(lr 1e-3, weight
+      decay 0.01), gradients clipped to norm 5), its casts summarised by --fp8-trace.
+  char-gpt-replica (cross-check only, not run unless named): a Python replica of char-gpt
+      (hosts/train/src/workloads/char_gpt.cpp: the same layers, widths, corpus, split and windows,
+      not the same initial values), recorded as transformer-lm is.
+At every step, per fp8 tensor (each layer's input, weight, grad_output as cast, before the scale
+and clamp): its amax, its element count, its 64 largest magnitudes exactly, and a histogram of
+log2|x| in 1/32-binade bins over [2**-80, 2**24) (zeros apart; smaller values in the first bin).
+ampkit-train's --fp8-trace writes the same summary as JSON lines, converted here.
 
 Replay: the amaxes go through the real recipe plugins (torch.classes.ampkit.Fp8Recipe update()), so
 each step's scale is the one the recipe would have cast with (from amaxes up to the step before;
@@ -27,15 +31,19 @@ smallest subnormal (2**-10 E4M3, 2**-17 E5M2: it rounds to 0). Saturated counts 
 fewer than 64 values of a tensor saturate (from the 64 largest), else read from the histogram;
 flushed counts are read from the histogram, the bin holding the threshold counted in proportion to
 the part of its log2 width below it (the error bound is printed: the values in such bins). Step 0
-(scale 1 for every recipe) is left out. Trained with the CPU's torch._scaled_mm replaced by
-dequantize-then-float32-matmul (emulated_scaled_mm below): ATen's is far too slow on a CPU.
+(scale 1 for every recipe) is left out. The Python runs trained with the CPU's torch._scaled_mm
+replaced by dequantize-then-float32-matmul (emulated_scaled_mm below): ATen's is far too slow on a
+CPU (ampkit-train takes ATen's emulated path, equal to it bit for bit).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Tuple
 
@@ -112,27 +120,63 @@ class Recorder:
 
         return hook
 
-    def save(self, path: str, losses: List[float], recipe_roles: List[int]) -> None:
-        s, n = len(self.steps), len(self.keys)
-        amax = np.zeros((s, n), np.float32)
-        numel = np.zeros((s, n), np.int64)
-        hist = np.zeros((s, n, NBINS), np.int32)
-        top = np.zeros((s, n, TOP), np.float32)
-        for i, step in enumerate(self.steps):
-            for j, (a, c, h, t) in step.items():
-                amax[i, j], numel[i, j], hist[i, j], top[i, j] = a, c, h.numpy(), t.numpy()
-        names = np.array([f"{k[0]}.{ROLE_NAMES[k[1]]}" for k in self.keys])
-        roles = np.array([k[1] for k in self.keys], np.int64)
-        np.savez_compressed(
-            path,
-            amax=amax,
-            numel=numel,
-            hist=hist,
-            top=top,
-            names=names,
-            roles=roles,
-            loss=np.array(losses, np.float32),
-        )
+    def save(self, path: str, losses: List[float]) -> None:
+        steps = [{j: (a, c, h.numpy(), t.numpy()) for j, (a, c, h, t) in step.items()} for step in self.steps]
+        save_trace(path, steps, self.keys, losses)
+
+
+def save_trace(path: str, steps: List[Dict[int, tuple]], keys: List[Tuple[str, int]], losses: List[float]) -> None:
+    """The trace file: per step, per tensor (name, role) its (amax, count, histogram, top)."""
+    s, n = len(steps), len(keys)
+    amax = np.zeros((s, n), np.float32)
+    numel = np.zeros((s, n), np.int64)
+    hist = np.zeros((s, n, NBINS), np.int32)
+    top = np.zeros((s, n, TOP), np.float32)
+    for i, step in enumerate(steps):
+        for j, (a, c, h, t) in step.items():
+            amax[i, j], numel[i, j], hist[i, j], top[i, j] = a, c, h, t
+    np.savez_compressed(
+        path,
+        amax=amax,
+        numel=numel,
+        hist=hist,
+        top=top,
+        names=np.array([f"{k[0]}.{ROLE_NAMES[k[1]]}" for k in keys]),
+        roles=np.array([k[1] for k in keys], np.int64),
+        loss=np.array(losses, np.float32),
+    )
+
+
+# ampkit-train's char-gpt at its defaults, in bf16 and fp8 with `current`.
+CHAR_GPT_ARGS = ["--workload", "char-gpt", "--precision", "bf16", "--fp8", "current", "--progress", "never"]
+
+
+def record_char_gpt(binary: str, steps: int, path: str) -> None:
+    """Runs ampkit-train with --fp8-trace and converts its JSON lines (one per step, layer and role)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, metrics = os.path.join(tmp, "trace.jsonl"), os.path.join(tmp, "metrics.jsonl")
+        cmd = [binary, *CHAR_GPT_ARGS, "--steps", str(steps), "--fp8-trace", trace, "--metrics", metrics]
+        print(" ".join(cmd), file=sys.stderr)
+        t0 = time.time()
+        subprocess.run(cmd, check=True, stdout=sys.stderr)  # its summary: not part of the table
+        print(f"char-gpt: {steps} steps in {time.time() - t0:.0f} s", file=sys.stderr)
+        keys: List[Tuple[str, int]] = []
+        index: Dict[Tuple[str, int], int] = {}
+        steps_out: List[Dict[int, tuple]] = [{} for _ in range(steps)]
+        with open(trace) as f:
+            for line in f:
+                r = json.loads(line)
+                key = (f"layer{r['layer']}", ROLE_NAMES.index(r["role"]))
+                if key not in index:
+                    index[key] = len(keys)
+                    keys.append(key)
+                h = np.zeros(NBINS, np.int64)
+                h[r["hist_first"] : r["hist_first"] + len(r["hist"])] = r["hist"]
+                amax = np.nan if r["amax"] is None else r["amax"]
+                steps_out[r["step"]][index[key]] = (amax, r["count"], h, np.array(r["top"], np.float32))
+        with open(metrics) as f:
+            losses = [json.loads(line)["loss"] for line in f]
+    save_trace(path, steps_out, keys, losses)
 
 
 def fortunes_text() -> torch.Tensor:
@@ -181,7 +225,7 @@ class CharGpt(torch.nn.Module):
         return self.head(self.ln(x))
 
 
-def char_gpt_run(steps: int):
+def char_gpt_replica_run(steps: int):
     corpus = fortunes_text()
     train = corpus[: corpus.numel() * 9 // 10]
     torch.manual_seed(0)
@@ -212,7 +256,7 @@ def transformer_lm_run(steps: int):
     return model, batch, None, lambda mod, fqn: not fqn.endswith("out_proj")
 
 
-RUNS = {"transformer-lm": transformer_lm_run, "char-gpt": char_gpt_run}
+PYTHON_RUNS = {"transformer-lm": transformer_lm_run, "char-gpt-replica": char_gpt_replica_run}
 
 
 def emulated_scaled_mm(a, inv_a, b, inv_b, out_dtype, fast_accum):  # type: ignore[no-untyped-def]
@@ -227,7 +271,7 @@ def record(run: str, steps: int, path: str) -> None:
     import ampkit.fp8
 
     ampkit._fp8_cast.scaled_mm = emulated_scaled_mm  # type: ignore[assignment]
-    model, batch, clip, keep = RUNS[run](steps)
+    model, batch, clip, keep = PYTHON_RUNS[run](steps)
     ampkit.fp8.convert(model, recipe="current", module_filter_fn=keep)
     rec = Recorder(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -246,7 +290,7 @@ def record(run: str, steps: int, path: str) -> None:
         losses.append(float(loss))
         if i % 50 == 0 or i == steps - 1:
             print(f"{run}: step {i} loss {losses[-1]:.3f} ({time.time() - t0:.0f} s)", file=sys.stderr)
-    rec.save(path, losses, [])
+    rec.save(path, losses)
 
 
 def replay_scales(
@@ -326,14 +370,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--traces", required=True, help="folder of the recorded traces (written when missing)")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--runs", default="transformer-lm,char-gpt")
+    p.add_argument("--runs", default="transformer-lm,char-gpt", help="of transformer-lm, char-gpt, char-gpt-replica")
+    p.add_argument("--train-bin", default=os.path.join(ROOT, "build", "bin", "ampkit-train"))
     args = p.parse_args()
     os.makedirs(args.traces, exist_ok=True)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     runs = args.runs.split(",")
     for run in runs:
         path = os.path.join(args.traces, f"{run}-{args.steps}.npz")
-        if not os.path.exists(path):
+        if os.path.exists(path):
+            continue
+        if run == "char-gpt":
+            record_char_gpt(args.train_bin, args.steps, path)
+        else:
             record(run, args.steps, path)
     print(f"# fp8 recipes on recorded amax traces ({args.steps} steps; steps 1..{args.steps - 1} counted)\n")
     print(
