@@ -47,7 +47,17 @@ def scaled_mm(
         a = a.contiguous()
     if b.stride(0) != 1:
         b = b.t().contiguous().t()
-    return torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    if not a.is_cpu:
+        return torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    # On the CPU, ATen's emulated path, as ampkit-train takes it: oneDNN's fp8 gemm is about 50 times
+    # slower on CPUs without fp8 units, and the emulated one equals dequantize + float32 matmul bit
+    # for bit. The switch is process-wide for the call's length, as torch.backends.mkldnn.flags is.
+    onednn = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        return torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    finally:
+        torch._C._set_mkldnn_enabled(onednn)
 
 
 class Plan:
