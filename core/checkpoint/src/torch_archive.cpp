@@ -30,7 +30,8 @@ class Source : public caffe2::serialize::ReadAdapterInterface {
   }
   size_t size() const override { return size_; }
   size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= size_) return 0;
+    // LibTorch asks for 0 bytes into a null buffer (an empty record): memcpy may not take null.
+    if (pos >= size_ || n == 0) return 0;
     n = std::min<uint64_t>(n, size_ - pos);
     if (data_ != nullptr) {
       std::memcpy(buf, data_ + pos, n);
