@@ -1,5 +1,6 @@
 // What the fp8 recipes share: each role's format, the amax history's rolling, the float32 scale
-// division, the option and state checks. Plain loops over the caller's host arrays.
+// division, the option and state checks, and the windowed recipes' update. Plain loops over the
+// caller's host arrays.
 #pragma once
 
 #include <ampkit/fp8_recipe.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ampkit::fp8 {
 
@@ -76,5 +78,50 @@ inline void check_history_state(const std::string& recipe, const State& state, i
                              std::to_string(saved) + " amaxes per tensor but this recipe keeps " +
                              std::to_string(history_length));
 }
+
+// A recipe with a window of past amaxes (delayed, predictive): its formats, margin, window and
+// state; a subclass says only which amax a tensor's next scale is computed from. Per tensor i:
+// a non-finite or negative amax is counted and changes nothing (it never enters the window:
+// Transformer Engine's would hold an inf for a window's length); a zero amax changes nothing
+// (nothing observed); otherwise it enters the window (the oldest leaves) and the next scale is
+// float32(fp8_max * 2**-margin) / estimate(row, amax), one float32 division.
+class WindowedRecipe : public Fp8Recipe {
+ public:
+  WindowedRecipe(std::string name, const OptionValues& options)
+      : name_(std::move(name)),
+        hybrid_(hybrid_format(name_, options)),
+        window_(options.get_int("amax_history_len")),
+        margin_(options.get_int("margin")) {}
+  int64_t history_length() const override { return window_; }
+  const char* format(int64_t role) const override { return role_format(role, hybrid_); }
+  int64_t update(int64_t n, const int64_t* roles, const float* amax, float* history, float* scale) override {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float numerator = scaled_max(format(roles[i]), margin_);  // checks every role
+      if (!usable_amax(amax[i])) {
+        ++bad;
+        continue;
+      }
+      if (amax[i] == 0.0f) continue;
+      float* row = history + i * window_;
+      push_amax(row, window_, amax[i]);
+      scale[i] = scale_for(numerator, estimate(row, amax[i]));
+    }
+    return bad;
+  }
+  State save() const override { return history_state(window_); }
+  void load(const State& state) override { check_history_state(name_, state, window_); }
+
+ protected:
+  // The amax the next scale is computed from: `row` is the window with `latest` in column 0.
+  virtual float estimate(const float* row, float latest) const = 0;
+  int64_t window() const { return window_; }
+
+ private:
+  std::string name_;
+  bool hybrid_;
+  int64_t window_;
+  int64_t margin_;
+};
 
 }  // namespace ampkit::fp8

@@ -16,49 +16,30 @@ namespace {
 // with A the window's maximum (delayed's max) and g the largest step-to-step growth among the
 // last `trend_steps` pairs of consecutive amaxes in the window, clamped to [1, max_growth]. A
 // stable or shrinking amax has g = 1, and the scale is delayed's.
-class PredictiveRecipe final : public ampkit::Fp8Recipe {
+class PredictiveRecipe final : public ampkit::fp8::WindowedRecipe {
  public:
   explicit PredictiveRecipe(const ampkit::OptionValues& options)
-      : hybrid_(ampkit::fp8::hybrid_format("predictive", options)),
-        window_(options.get_int("amax_history_len")),
+      : WindowedRecipe("predictive", options),
         trend_(options.get_int("trend_steps")),
-        max_growth_(static_cast<float>(options.get_float("max_growth"))),
-        margin_(options.get_int("margin")) {
-    if (window_ < 2)
-      throw ampkit::option_error("fp8_recipe 'predictive'", "amax_history_len", std::to_string(window_),
+        max_growth_(static_cast<float>(options.get_float("max_growth"))) {
+    if (window() < 2)
+      throw ampkit::option_error("fp8_recipe 'predictive'", "amax_history_len", std::to_string(window()),
                                  ">= 2 (a trend needs two amaxes)");
-  }
-  int64_t history_length() const override { return window_; }
-  const char* format(int64_t role) const override { return ampkit::fp8::role_format(role, hybrid_); }
-  int64_t update(int64_t n, const int64_t* roles, const float* amax, float* history, float* scale) override {
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const float numerator = ampkit::fp8::scaled_max(format(roles[i]), margin_);
-      if (!ampkit::fp8::usable_amax(amax[i])) {
-        ++bad;
-        continue;
-      }
-      if (amax[i] == 0.0f) continue;  // as delayed: nothing observed, nothing changes
-      float* row = history + i * window_;
-      ampkit::fp8::push_amax(row, window_, amax[i]);
-      float forecast = amax[i] * growth(row);
-      if (!std::isfinite(forecast)) forecast = FLT_MAX;
-      const float a = ampkit::fp8::row_max(row, window_);
-      scale[i] = ampkit::fp8::scale_for(numerator, forecast > a ? forecast : a);
-    }
-    return bad;
-  }
-  ampkit::State save() const override { return ampkit::fp8::history_state(window_); }
-  void load(const ampkit::State& state) override {
-    ampkit::fp8::check_history_state("predictive", state, window_);
   }
 
  private:
+  float estimate(const float* row, float latest) const override {
+    float forecast = latest * growth(row);
+    if (!std::isfinite(forecast)) forecast = FLT_MAX;
+    const float a = ampkit::fp8::row_max(row, window());
+    return forecast > a ? forecast : a;
+  }
+
   // The largest row[j] / row[j + 1] (newer over older, one float32 division each) for j below
   // trend_steps, over pairs whose older amax is > 0, clamped to [1, max_growth].
   float growth(const float* row) const {
     float g = 1.0f;
-    for (int64_t j = 0; j < trend_ && j + 1 < window_; ++j)
+    for (int64_t j = 0; j < trend_ && j + 1 < window(); ++j)
       if (row[j + 1] > 0.0f) {
         const float r = row[j] / row[j + 1];
         g = r > g ? r : g;
@@ -66,11 +47,8 @@ class PredictiveRecipe final : public ampkit::Fp8Recipe {
     return g < max_growth_ ? g : max_growth_;
   }
 
-  bool hybrid_;
-  int64_t window_;
   int64_t trend_;
   float max_growth_;
-  int64_t margin_;
 };
 
 }  // namespace
