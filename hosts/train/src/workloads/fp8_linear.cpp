@@ -64,7 +64,7 @@ struct Fp8Matmul : torch::autograd::Function<Fp8Matmul> {
     const Fp8Linears::Cast cw = layers->cast_for(layer, 1, weight, record);
     const at::Tensor inv_x = cx.scale.reciprocal(), inv_w = cw.scale.reciprocal();
     const at::Tensor out = scaled_mm(cx.fp8, inv_x, cw.fp8.t(), inv_w, x.scalar_type(), true);
-    ctx->save_for_backward({cx.fp8, cw.fp8, inv_x, inv_w});
+    ctx->save_for_backward({cx.fp8, cw.fp8, inv_x, inv_w, cx.amax, cw.amax});
     ctx->saved_data["layers"] = reinterpret_cast<int64_t>(layers);
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["record"] = record;
@@ -88,8 +88,15 @@ struct Fp8Matmul : torch::autograd::Function<Fp8Matmul> {
     if (ctx->needs_input_grad(0))
       grad_x = scaled_mm(cg.fp8, inv_g, saved[1], saved[3], g.scalar_type(), false)
                    .reshape(ctx->saved_data["x_sizes"].toIntVector());
-    if (ctx->needs_input_grad(1))
-      grad_w = scaled_mm(cg.fp8.t(), inv_g, saved[0], saved[2], g.scalar_type(), false);
+    if (ctx->needs_input_grad(1)) {
+      // A non-finite amax (an inf the casts clamped to the format's maximum) makes this weight
+      // gradient NaN, as the high-precision matmul's would be and as ampkit.fp8's is: the NaN
+      // policy sees a bad step even where no bias gradient carries the inf. 0 * amax is 0 or NaN,
+      // and costs no host read.
+      const at::Tensor bad =
+          (saved[4].to(at::kFloat) + saved[5].to(at::kFloat) + cg.amax.to(at::kFloat)) * 0.0;
+      grad_w = scaled_mm(cg.fp8.t(), inv_g + bad, saved[0], saved[2], g.scalar_type(), false);
+    }
     return {grad_x, grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -140,7 +147,7 @@ Fp8Linears::Cast Fp8Linears::cast_for(int64_t layer, int64_t role, const at::Ten
     counted_[role] += static_cast<double>(t.numel());
     if (trace_.is_open()) note_trace(kFp8RoleCount * layer + role, t);
   }
-  return {cast_saturated(t, scale, max_[role], dtypes_[role]), scale};
+  return {cast_saturated(t, scale, max_[role], dtypes_[role]), scale, amax};
 }
 
 at::Tensor Fp8Linears::linear(int64_t layer, const at::Tensor& x, const at::Tensor& weight,

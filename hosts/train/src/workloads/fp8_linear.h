@@ -85,6 +85,7 @@ class Fp8Linears {
 struct Fp8Linears::Cast {
   at::Tensor fp8;    // the cast tensor
   at::Tensor scale;  // its quantisation scale (0-dim float32)
+  at::Tensor amax;   // the largest magnitude of the tensor before the cast (0-dim)
 };
 
 }  // namespace ampkit::train
