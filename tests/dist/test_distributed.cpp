@@ -720,7 +720,10 @@ BOOST_AUTO_TEST_CASE(rendezvous_nobody_joins_exits_7) {
       BOOST_TEST(r.output.find("nothing accepted a connection there within --dist-timeout " +
                                std::to_string(timeout) + " s") != std::string::npos,
                  r.output);
-      BOOST_TEST(seconds < timeout + startup + 1.0);
+      // It waited for --dist-timeout, and not for the default 300 s. The start-up is measured on a
+      // separate run: on a loaded machine the second start can take twice as long.
+      BOOST_TEST(seconds >= timeout);
+      BOOST_TEST(seconds < timeout + 2 * startup + 10.0);
       BOOST_TEST(count_newlines(r.output) == 1u, r.output);
     }
   }
