@@ -4,7 +4,7 @@
 # again whenever it ends) loads the machine. One line per run: exit code, seconds, load average,
 # ctest's tally. Stops at the first run that fails; exit 0 when every run passed.
 #   tools/test_under_load.sh [--runs N] [--work DIR] [COMMIT]     (defaults: 3, a new /tmp folder, HEAD)
-# Each run takes 18-25 min on 2 cores beside the build (docs/reliability.md, "A fresh clone under
+# Each run takes 14-27 min on 2 cores beside the build (docs/reliability.md, "A fresh clone under
 # load"); the clones share the compiler cache, the loading build does not use it.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
