@@ -31,23 +31,34 @@ clone() {  # clone DIR: a fresh clone of the commit
 }
 
 clone "$work/load" || exit 2
-(
-  cd "$work/load" || exit 1
+# The load and each run are process groups of their own (setsid), so that an exit or an interrupt
+# stops them whole, compilers and ctest's children included, and nothing else on the machine.
+groups=()
+stop() {
+  local g
+  for g in "${groups[@]}"; do kill -TERM -- "-$g" 2> /dev/null; done
+}
+trap stop EXIT
+trap 'exit 130' INT TERM
+# shellcheck disable=SC2016  # the inner script's own arguments
+setsid bash -c '
+  cd "$1" || exit 1
   export CCACHE_DISABLE=1
-  cmake -S . -B build-load -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON > "$work/load.log" 2>&1
+  cmake -S . -B build-load -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON > "$2" 2>&1
   while true; do
     ninja -C build-load clean > /dev/null 2>&1
-    ninja -C build-load -j1 >> "$work/load.log" 2>&1
-  done
-) &
-load=$!
-trap 'kill $load 2> /dev/null; pkill -P $load 2> /dev/null; pkill -f "ninja -C build-load" 2> /dev/null' EXIT
+    ninja -C build-load -j1 >> "$2" 2>&1
+  done' _ "$work/load" "$work/load.log" &
+groups+=($!)
 say "commit $commit, $runs run(s), load: an uncached Release build at -j1 (log $work/load.log)"
 
 for i in $(seq 1 "$runs"); do
   clone "$work/run$i" || exit 2
   start=$SECONDS
-  (cd "$work/run$i" && tools/test.sh > "$work/run$i.log" 2>&1)
+  # shellcheck disable=SC2016
+  setsid bash -c 'cd "$1" && exec tools/test.sh' _ "$work/run$i" > "$work/run$i.log" 2>&1 &
+  groups+=($!)
+  wait $!
   rc=$?
   say "run $i: exit $rc after $((SECONDS - start)) s, load $(cut -d' ' -f1-3 /proc/loadavg)," \
     "$(grep -E 'tests passed|tests failed' "$work/run$i.log" | tail -1) (log $work/run$i.log)"
