@@ -49,7 +49,7 @@ def scaled_mm(
         b = b.t().contiguous().t()
     if not a.is_cpu:
         return torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
-    # On the CPU, ATen's emulated path, as ampkit-train takes it: oneDNN's fp8 gemm is about 50 times
+    # On the CPU, ATen's emulated path, as ampkit-train takes it: oneDNN's fp8 gemm is about 500 times
     # slower on CPUs without fp8 units, and the emulated one equals dequantize + float32 matmul bit
     # for bit. The switch is process-wide for the call's length, as torch.backends.mkldnn.flags is.
     onednn = torch._C._get_mkldnn_enabled()
